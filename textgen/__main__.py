@@ -1,0 +1,3 @@
+from textgen.cli import main
+
+main()

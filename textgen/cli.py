@@ -1,0 +1,231 @@
+"""The ``textgen`` command: thin Typer commands over the library. TensorFlow is imported lazily."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR
+from textgen.config import DataConfig, ModelConfig, TrainConfig, parse_duration
+from textgen.errors import TextgenError, TrainingInterrupted
+
+app = typer.Typer(
+    help="Train character-level LSTM language models on a book, and play with them.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",
+)
+console = Console(highlight=False)
+
+
+@app.callback()
+def _main() -> None:
+    """Train character-level LSTM language models on a book, and play with them.
+
+    Quick start: `textgen train 2600-0.txt --device cpu`, then `textgen sample --temp 0.8`.
+    """
+
+
+err_console = Console(stderr=True, highlight=False)
+
+
+def _default(cls: type, name: str) -> Any:
+    return next(f.default for f in dataclasses.fields(cls) if f.name == name)
+
+
+def _quiet_tensorflow() -> None:
+    """Keep TensorFlow's C++ start-up chatter off the terminal (a user's setting wins)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+
+@contextlib.contextmanager
+def _errors() -> Iterator[None]:
+    """Turn library errors and Ctrl-C into one line on stderr and a non-zero exit."""
+    try:
+        yield
+    except TextgenError as exc:
+        err_console.print(f"[red]error:[/] {exc}" if not isinstance(exc, TrainingInterrupted) else f"[yellow]{exc}[/]")
+        raise typer.Exit(exc.exit_code) from None
+    except KeyboardInterrupt:
+        err_console.print("[yellow]interrupted[/]")
+        raise typer.Exit(130) from None
+
+
+TRAIN_EXAMPLES = """
+**Examples**
+
+    textgen train 2600-0.txt --device cpu             # War and Peace on the CPU
+
+    textgen train 2600-0.txt --device cpu --resume    # continue the latest run
+
+    textgen train my_book.txt --epochs 20 --time-budget 30m --units 512 --layers 2
+
+A name without a path is looked up in ./corpora and in $TEXTGEN_CORPUS_PATH.
+Ctrl-C stops at a clean point and saves; `--resume` continues from there.
+"""
+
+
+@app.command(epilog=TRAIN_EXAMPLES)
+def train(
+    corpus: Annotated[
+        str | None,
+        typer.Argument(
+            help="Plain-text file (UTF-8), or a name in ./corpora or $TEXTGEN_CORPUS_PATH.", show_default=False
+        ),
+    ] = None,
+    units: Annotated[
+        int | None,
+        typer.Option(help=f"LSTM units per layer [default: {_default(ModelConfig, 'units')}]", show_default=False),
+    ] = None,
+    layers: Annotated[
+        int | None,
+        typer.Option(help=f"Stacked LSTM layers [default: {_default(ModelConfig, 'layers')}]", show_default=False),
+    ] = None,
+    embedding_dim: Annotated[
+        int | None,
+        typer.Option(
+            help=f"Character embedding size [default: {_default(ModelConfig, 'embedding_dim')}]", show_default=False
+        ),
+    ] = None,
+    dropout: Annotated[
+        float | None,
+        typer.Option(
+            help=f"Dropout on each LSTM's input [default: {_default(ModelConfig, 'dropout')}]", show_default=False
+        ),
+    ] = None,
+    batch_size: Annotated[
+        int | None, typer.Option(help="Parallel streams per batch [default: the device profile's]", show_default=False)
+    ] = None,
+    seq_len: Annotated[
+        int | None,
+        typer.Option(
+            help=f"Characters per stream per batch [default: {_default(DataConfig, 'seq_len')}]", show_default=False
+        ),
+    ] = None,
+    lr: Annotated[
+        float | None,
+        typer.Option(help=f"Adam learning rate [default: {_default(TrainConfig, 'lr')}]", show_default=False),
+    ] = None,
+    epochs: Annotated[
+        int | None,
+        typer.Option(help=f"Maximum epochs [default: {_default(TrainConfig, 'epochs')}]", show_default=False),
+    ] = None,
+    time_budget: Annotated[
+        str | None, typer.Option(help="Stop cleanly after this long, e.g. 90s, 30m, 1h30m", show_default=False)
+    ] = None,
+    seed: Annotated[
+        int | None, typer.Option(help=f"Random seed [default: {_default(TrainConfig, 'seed')}]", show_default=False)
+    ] = None,
+    device: Annotated[str, typer.Option(help="Device profile: auto, cpu or gpu")] = "auto",
+    run: Annotated[
+        str | None,
+        typer.Option(help="Run name [default: from the corpus name; latest run with --resume]", show_default=False),
+    ] = None,
+    checkpoint_dir: Annotated[Path, typer.Option(help="Where runs are saved")] = DEFAULT_CHECKPOINT_DIR,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue a run (the latest, or --run) where it stopped")
+    ] = False,
+    download: Annotated[
+        bool, typer.Option("--download", help="Fetch a Project Gutenberg book (e.g. 2600-0.txt) if not found locally")
+    ] = False,
+    keep_boilerplate: Annotated[
+        bool, typer.Option("--keep-boilerplate", help="Keep Project Gutenberg's license header and footer")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object per epoch and one at the end")] = False,
+) -> None:
+    """Train a character-level LSTM on a text file, saving checkpoints as it goes."""
+    with _errors():
+        data = {"batch_size": batch_size, "seq_len": seq_len}
+        model = {"units": units, "layers": layers, "embedding_dim": embedding_dim, "dropout": dropout}
+        training = {
+            "epochs": epochs,
+            "lr": lr,
+            "seed": seed,
+            "time_budget": parse_duration(time_budget) if time_budget else None,
+        }
+        _check_values(data, model, training)
+        _quiet_tensorflow()
+        from textgen.device import apply_profile, resolve_profile
+
+        profile = resolve_profile(device)
+        apply_profile(profile)
+        from textgen.train import plan_training
+        from textgen.train import train as run_training
+        from textgen.ui import TrainingDisplay, describe, format_seconds
+
+        plan = plan_training(
+            corpus,
+            profile,
+            checkpoint_dir=checkpoint_dir,
+            run_name=run,
+            resume=resume,
+            download=download,
+            keep_boilerplate=keep_boilerplate,
+            data=data,
+            model=model,
+            training=training,
+        )
+        cfg, splits = plan.config, plan.splits
+        if not as_json:
+            where = f"resuming at epoch {plan.resume_state['epoch'] + 1}" if plan.resume_state else "new run"
+            console.print(f"[bold]{plan.run.name}[/] ({where}) -> {plan.run.path}")
+            console.print(
+                f"corpus   {cfg.data.corpus}: {len(splits.train):,} train / {len(splits.val):,} val / "
+                f"{len(splits.test):,} test chars, {splits.vocab.size} ids"
+            )
+            console.print(f"model    {describe(dataclasses.asdict(cfg.model))}")
+            console.print(
+                f"training {describe({**dataclasses.asdict(cfg.training), 'batch_size': cfg.data.batch_size, 'seq_len': cfg.data.seq_len})}"
+            )
+            console.print(f"device   {cfg.profile.name}: {cfg.profile.notes}")
+        result = run_training(plan, callbacks=[TrainingDisplay(console, as_json=as_json)])
+        summary = {
+            "event": "done",
+            "run": result.run.name,
+            "path": str(result.run.path),
+            "epochs": result.epochs_done,
+            "best_val_loss": result.best_val_loss,
+            "best_val_bpc": result.best_val_bpc,
+            "stop_reason": result.stop_reason,
+            "seconds": result.seconds,
+        }
+        if as_json:
+            print(json.dumps(summary), flush=True)
+            return
+        reason = {
+            "epochs": "all epochs done",
+            "early_stopping": "validation stopped improving",
+            "time_budget": "time budget spent",
+        }[result.stop_reason]
+        console.print(
+            f"done ({reason}) after {result.epochs_done} epochs in {format_seconds(result.seconds)}: "
+            f"best validation {result.best_val_loss:.4f} nats/char ({result.best_val_bpc:.3f} bits/char)"
+        )
+        console.print(f"saved to {result.run.path}; continue with: textgen train --resume --run {result.run.name}")
+
+
+def _check_values(data: dict[str, Any], model: dict[str, Any], training: dict[str, Any]) -> None:
+    """Validate flag values before the slow TensorFlow import."""
+    clean = [{k: v for k, v in d.items() if v is not None} for d in (data, model, training)]
+    DataConfig(corpus="", **clean[0])
+    ModelConfig(vocab_size=1, **clean[1])
+    TrainConfig(**clean[2])
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except TrainingInterrupted:  # pragma: no cover - handled in the command
+        sys.exit(130)

@@ -1,0 +1,159 @@
+"""Frozen config dataclasses, one per concern, with a JSON round trip.
+
+Field names match CLI flags (``seq_len`` <-> ``--seq-len``) and JSON keys, so
+a run directory's ``config.json`` rebuilds exactly what ``train`` built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, TypeVar
+
+from textgen.errors import ConfigError
+
+T = TypeVar("T")
+
+
+def flag(field_name: str) -> str:
+    """The CLI flag that sets a config field."""
+    return "--" + field_name.replace("_", "-")
+
+
+def _require(ok: bool, field_name: str, rule: str, value: Any) -> None:
+    if not ok:
+        raise ConfigError(f"{flag(field_name)} must be {rule} (got {value!r})")
+
+
+def _positive_int(cfg: Any, *names: str) -> None:
+    for name in names:
+        value = getattr(cfg, name)
+        ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+        _require(ok, name, "a positive integer", value)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Where the text comes from and how it is cut into stateful batches."""
+
+    corpus: str
+    strip_boilerplate: bool = True
+    batch_size: int = 64
+    seq_len: int = 100
+    val_fraction: float = 0.05
+    test_fraction: float = 0.05
+
+    def __post_init__(self) -> None:
+        _positive_int(self, "batch_size", "seq_len")
+        for name in ("val_fraction", "test_fraction"):
+            value = getattr(self, name)
+            _require(0 < value < 0.5, name, "between 0 and 0.5", value)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Embedding -> layers x LSTM(units) -> Dense(vocab_size) logits."""
+
+    vocab_size: int
+    embedding_dim: int = 64
+    units: int = 512
+    layers: int = 1
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        _positive_int(self, "vocab_size", "embedding_dim", "units", "layers")
+        _require(0.0 <= self.dropout < 1.0, "dropout", "in [0, 1)", self.dropout)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Optimiser, schedule and stopping rules."""
+
+    epochs: int = 30
+    lr: float = 2e-3
+    clip_norm: float = 5.0
+    seed: int = 0
+    time_budget: float | None = None  # seconds; None means no limit
+    patience: int = 3  # epochs without validation improvement before stopping
+    lr_patience: int = 1  # epochs without improvement before the learning rate is cut
+    lr_factor: float = 0.5
+
+    def __post_init__(self) -> None:
+        ok = isinstance(self.epochs, int) and self.epochs > 0
+        _require(ok, "epochs", "a positive integer", self.epochs)
+        _require(self.lr > 0, "lr", "positive", self.lr)
+        _require(self.clip_norm > 0, "clip_norm", "positive", self.clip_norm)
+        _require(self.seed >= 0, "seed", "a non-negative integer", self.seed)
+        budget_ok = self.time_budget is None or self.time_budget > 0
+        _require(budget_ok, "time_budget", "a positive duration like 90s, 30m or 1h30m", self.time_budget)
+        _require(self.patience > 0, "patience", "a positive integer", self.patience)
+        _require(self.lr_patience > 0, "lr_patience", "a positive integer", self.lr_patience)
+        _require(0 < self.lr_factor < 1, "lr_factor", "between 0 and 1", self.lr_factor)
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """A config as a JSON-ready dict."""
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(cls: type[T], data: dict[str, Any]) -> T:
+    """Rebuild a config from a dict; unknown keys mean a file from another version."""
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(f"unknown {cls.__name__} keys {unknown}: written by another textgen version?")
+    return cls(**data)
+
+
+def replace(cfg: T, **changes: Any) -> T:
+    """A copy of a config with the given fields changed; ``None`` values are ignored."""
+    return dataclasses.replace(cfg, **{k: v for k, v in changes.items() if v is not None})  # type: ignore[type-var]
+
+
+_DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?$")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in ``90``, ``90s``, ``30m``, ``1h``, ``1h30m``, ``2.5h``."""
+    match = _DURATION.match(text.strip().lower())
+    if not text.strip() or not match or not any(match.groups()):
+        raise ConfigError(f"--time-budget must be a duration like 90s, 30m or 1h30m (got {text!r})")
+    hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
+    total = hours * 3600 + minutes * 60 + seconds
+    if total <= 0:
+        raise ConfigError(f"--time-budget must be positive (got {text!r})")
+    return total
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceProfile:
+    """A named bundle of device settings, printed at start and saved with the run."""
+
+    name: str
+    precision: str  # a Keras dtype policy: "float32" or "mixed_float16"
+    batch_size: int
+    intra_op_threads: int  # 0 lets TensorFlow choose
+    inter_op_threads: int
+    jit_compile: bool
+    notes: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """Everything ``train`` decided, enough for ``sample`` to rebuild the model."""
+
+    data: DataConfig
+    model: ModelConfig
+    training: TrainConfig
+    profile: DeviceProfile
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: to_dict(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        parts = {"data": DataConfig, "model": ModelConfig, "training": TrainConfig, "profile": DeviceProfile}
+        missing = sorted(set(parts) - set(data))
+        if missing:
+            raise ConfigError(f"config is missing sections {missing}")
+        return cls(**{name: from_dict(kind, data[name]) for name, kind in parts.items()})

@@ -1,0 +1,29 @@
+"""One exception family whose messages tell the user what is wrong and what to do."""
+
+
+class TextgenError(Exception):
+    """Base class: the CLI prints the message on one line and exits non-zero."""
+
+    exit_code = 1
+
+
+class CorpusError(TextgenError):
+    """The corpus file is missing, unreadable, not text, or too short."""
+
+
+class ConfigError(TextgenError):
+    """A flag or config value is out of range or inconsistent."""
+
+
+class CheckpointError(TextgenError):
+    """A run directory is missing, corrupt, or cannot be written."""
+
+
+class DeviceError(TextgenError):
+    """The requested device profile cannot run on this machine."""
+
+
+class TrainingInterrupted(TextgenError):
+    """Training stopped on Ctrl-C after saving a resumable checkpoint."""
+
+    exit_code = 130

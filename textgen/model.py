@@ -1,0 +1,46 @@
+"""The Keras training model: Embedding -> N x stateful LSTM -> Dense logits."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from textgen.config import ModelConfig
+
+if TYPE_CHECKING:
+    import keras
+
+
+def build_model(cfg: ModelConfig, batch_size: int, precision: str = "float32", stateful: bool = True) -> keras.Model:
+    """The training model for a fixed ``batch_size`` (stateful layers need one).
+
+    Every LSTM keeps the arguments that make it eligible for the cuDNN kernel on a GPU
+    (tanh, sigmoid, no recurrent dropout, no unroll, bias). Logits are float32 even
+    under a mixed-precision ``precision``.
+    """
+    import keras
+
+    ids = keras.Input(batch_shape=(batch_size, None), dtype="int32", name="ids")
+    x = keras.layers.Embedding(cfg.vocab_size, cfg.embedding_dim, dtype=precision, name="embedding")(ids)
+    for i in range(cfg.layers):
+        x = keras.layers.LSTM(
+            cfg.units,
+            return_sequences=True,
+            stateful=stateful,
+            dropout=cfg.dropout,
+            activation="tanh",
+            recurrent_activation="sigmoid",
+            recurrent_dropout=0.0,
+            unroll=False,
+            use_bias=True,
+            dtype=precision,
+            name=f"lstm_{i}",
+        )(x)
+    logits = keras.layers.Dense(cfg.vocab_size, dtype="float32", name="logits")(x)
+    return keras.Model(ids, logits, name="textgen")
+
+
+def reset_states(model: keras.Model) -> None:
+    """Zero the running state of every stateful layer (keras.Model has no reset_state)."""
+    for layer in model.layers:
+        if getattr(layer, "stateful", False):
+            layer.reset_state()
