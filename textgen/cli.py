@@ -14,8 +14,8 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR
-from textgen.config import DataConfig, ModelConfig, TrainConfig, parse_duration
+from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, find_run
+from textgen.config import DataConfig, ModelConfig, SampleConfig, TrainConfig, parse_duration
 from textgen.errors import TextgenError, TrainingInterrupted
 
 app = typer.Typer(
@@ -25,7 +25,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode="markdown",
 )
-console = Console(highlight=False)
+console = Console(highlight=False, soft_wrap=True)
 
 
 @app.callback()
@@ -36,7 +36,7 @@ def _main() -> None:
     """
 
 
-err_console = Console(stderr=True, highlight=False)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def _default(cls: type, name: str) -> Any:
@@ -44,9 +44,25 @@ def _default(cls: type, name: str) -> Any:
 
 
 def _quiet_tensorflow() -> None:
-    """Keep TensorFlow's C++ start-up chatter off the terminal (a user's setting wins)."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    """Import TensorFlow with its C++ start-up chatter kept off the terminal.
+
+    Some of it is printed before TF_CPP_MIN_LOG_LEVEL is read, so stderr is muted
+    during the import unless the user set TF_CPP_MIN_LOG_LEVEL themselves.
+    """
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    if "tensorflow" in sys.modules or "TF_CPP_MIN_LOG_LEVEL" in os.environ:
+        import keras
+
+        return
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        import keras  # noqa: F401
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 @contextlib.contextmanager
@@ -213,6 +229,129 @@ def train(
             f"best validation {result.best_val_loss:.4f} nats/char ({result.best_val_bpc:.3f} bits/char)"
         )
         console.print(f"saved to {result.run.path}; continue with: textgen train --resume --run {result.run.name}")
+
+
+SAMPLE_EXAMPLES = """
+**Examples**
+
+    textgen sample --temp 0.8                        # latest run, 500 characters
+
+    textgen sample --run war-and-peace --prime "Prince Andrew" --length 2000 --num 8 --seed 7
+
+    textgen sample --temp 0 --top-k 5 --top-p 0.9 --json
+"""
+
+SAMPLE_DEFAULTS = SampleConfig()
+RunOption = Annotated[str | None, typer.Option("--run", help="Run name [default: the latest run]", show_default=False)]
+CheckpointDirOption = Annotated[Path, typer.Option(help="Where runs are saved")]
+LastOption = Annotated[bool, typer.Option("--last", help="Use the last weights instead of the best")]
+LengthOption = Annotated[int, typer.Option(help="Characters to generate per sample")]
+TempOption = Annotated[float, typer.Option("--temp", help="Temperature; 0 picks the likeliest character")]
+TopKOption = Annotated[int, typer.Option(help="Sample only from the K likeliest characters (0 = off)")]
+TopPOption = Annotated[float, typer.Option(help="Sample from the smallest set with this much probability (1 = off)")]
+SeedOption = Annotated[
+    int | None, typer.Option(help="Seed for reproducible text [default: random]", show_default=False)
+]
+NumOption = Annotated[int, typer.Option(help="Number of samples, generated together as one batch")]
+
+
+def _load_generator(run_name: str | None, checkpoint_dir: Path, last: bool) -> Any:
+    """The run's generator (TensorFlow imported here, after the run was found)."""
+    found = find_run(checkpoint_dir, run_name)
+    _quiet_tensorflow()
+    from textgen.sampling import Generator
+
+    return Generator.from_run(found, "last" if last else "best"), found
+
+
+def _warn_unknown(generator: Any, prime: str) -> None:
+    unknown = generator.vocab.unknown_chars(prime)
+    if unknown:
+        chars = " ".join(repr(c) for c in unknown)
+        err_console.print(f"[yellow]warning:[/] skipping prime characters the model has never seen: {chars}")
+
+
+@app.command(epilog=SAMPLE_EXAMPLES)
+def sample(
+    run: RunOption = None,
+    checkpoint_dir: CheckpointDirOption = DEFAULT_CHECKPOINT_DIR,
+    last: LastOption = False,
+    prime: Annotated[str, typer.Option(help="Text to start from; the model reads it first")] = "",
+    length: LengthOption = SAMPLE_DEFAULTS.length,
+    num: NumOption = SAMPLE_DEFAULTS.num,
+    temp: TempOption = SAMPLE_DEFAULTS.temperature,
+    top_k: TopKOption = SAMPLE_DEFAULTS.top_k,
+    top_p: TopPOption = SAMPLE_DEFAULTS.top_p,
+    seed: SeedOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per sample, with the settings used")] = False,
+) -> None:
+    """Generate text from a trained run (the latest by default)."""
+    with _errors():
+        settings = SampleConfig(length=length, num=num, temperature=temp, top_k=top_k, top_p=top_p, seed=seed).seeded()
+        generator, found = _load_generator(run, checkpoint_dir, last)
+        _warn_unknown(generator, prime)
+        prompts = [prime] * settings.num
+        if as_json:
+            for i, text in enumerate(generator.generate(prompts, settings)):
+                record = {"run": found.name, "weights": "last" if last else "best", "index": i, "prime": prime}
+                print(json.dumps({**record, **dataclasses.asdict(settings), "text": text}, ensure_ascii=False))
+            return
+        if settings.num == 1 and console.is_terminal:
+            console.print(prime, style="bold", end="")
+            for piece in generator.stream(prompts, settings):
+                console.out(piece[0], end="", highlight=False)
+            console.out("")
+            return
+        for i, text in enumerate(generator.generate(prompts, settings)):
+            if settings.num > 1:
+                console.out(f"{chr(10) if i else ''}--- sample {i + 1}/{settings.num} (seed {settings.seed}) ---")
+            console.out(prime + text, highlight=False)
+
+
+REPL_EXAMPLES = """
+**Examples**
+
+    textgen repl                      # the latest run
+
+    textgen repl --run war-and-peace --temp 0.5 --length 300
+
+In the REPL, type :help for commands (:temp, :len, :topk, :topp, :seed, :num, :context, :quit).
+"""
+
+
+@app.command(epilog=REPL_EXAMPLES)
+def repl(
+    run: RunOption = None,
+    checkpoint_dir: CheckpointDirOption = DEFAULT_CHECKPOINT_DIR,
+    last: LastOption = False,
+    length: LengthOption = 300,
+    temp: TempOption = SAMPLE_DEFAULTS.temperature,
+    top_k: TopKOption = SAMPLE_DEFAULTS.top_k,
+    top_p: TopPOption = SAMPLE_DEFAULTS.top_p,
+    seed: SeedOption = None,
+) -> None:
+    """Type a prompt, watch the continuation stream in; the model is loaded once."""
+    from textgen.repl import HELP, Session
+
+    with _errors():
+        settings = SampleConfig(length=length, temperature=temp, top_k=top_k, top_p=top_p, seed=seed)
+        generator, found = _load_generator(run, checkpoint_dir, last)
+        generator.generate([" "], SampleConfig(length=2, seed=0))  # compile now, not on the first prompt
+    with contextlib.suppress(ImportError):  # not on every platform
+        import readline  # noqa: F401 - line editing and history for input()
+    session = Session(generator, settings, sys.stdout, lambda msg: err_console.print(f"[yellow]{msg}[/]"))
+    console.print(f"[bold]{found.name}[/] loaded. {HELP.splitlines()[0]} Type :help for commands.")
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            print()
+            return
+        except KeyboardInterrupt:
+            print()
+            continue
+        if not session.handle(line):
+            return
 
 
 def _check_values(data: dict[str, Any], model: dict[str, Any], training: dict[str, Any]) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import secrets
 from typing import Any, TypeVar
 
 from textgen.errors import ConfigError
@@ -15,9 +16,12 @@ from textgen.errors import ConfigError
 T = TypeVar("T")
 
 
+_FLAG_NAMES = {"temperature": "--temp"}  # short, as char-rnn users know it
+
+
 def flag(field_name: str) -> str:
     """The CLI flag that sets a config field."""
-    return "--" + field_name.replace("_", "-")
+    return _FLAG_NAMES.get(field_name, "--" + field_name.replace("_", "-"))
 
 
 def _require(ok: bool, field_name: str, rule: str, value: Any) -> None:
@@ -157,3 +161,28 @@ class RunConfig:
         if missing:
             raise ConfigError(f"config is missing sections {missing}")
         return cls(**{name: from_dict(kind, data[name]) for name, kind in parts.items()})
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleConfig:
+    """How text is generated from a trained model."""
+
+    length: int = 500
+    num: int = 1
+    temperature: float = 0.8  # 0 means greedy (argmax)
+    top_k: int = 0  # 0 means no top-k filter
+    top_p: float = 1.0  # 1 means no nucleus filter
+    seed: int | None = None  # None picks a fresh seed (reported with --json)
+
+    def __post_init__(self) -> None:
+        _positive_int(self, "length", "num")
+        _require(self.temperature >= 0, "temperature", "0 (greedy) or more", self.temperature)
+        ok = isinstance(self.top_k, int) and self.top_k >= 0
+        _require(ok, "top_k", "0 (off) or a positive integer", self.top_k)
+        _require(0 < self.top_p <= 1, "top_p", "in (0, 1]", self.top_p)
+        seed_ok = self.seed is None or 0 <= self.seed < 2**31
+        _require(seed_ok, "seed", "an integer in [0, 2**31)", self.seed)
+
+    def seeded(self) -> SampleConfig:
+        """This config with a fresh random seed if it has none, so the output can be reproduced."""
+        return self if self.seed is not None else dataclasses.replace(self, seed=secrets.randbelow(2**31))

@@ -1,0 +1,110 @@
+"""The interactive loop of ``textgen repl``: prompts in, continuations streamed out."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import TextIO
+
+from textgen.config import SampleConfig, flag
+from textgen.errors import ConfigError
+
+HELP = """\
+Type a prompt and press Enter; the continuation streams in. Ctrl-C stops it, Ctrl-D exits.
+Commands:
+  :temp T       temperature (0 = greedy)        :len N     characters per answer
+  :topk K       keep the K likeliest (0 = off)  :topp P    nucleus mass in (0, 1] (1 = off)
+  :seed S       fixed seed (or 'none')          :num N     samples per prompt
+  :context on|off   carry the conversation on (on) or start each prompt fresh (off)
+  :settings     show the settings               :help      this text      :quit  exit"""
+
+_SETTINGS = {"temp": "temperature", "len": "length", "topk": "top_k", "topp": "top_p", "seed": "seed", "num": "num"}
+
+
+class Session:
+    """Settings and conversation state for one REPL; ``handle`` takes one input line."""
+
+    def __init__(self, generator: object, settings: SampleConfig, out: TextIO, warn: Callable[[str], None]) -> None:
+        self.generator, self.settings, self.out, self.warn = generator, settings, out, warn
+        self.carry_context = True
+        self.states = None
+        self.turn = 0
+
+    def handle(self, line: str) -> bool:
+        """Run one line (a command or a prompt); return False to quit."""
+        if line.startswith(":"):
+            return self.command(line[1:].split())
+        self.generate(line)
+        return True
+
+    def command(self, words: list[str]) -> bool:
+        if not words or words[0] in ("help", "h", "?"):
+            print(HELP, file=self.out)
+        elif words[0] in ("quit", "q", "exit"):
+            return False
+        elif words[0] == "settings":
+            print(self.describe(), file=self.out)
+        elif words[0] == "context" and len(words) == 2 and words[1] in ("on", "off"):
+            self.carry_context = words[1] == "on"
+            self.states = None
+            print(f"context {words[1]}", file=self.out)
+        elif words[0] in _SETTINGS and len(words) == 2:
+            self.set(_SETTINGS[words[0]], words[1])
+        else:
+            self.warn(f"unknown command :{' '.join(words)}; type :help")
+        return True
+
+    def set(self, field: str, text: str) -> None:
+        try:
+            value: object
+            if field == "seed" and text.lower() == "none":
+                value = None
+            elif field in ("temperature", "top_p"):
+                value = float(text)
+            else:
+                value = int(text)
+            self.settings = dataclasses.replace(self.settings, **{field: value})
+        except ValueError:
+            self.warn(f"{flag(field)} needs a number (got {text!r})")
+            return
+        except ConfigError as exc:
+            self.warn(str(exc))
+            return
+        print(self.describe(), file=self.out)
+
+    def describe(self) -> str:
+        s = self.settings
+        return (
+            f"temp {s.temperature}  len {s.length}  topk {s.top_k}  topp {s.top_p}  "
+            f"seed {s.seed if s.seed is not None else 'random'}  num {s.num}  "
+            f"context {'on' if self.carry_context else 'off'}"
+        )
+
+    def generate(self, prompt: str) -> None:
+        """Stream the continuation of ``prompt``; Ctrl-C stops it and keeps the REPL going."""
+        unknown = self.generator.vocab.unknown_chars(prompt)
+        if unknown:
+            self.warn(f"skipping characters the model has never seen: {' '.join(repr(c) for c in unknown)}")
+        settings = self.settings
+        if settings.seed is not None:  # a fixed seed still gives each turn its own text
+            settings = dataclasses.replace(settings, seed=(settings.seed + self.turn) % 2**31)
+        self.turn += 1
+        states = self.states if self.carry_context else None
+        num = settings.num
+        try:
+            for i in range(num):
+                if num > 1:
+                    print(f"--- sample {i + 1}/{num} ---", file=self.out)
+                for piece in self.generator.stream([prompt], settings, states=states):
+                    self.out.write(piece[0])
+                    self.out.flush()
+                self.out.write("\n")
+                settings = dataclasses.replace(settings, seed=None if settings.seed is None else settings.seed + 1)
+        except KeyboardInterrupt:
+            self.out.write("\n")
+            self.warn("stopped")
+            return
+        finally:
+            self.out.flush()
+        if self.carry_context:
+            self.states = self.generator.last_states
