@@ -20,6 +20,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import warnings
+import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -129,10 +131,17 @@ class Run:
     def load_weights(self, model: keras.Model, which: str = "best") -> None:
         """Load ``best`` or ``last`` weights into ``model`` (any batch size)."""
         path = self.weights_path(which)
-        try:
-            model.load_weights(path)
-        except Exception as exc:  # h5py and Keras raise many kinds for a damaged file
-            raise CheckpointError(f"{path} is corrupt or from another model ({exc}); train again") from None
+        # Keras warns (and then raises) about a file of another model: keep its warnings unless it loads.
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                model.load_weights(path)
+            except Exception as exc:  # h5py and Keras raise many kinds for a damaged file
+                raise CheckpointError(
+                    f"{path} is corrupt or from another model ({_one_line(exc)}); train again"
+                ) from None
+        for warning in caught:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
 
     def load_optimizer(self, optimizer: keras.optimizers.Optimizer) -> None:
         """Restore optimizer variables (the optimizer must be built)."""
@@ -140,7 +149,7 @@ class Run:
         try:
             with np.load(path) as saved:
                 values = [saved[f"arr_{i}"] for i in range(len(saved.files))]
-        except (OSError, ValueError, KeyError) as exc:
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
             raise CheckpointError(f"{path} is missing or corrupt ({exc}); cannot resume, train again") from None
         variables = optimizer.variables
         if len(values) != len(variables) or any(
@@ -160,6 +169,12 @@ class Run:
         if not isinstance(data, dict):
             raise CheckpointError(f"{path} is corrupt (not a JSON object); train again")
         return data
+
+
+def _one_line(exc: Exception, limit: int = 300) -> str:
+    """An exception's message on one line, cut to ``limit`` characters (Keras' can hold whole arrays)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def list_runs(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR) -> list[Run]:

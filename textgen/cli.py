@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import sys
 from collections.abc import Iterator
@@ -13,13 +14,13 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, find_run
 from textgen.config import DataConfig, ModelConfig, SampleConfig, TrainConfig, parse_duration
 from textgen.errors import TextgenError, TrainingInterrupted
 
-app = typer.Typer(
-    help="Train character-level LSTM language models on a book, and play with them.",
+app = typer.Typer(  # no help=: it would hide the callback's docstring, quick start included
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -71,7 +72,10 @@ def _errors() -> Iterator[None]:
     try:
         yield
     except TextgenError as exc:
-        err_console.print(f"[red]error:[/] {exc}" if not isinstance(exc, TrainingInterrupted) else f"[yellow]{exc}[/]")
+        message = escape(str(exc))  # messages hold paths and '.[gpu]', not console markup
+        err_console.print(
+            f"[yellow]{message}[/]" if isinstance(exc, TrainingInterrupted) else f"[red]error:[/] {message}"
+        )
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/]")
@@ -176,7 +180,7 @@ def train(
 
         profile = resolve_profile(device)
         apply_profile(profile)
-        from textgen.train import plan_training
+        from textgen.train import plan_training, resume_hint
         from textgen.train import train as run_training
         from textgen.ui import TrainingDisplay, describe, format_seconds
 
@@ -228,7 +232,7 @@ def train(
             f"done ({reason}) after {result.epochs_done} epochs in {format_seconds(result.seconds)}: "
             f"best validation {result.best_val_loss:.4f} nats/char ({result.best_val_bpc:.3f} bits/char)"
         )
-        console.print(f"saved to {result.run.path}; continue with: textgen train --resume --run {result.run.name}")
+        console.print(f"saved to {result.run.path}; {resume_hint(result.run)}")
 
 
 SAMPLE_EXAMPLES = """
@@ -255,10 +259,18 @@ SeedOption = Annotated[
 NumOption = Annotated[int, typer.Option(help="Number of samples, generated together as one batch")]
 
 
+def _start_tensorflow_for_inference() -> None:
+    """Import TensorFlow and set the thread pools of this machine's device profile."""
+    _quiet_tensorflow()
+    from textgen.device import configure_for_inference
+
+    configure_for_inference()
+
+
 def _load_generator(run_name: str | None, checkpoint_dir: Path, last: bool) -> Any:
     """The run's generator (TensorFlow imported here, after the run was found)."""
     found = find_run(checkpoint_dir, run_name)
-    _quiet_tensorflow()
+    _start_tensorflow_for_inference()
     from textgen.sampling import Generator
 
     return Generator.from_run(found, "last" if last else "best"), found
@@ -352,6 +364,117 @@ def repl(
             continue
         if not session.handle(line):
             return
+
+
+EVALUATE_EXAMPLES = """
+**Examples**
+
+    textgen evaluate                          # latest run, its test split
+
+    textgen evaluate --run 2600-0 --split val --json
+
+    textgen evaluate other_book.txt           # any text file
+"""
+
+
+@app.command(epilog=EVALUATE_EXAMPLES)
+def evaluate(
+    file: Annotated[
+        str | None, typer.Argument(help="Score this text file instead of a split", show_default=False)
+    ] = None,
+    run: RunOption = None,
+    checkpoint_dir: CheckpointDirOption = DEFAULT_CHECKPOINT_DIR,
+    split: Annotated[str, typer.Option(help="Held-out split of the run's corpus: test or val")] = "test",
+    last: LastOption = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
+) -> None:
+    """Cross-entropy of a run on held-out text: nats/char, bits/char and perplexity."""
+    with _errors():
+        found = find_run(checkpoint_dir, run)
+        _start_tensorflow_for_inference()
+        from textgen.evaluate import evaluate_run
+
+        result = evaluate_run(found, split=split, file=file, which="last" if last else "best")
+        summary = {
+            "run": found.name,
+            "source": result.source,
+            "nats_per_char": result.nats_per_char,
+            "bits_per_char": result.bits_per_char,
+            "perplexity": result.perplexity,
+            "chars": result.chars,
+            "unknown_chars": result.unknown,
+            "streams": result.streams,
+            "method": result.method,
+        }
+        if as_json:
+            print(json.dumps(summary))
+            return
+        console.print(
+            f"{found.name} on the {result.source}: {result.nats_per_char:.4f} nats/char, "
+            f"{result.bits_per_char:.4f} bits/char, perplexity {result.perplexity:.3f} "
+            f"({result.chars:,} characters scored as {result.streams} contiguous streams, state carried throughout)"
+        )
+        if result.unknown:
+            err_console.print(
+                f"[yellow]warning:[/] {result.unknown:,} characters are not in the run's vocabulary; they were scored as unknown"
+            )
+
+
+@app.command()
+def runs(
+    checkpoint_dir: CheckpointDirOption = DEFAULT_CHECKPOINT_DIR,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per run")] = False,
+) -> None:
+    """List trained runs, most recent first, with their model, epochs and best validation loss."""
+    from textgen.checkpoint import list_runs
+
+    with _errors():
+        rows = []
+        for found in list_runs(checkpoint_dir):
+            cfg = found.load_config()
+            state = found.load_state() if found.has_state() else {}
+            best = state.get("best_val_loss")
+            rows.append(
+                {
+                    "run": found.name,
+                    "corpus": Path(cfg.data.corpus).name,
+                    "units": cfg.model.units,
+                    "layers": cfg.model.layers,
+                    "epochs": state.get("epoch", 0),
+                    "best_val_bpc": best / math.log(2) if best else None,
+                    "seconds": state.get("seconds", 0.0),
+                    "finished": state.get("finished"),
+                    "device": cfg.profile.name,
+                }
+            )
+        if as_json:
+            for row in rows:
+                print(json.dumps(row))
+            return
+        if not rows:
+            console.print(f"no runs in {checkpoint_dir}/; train one: textgen train 2600-0.txt --device cpu")
+            return
+        from rich.table import Table
+
+        table = Table("run", "corpus", "model", "epochs", "best val bits/char", "trained", "status")
+        for r in rows:
+            bpc = f"{r['best_val_bpc']:.3f}" if r["best_val_bpc"] else "-"
+            status = {
+                None: "resumable",
+                "epochs": "done",
+                "early_stopping": "early-stopped",
+                "time_budget": "budget spent",
+            }.get(r["finished"], r["finished"])
+            table.add_row(
+                r["run"],
+                r["corpus"],
+                f"{r['layers']}x{r['units']} ({r['device']})",
+                str(r["epochs"]),
+                bpc,
+                f"{r['seconds'] / 60:.1f} min",
+                status,
+            )
+        console.print(table)
 
 
 def _check_values(data: dict[str, Any], model: dict[str, Any], training: dict[str, Any]) -> None:

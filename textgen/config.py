@@ -77,7 +77,7 @@ class TrainConfig:
     lr: float = 2e-3
     clip_norm: float = 5.0
     seed: int = 0
-    time_budget: float | None = None  # seconds; None means no limit
+    time_budget: float | None = None  # seconds per invocation of train; None means no limit
     patience: int = 3  # epochs without validation improvement before stopping
     lr_patience: int = 1  # epochs without improvement before the learning rate is cut
     lr_factor: float = 0.5
@@ -139,6 +139,7 @@ class DeviceProfile:
     intra_op_threads: int  # 0 lets TensorFlow choose
     inter_op_threads: int
     jit_compile: bool
+    fast_lstm: bool = False  # train through textgen.fastlstm instead of Keras' LSTM loop
     notes: str = ""
 
 

@@ -63,7 +63,7 @@ def check_layout_fits(ids: np.ndarray, batch_size: int, seq_len: int, name: str,
 def stream_layout(ids: np.ndarray, batch_size: int, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
     """Inputs and targets shaped (num_batches, batch_size, seq_len) in the stateful layout."""
     num_batches = (len(ids) - 1) // (batch_size * seq_len)
-    if num_batches == 0:
+    if num_batches <= 0:  # (len - 1) // n is -1 for no ids at all
         raise CorpusError(f"{len(ids)} characters cannot fill one {batch_size} x {seq_len} batch")
     stream_len = num_batches * seq_len
     used = batch_size * stream_len

@@ -65,3 +65,14 @@ def apply_profile(profile: DeviceProfile) -> None:
         tf.config.threading.set_inter_op_parallelism_threads(profile.inter_op_threads)
     except RuntimeError:
         pass  # the runtime is already up (a second run in one process): keep its pools
+
+
+def configure_for_inference() -> DeviceProfile:
+    """Set this machine's profile's thread pools for sampling and evaluation; return the profile.
+
+    On the CPU profile's pools (1 intra-op x 2 inter-op) batch-1 sampling ran ~2x faster
+    than on TensorFlow's defaults: small matmuls split over two threads cost more than they gain.
+    """
+    profile = resolve_profile("auto")
+    apply_profile(profile)
+    return profile

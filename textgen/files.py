@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,9 +16,9 @@ def atomic_path(path: Path) -> Iterator[Path]:
     The temporary name keeps ``path``'s suffixes (Keras insists on ``.weights.h5``).
     """
     path = Path(path)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix="".join(path.suffixes))
-    os.close(fd)
-    tmp = Path(tmp_name)
+    tmp = path.parent / f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}{''.join(path.suffixes)}"
+    # Created like open() creates files (0o666 minus the umask): mkstemp's 0o600 would stay on the result.
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
     try:
         yield tmp
         with open(tmp, "rb+") as fh:

@@ -99,7 +99,8 @@ class Session:
                     self.out.write(piece[0])
                     self.out.flush()
                 self.out.write("\n")
-                settings = dataclasses.replace(settings, seed=None if settings.seed is None else settings.seed + 1)
+                next_seed = None if settings.seed is None else (settings.seed + 1) % 2**31
+                settings = dataclasses.replace(settings, seed=next_seed)
         except KeyboardInterrupt:
             self.out.write("\n")
             self.warn("stopped")

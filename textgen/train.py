@@ -13,7 +13,7 @@ import math
 import signal
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,11 +22,12 @@ import keras
 import tensorflow as tf
 
 from textgen import config as cfgmod
-from textgen.checkpoint import Run, check_run_name, ensure_writable, find_run, new_run_name
+from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, Run, check_run_name, ensure_writable, find_run, new_run_name
 from textgen.config import DataConfig, DeviceProfile, ModelConfig, RunConfig, TrainConfig
 from textgen.corpus import resolve_corpus
 from textgen.data import Splits, load_splits, make_dataset
 from textgen.errors import ConfigError, TrainingInterrupted
+from textgen.fastlstm import stateful_logits
 from textgen.model import build_model, reset_states
 
 LN2 = math.log(2.0)
@@ -95,7 +96,13 @@ def plan_training(
         config = RunConfig(saved.data, saved.model, cfgmod.replace(saved.training, **training), saved.profile)
         if not run.has_state():
             raise ConfigError(f"run {run.name!r} has no resume point yet; start it again without --resume")
-        return TrainPlan(run, config, load_splits(config.data, run.load_vocab()), run.load_state())
+        state = run.load_state()
+        if state["epoch"] >= config.training.epochs:
+            raise ConfigError(
+                f"run {run.name!r} has done all {config.training.epochs} epochs; "
+                f"add --epochs {state['epoch'] + 10} (or more) to train it further"
+            )
+        return TrainPlan(run, config, load_splits(config.data, run.load_vocab()), state)
 
     if corpus is None:
         raise ConfigError("give a corpus to train on, e.g. textgen train 2600-0.txt")
@@ -147,6 +154,73 @@ def _sigint_flag() -> Iterator[threading.Event]:
         signal.signal(signal.SIGINT, previous)
 
 
+@dataclass
+class Trainer:
+    """A model with its optimizer and compiled steps; each step returns a summed or mean loss."""
+
+    model: keras.Model
+    optimizer: keras.optimizers.Optimizer
+    train_step: Callable[[tf.Tensor, tf.Tensor], tf.Tensor]  # (inputs, targets) -> mean loss, after one update
+    eval_step: Callable[[tf.Tensor, tf.Tensor], tf.Tensor]  # (inputs, targets) -> summed loss
+
+
+def build_trainer(cfg: RunConfig, strategy: tf.distribute.Strategy | None = None) -> Trainer:
+    """The model, optimizer and compiled train/eval steps that ``train`` uses (and the benchmark times).
+
+    Steps run through ``strategy.run`` with the per-replica batch. With the profile's
+    ``fast_lstm`` the LSTM runs through ``textgen.fastlstm`` on the same variables.
+    """
+    strategy = strategy or tf.distribute.get_strategy()
+    tcfg, profile = cfg.training, cfg.profile
+    chars_per_step = cfg.data.batch_size * cfg.data.seq_len
+    with strategy.scope():
+        model = build_model(cfg.model, cfg.data.batch_size // strategy.num_replicas_in_sync, profile.precision)
+        optimizer: keras.optimizers.Optimizer = keras.optimizers.Adam(
+            learning_rate=tcfg.lr, global_clipnorm=tcfg.clip_norm
+        )
+        if profile.precision == "mixed_float16":
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        model.compile(optimizer=optimizer)  # callbacks reach the optimizer through model.optimizer
+        optimizer.build(model.trainable_variables)
+
+    def loss_sum(x: tf.Tensor, y: tf.Tensor, training: bool) -> tf.Tensor:
+        if profile.fast_lstm:
+            seed = tf.stack([tf.constant(tcfg.seed, tf.int64), tf.cast(optimizer.iterations, tf.int64)])
+            logits = stateful_logits(model, x, training, seed)
+        else:
+            logits = model(x, training=training)
+        return tf.reduce_sum(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
+
+    def replica_train_step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            loss = loss_sum(x, y, True) / chars_per_step
+            scaled = optimizer.scale_loss(loss)
+        optimizer.apply(tape.gradient(scaled, model.trainable_variables), model.trainable_variables)
+        return loss
+
+    @tf.function(jit_compile=profile.jit_compile)
+    def train_step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+        return strategy.reduce("SUM", strategy.run(replica_train_step, args=(x, y)), axis=None)
+
+    @tf.function(jit_compile=profile.jit_compile)
+    def eval_step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+        return strategy.reduce("SUM", strategy.run(loss_sum, args=(x, y, False)), axis=None)
+
+    return Trainer(model, optimizer, train_step, eval_step)
+
+
+@contextlib.contextmanager
+def _end_callbacks_on_error(callback_list: keras.callbacks.CallbackList) -> Iterator[None]:
+    """On Ctrl-C or an error, still end the callbacks: a live progress display stops (and shows the
+    terminal's cursor again), the history and TensorBoard files are closed."""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(Exception):  # never hide the original error
+            callback_list.on_train_end({})
+        raise
+
+
 def train(plan: TrainPlan, callbacks: Sequence[keras.callbacks.Callback] = ()) -> TrainResult:
     """Train ``plan.run`` to its epoch count, early stop, time budget or Ctrl-C.
 
@@ -168,34 +242,8 @@ def train(plan: TrainPlan, callbacks: Sequence[keras.callbacks.Callback] = ()) -
     steps = int(train_ds.cardinality())
     chars_per_step = dcfg.batch_size * dcfg.seq_len
 
-    with strategy.scope():
-        model = build_model(cfg.model, dcfg.batch_size // replicas, cfg.profile.precision)
-        optimizer: keras.optimizers.Optimizer = keras.optimizers.Adam(
-            learning_rate=tcfg.lr, global_clipnorm=tcfg.clip_norm
-        )
-        if cfg.profile.precision == "mixed_float16":
-            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-        model.compile(optimizer=optimizer)  # callbacks reach the optimizer through model.optimizer
-        optimizer.build(model.trainable_variables)
-
-    def loss_sum(x: tf.Tensor, y: tf.Tensor, training: bool) -> tf.Tensor:
-        logits = model(x, training=training)
-        return tf.reduce_sum(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
-
-    def replica_train_step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
-        with tf.GradientTape() as tape:
-            loss = loss_sum(x, y, True) / chars_per_step
-            scaled = optimizer.scale_loss(loss)
-        optimizer.apply(tape.gradient(scaled, model.trainable_variables), model.trainable_variables)
-        return loss
-
-    @tf.function(jit_compile=cfg.profile.jit_compile)
-    def train_step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
-        return strategy.reduce("SUM", strategy.run(replica_train_step, args=(x, y)), axis=None)
-
-    @tf.function(jit_compile=cfg.profile.jit_compile)
-    def eval_step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
-        return strategy.reduce("SUM", strategy.run(loss_sum, args=(x, y, False)), axis=None)
+    trainer = build_trainer(cfg, strategy)
+    model, optimizer, train_step, eval_step = trainer.model, trainer.optimizer, trainer.train_step, trainer.eval_step
 
     start_epoch, start_batch, elapsed_before = 0, 0, 0.0
     resume = plan.resume_state
@@ -231,8 +279,8 @@ def train(plan: TrainPlan, callbacks: Sequence[keras.callbacks.Callback] = ()) -
     )
 
     started = time.monotonic()
-    deadline = started + tcfg.time_budget - elapsed_before if tcfg.time_budget else math.inf
-    stop_reason, epoch, logs = "epochs", start_epoch, {}
+    deadline = started + tcfg.time_budget if tcfg.time_budget else math.inf  # per invocation
+    stop_reason, epochs_done, logs = "epochs", start_epoch, {}
     callback_list.on_train_begin()
     if resume:
         checkpoint.restore(resume, model)
@@ -240,7 +288,7 @@ def train(plan: TrainPlan, callbacks: Sequence[keras.callbacks.Callback] = ()) -
     def elapsed() -> float:
         return elapsed_before + time.monotonic() - started
 
-    with _sigint_flag() as interrupted:
+    with _sigint_flag() as interrupted, _end_callbacks_on_error(callback_list):
         for epoch in range(start_epoch, tcfg.epochs):
             callback_list.on_epoch_begin(epoch)
             skip = start_batch if epoch == start_epoch else 0
@@ -254,7 +302,7 @@ def train(plan: TrainPlan, callbacks: Sequence[keras.callbacks.Callback] = ()) -
                 if interrupted.is_set():
                     checkpoint.save_resume_point(epoch, batch + 1, elapsed())
                     raise TrainingInterrupted(
-                        f"stopped at epoch {epoch + 1}, batch {batch + 1}/{steps}; saved {run.path}"
+                        f"stopped at epoch {epoch + 1}, batch {batch + 1}/{steps}; saved {run.path}; {resume_hint(run)}"
                     )
                 if time.monotonic() >= deadline:
                     stop_reason = "time_budget"
@@ -279,8 +327,12 @@ def train(plan: TrainPlan, callbacks: Sequence[keras.callbacks.Callback] = ()) -
                 "seconds": elapsed(),
             }
             callback_list.on_epoch_end(epoch, logs)
+            epochs_done = epoch + 1
+            if stop_reason == "time_budget" and skip + batches < steps:
+                # Stopped mid-epoch: resume where training stopped, not at the next epoch.
+                checkpoint.save_resume_point(epoch, skip + batches, elapsed())
             if interrupted.is_set():
-                raise TrainingInterrupted(f"stopped after epoch {epoch + 1}; saved {run.path}")
+                raise TrainingInterrupted(f"stopped after epoch {epoch + 1}; saved {run.path}; {resume_hint(run)}")
             if model.stop_training:
                 stop_reason = "early_stopping"
             if stop_reason != "epochs":
@@ -289,7 +341,7 @@ def train(plan: TrainPlan, callbacks: Sequence[keras.callbacks.Callback] = ()) -
     checkpoint.mark_finished(stop_reason)
     return TrainResult(
         run=run,
-        epochs_done=epoch + 1,
+        epochs_done=epochs_done,
         best_val_loss=checkpoint.best_val_loss,
         stop_reason=stop_reason,
         seconds=elapsed(),
@@ -299,7 +351,14 @@ def train(plan: TrainPlan, callbacks: Sequence[keras.callbacks.Callback] = ()) -
 
 def _callback_state(callback: Any) -> dict[str, float]:
     keys = ("wait", "best", "cooldown_counter")
-    return {k: float(getattr(callback, k)) for k in keys if hasattr(callback, k)}
+    # Keras' callbacks hold best=None until their first epoch end (Ctrl-C in epoch 1).
+    return {k: float(getattr(callback, k)) for k in keys if getattr(callback, k, None) is not None}
+
+
+def resume_hint(run: Run) -> str:
+    """How to continue ``run`` from the command line."""
+    where = "" if run.path.parent == DEFAULT_CHECKPOINT_DIR else f" --checkpoint-dir {run.path.parent}"
+    return f"continue with: textgen train --resume --run {run.name}{where}"
 
 
 class RunCheckpoint(keras.callbacks.Callback):
@@ -317,10 +376,12 @@ class RunCheckpoint(keras.callbacks.Callback):
             for key, value in values.items():
                 setattr(self.stateful_callbacks[name], key, value)
         if self.run.best_weights_path.is_file():
-            current = model.get_weights()
-            self.run.load_weights(model, "best")
-            self.stateful_callbacks["early_stopping"].best_weights = model.get_weights()
-            model.set_weights(current)
+            # Load into a scratch copy: the weights file also holds the optimizer variables of the
+            # best epoch, and loading it into the compiled training model would roll its optimizer
+            # (step count, Adam moments, learning rate) back to that epoch.
+            scratch = keras.models.clone_model(model)
+            self.run.load_weights(scratch, "best")
+            self.stateful_callbacks["early_stopping"].best_weights = scratch.get_weights()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         logs = logs or {}

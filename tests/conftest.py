@@ -1,0 +1,70 @@
+"""Shared fixtures: tiny generated corpora and one tiny trained run per session."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import TINY_DATA, TINY_MODEL, steps_per_epoch, write_corpus
+from hypothesis import settings
+
+# No per-example deadline: the machine is small and shared, and timing is not what these tests check.
+settings.register_profile("textgen", deadline=None)
+settings.load_profile("textgen")
+
+
+@pytest.fixture
+def tiny_corpus(tmp_path: Path) -> Path:
+    """About 13,700 characters of random words in tmp_path/tiny.txt."""
+    return write_corpus(tmp_path / "tiny.txt", 3000)
+
+
+@dataclass
+class TrainedRun:
+    """The session's tiny trained run and how it was made."""
+
+    result: Any  # textgen.train.TrainResult
+    plan: Any  # textgen.train.TrainPlan
+    checkpoint_dir: Path
+    corpus: Path
+    steps_per_epoch: int
+
+    @property
+    def run(self) -> Any:
+        return self.result.run
+
+    def copy_to(self, dest_dir: Path, name: str | None = None) -> Any:
+        """A copy of the run under ``dest_dir`` (to damage or resume without touching the original)."""
+        from textgen.checkpoint import Run
+
+        dest = Path(dest_dir) / (name or self.run.name)
+        shutil.copytree(self.run.path, dest)
+        return Run(dest)
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory: pytest.TempPathFactory) -> TrainedRun:
+    """A 4-epoch run of a tiny LSTM on a tiny corpus, trained once per session (a few seconds)."""
+    from textgen.device import CPU, apply_profile
+
+    apply_profile(CPU)
+    from textgen.train import plan_training, train
+
+    base = tmp_path_factory.mktemp("trained")
+    corpus = write_corpus(base / "tiny.txt", 3000)
+    checkpoint_dir = base / "checkpoints"
+    plan = plan_training(
+        str(corpus),
+        CPU,
+        checkpoint_dir=checkpoint_dir,
+        run_name="tiny",
+        data=TINY_DATA,
+        model=TINY_MODEL,
+        training={"epochs": 4},
+    )
+    result = train(plan)
+    spe = steps_per_epoch(len(plan.splits.train), TINY_DATA["batch_size"], TINY_DATA["seq_len"])
+    return TrainedRun(result, plan, checkpoint_dir, corpus, spe)

@@ -1,0 +1,69 @@
+"""Helpers shared by the tests: tiny generated corpora, history reading, subprocess runs."""
+
+from __future__ import annotations
+
+import csv
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+# fmt: off
+WORDS = [
+    "the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "and", "the", "cat",
+    "sat", "on", "the", "mat", "while", "seven", "small", "birds", "sang", "in", "an", "old",
+    "green", "tree", "by", "the", "river",
+]
+# fmt: on
+
+# Tiny model settings shared by the training tests (seconds per run on 2 cores).
+TINY_DATA = {"batch_size": 8, "seq_len": 32}
+TINY_MODEL = {"units": 32, "embedding_dim": 8}
+
+
+def make_text(n_words: int, seed: int = 0) -> str:
+    """Random words from a small list, broken into lines of 12 words."""
+    rng = random.Random(seed)
+    words = [rng.choice(WORDS) for _ in range(n_words)]
+    lines = [" ".join(words[i : i + 12]) for i in range(0, len(words), 12)]
+    return "\n".join(lines) + "\n"
+
+
+def write_corpus(path: Path, n_words: int = 3000, seed: int = 0) -> Path:
+    """Write a tiny generated corpus (about 4.5 characters per word) and return its path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(make_text(n_words, seed), encoding="utf-8")
+    return path
+
+
+def read_history(run_path: Path) -> list[dict[str, float]]:
+    """history.csv as a list of rows of floats."""
+    with open(Path(run_path) / "history.csv", newline="") as fh:
+        return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(fh)]
+
+
+def steps_per_epoch(n_train_ids: int, batch_size: int, seq_len: int) -> int:
+    """Batches in one epoch of the stateful layout, computed independently of textgen.data."""
+    return (n_train_ids - 1) // (batch_size * seq_len)
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """The environment a user would have: no TF log level pre-set (in-process CLI tests set one)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "PYTHONWARNINGS")}
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def run_textgen(args: list[str], cwd: Path, timeout: float = 180, **env: str) -> subprocess.CompletedProcess[str]:
+    """``python -m textgen ARGS`` in a subprocess."""
+    return subprocess.run(
+        [sys.executable, "-m", "textgen", *args],
+        cwd=cwd,
+        env=subprocess_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

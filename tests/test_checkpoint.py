@@ -1,0 +1,324 @@
+"""Run directories: atomic writes, reloading weights into fresh models, and damaged runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+from textgen.checkpoint import Run, check_run_name, ensure_writable, find_run, list_runs, new_run_name
+from textgen.config import RunConfig
+from textgen.data import make_dataset
+from textgen.errors import CheckpointError, ConfigError
+from textgen.files import atomic_path, atomic_write_text
+from textgen.model import build_model, reset_states
+from textgen.vocab import Vocabulary
+
+# --- atomic writes ---------------------------------------------------------------
+
+
+def test_atomic_path_replaces_the_file_on_success(tmp_path: Path) -> None:
+    target = tmp_path / "best.weights.h5"
+    target.write_bytes(b"old")
+    with atomic_path(target) as tmp:
+        assert tmp.parent == tmp_path
+        assert tmp.name.endswith(".weights.h5")  # Keras checks the suffix
+        assert tmp != target
+        tmp.write_bytes(b"new")
+        assert target.read_bytes() == b"old"  # not replaced before the body finishes
+    assert target.read_bytes() == b"new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.weights.h5"]
+
+
+def test_atomic_path_keeps_the_old_file_when_the_body_raises(tmp_path: Path) -> None:
+    target = tmp_path / "state.json"
+    target.write_text('{"epoch": 3}')
+    with pytest.raises(RuntimeError, match="disk on fire"), atomic_path(target) as tmp:
+        tmp.write_text('{"epoch": ')  # half written
+        raise RuntimeError("disk on fire")
+    assert target.read_text() == '{"epoch": 3}'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json"]  # no temporary file left
+
+
+def test_atomic_path_creates_nothing_when_the_body_raises(tmp_path: Path) -> None:
+    target = tmp_path / "new.json"
+    with pytest.raises(KeyboardInterrupt), atomic_path(target) as tmp:
+        tmp.write_text("partial")
+        raise KeyboardInterrupt
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_atomic_write_text(tmp_path: Path) -> None:
+    target = tmp_path / "vocab.json"
+    atomic_write_text(target, "first")
+    atomic_write_text(target, "ünïcode second")
+    assert target.read_text(encoding="utf-8") == "ünïcode second"
+    assert [p.name for p in tmp_path.iterdir()] == ["vocab.json"]
+
+
+def test_atomic_files_get_the_permissions_of_ordinary_files(tmp_path: Path) -> None:
+    reference = tmp_path / "reference.txt"
+    reference.write_text("made with open()")
+    target = tmp_path / "config.json"
+    atomic_write_text(target, "{}")
+    assert stat.S_IMODE(target.stat().st_mode) == stat.S_IMODE(reference.stat().st_mode)
+
+
+def test_run_files_get_the_permissions_of_ordinary_files(tmp_path: Path, trained_run) -> None:
+    reference = tmp_path / "reference.txt"
+    reference.write_text("made with open()")
+    expected = stat.S_IMODE(reference.stat().st_mode)
+    for path in trained_run.run.path.iterdir():
+        if path.is_file():
+            assert stat.S_IMODE(path.stat().st_mode) == expected, path.name
+
+
+# --- reloading a trained run -------------------------------------------------------
+
+
+def val_loss(model: keras.Model, ids: np.ndarray, batch_size: int, seq_len: int) -> float:
+    """Mean validation loss per character, computed the way training does (stateful, from zero state)."""
+    reset_states(model)
+    total, batches = 0.0, 0
+    for x, y in make_dataset(ids, batch_size, seq_len):
+        logits = model(x, training=False)
+        total += float(np.sum(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)))
+        batches += 1
+    return total / (batches * batch_size * seq_len)
+
+
+def test_load_config_and_vocab(trained_run) -> None:
+    run = find_run(trained_run.checkpoint_dir, "tiny")
+    assert run.load_config() == trained_run.plan.config
+    assert run.load_vocab() == trained_run.plan.splits.vocab
+    assert isinstance(run.load_config(), RunConfig)
+
+
+def test_best_weights_reload_into_fresh_models(trained_run) -> None:
+    run = Run(trained_run.run.path)
+    cfg = run.load_config()
+    batch, seq_len = cfg.data.batch_size, cfg.data.seq_len
+    x = trained_run.plan.splits.val[: batch * seq_len].reshape(batch, seq_len).astype(np.int32)
+
+    loaded = build_model(cfg.model, batch)
+    run.load_weights(loaded)
+    direct = build_model(cfg.model, batch)
+    direct.load_weights(run.best_weights_path)  # plain Keras, no textgen wrapper
+    small = build_model(cfg.model, 2)  # another batch size: weights do not depend on it
+    run.load_weights(small)
+    untrained = build_model(cfg.model, batch)
+
+    for a, b, c in zip(loaded.get_weights(), direct.get_weights(), small.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, c)
+    out = np.asarray(loaded(x))
+    np.testing.assert_allclose(out, np.asarray(direct(x)), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(out[:2], np.asarray(small(x[:2])), rtol=1e-5, atol=1e-5)
+    assert not np.allclose(out, np.asarray(untrained(x)), atol=1e-3)  # loading really changed the model
+
+
+def test_best_weights_reproduce_the_best_validation_loss(trained_run) -> None:
+    run = Run(trained_run.run.path)
+    cfg = run.load_config()
+    model = build_model(cfg.model, cfg.data.batch_size)
+    run.load_weights(model, "best")
+    loss = val_loss(model, trained_run.plan.splits.val, cfg.data.batch_size, cfg.data.seq_len)
+    assert loss == pytest.approx(trained_run.result.best_val_loss, rel=1e-4)
+    state = run.load_state()
+    assert state["best_val_loss"] == pytest.approx(trained_run.result.best_val_loss)
+
+
+def test_last_weights_are_the_resume_point(trained_run) -> None:
+    run = Run(trained_run.run.path)
+    cfg = run.load_config()
+    assert run.weights_path("last") == run.path / run.load_state()["last_weights"]
+    model = build_model(cfg.model, 1)
+    run.load_weights(model, "last")  # loads without error into another batch size
+
+
+# --- finding runs -------------------------------------------------------------------
+
+
+def test_find_run_in_an_empty_dir_says_to_train_first(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError) as info:
+        find_run(tmp_path)
+    message = str(info.value)
+    assert "no trained run" in message
+    assert "train one first: textgen train" in message
+
+
+def test_find_run_in_a_missing_dir(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="train one first"):
+        find_run(tmp_path / "nowhere")
+
+
+def test_find_run_by_unknown_name_lists_the_runs(trained_run) -> None:
+    with pytest.raises(CheckpointError) as info:
+        find_run(trained_run.checkpoint_dir, "nope")
+    assert "no run 'nope'" in str(info.value)
+    assert "tiny" in str(info.value)
+
+
+def test_find_run_picks_the_most_recently_updated(tmp_path: Path, trained_run) -> None:
+    old = trained_run.copy_to(tmp_path, "old")
+    trained_run.copy_to(tmp_path, "new")
+    (tmp_path / "not-a-run").mkdir()
+    for path in (old.config_path, old.state_path):
+        os.utime(path, (1_000_000, 1_000_000))
+    assert find_run(tmp_path).name == "new"
+    assert [r.name for r in list_runs(tmp_path)] == ["new", "old"]
+    assert find_run(tmp_path, "old").path == old.path
+
+
+def test_new_run_name(tmp_path: Path) -> None:
+    assert new_run_name(tmp_path, "2600-0") == "2600-0"
+    (tmp_path / "2600-0").mkdir()
+    (tmp_path / "2600-0-2").mkdir()
+    assert new_run_name(tmp_path, "2600-0") == "2600-0-3"
+    assert new_run_name(tmp_path, "my book (draft)") == "my-book-draft"
+    assert new_run_name(tmp_path, "...") == "run"
+
+
+@pytest.mark.parametrize("name", ["../escape", "a/b", ".hidden", "", "sp ace"])
+def test_check_run_name_rejects(name: str) -> None:
+    with pytest.raises(ConfigError, match="--run"):
+        check_run_name(name)
+
+
+# --- damaged runs ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("content", ["{not json", "", "[1, 2]", '{"data": {}}'])
+def test_corrupt_config(tmp_path: Path, trained_run, content: str) -> None:
+    run = trained_run.copy_to(tmp_path)
+    run.config_path.write_text(content)
+    with pytest.raises(CheckpointError, match=r"config\.json is corrupt"):
+        run.load_config()
+
+
+def test_config_from_another_version(tmp_path: Path, trained_run) -> None:
+    run = trained_run.copy_to(tmp_path)
+    data = json.loads(run.config_path.read_text())
+    data["model"]["attention_heads"] = 4
+    run.config_path.write_text(json.dumps(data))
+    with pytest.raises(CheckpointError, match="attention_heads"):
+        run.load_config()
+
+
+def test_config_with_wrong_types(tmp_path: Path, trained_run) -> None:
+    run = trained_run.copy_to(tmp_path)
+    data = json.loads(run.config_path.read_text())
+    data["training"]["lr"] = "fast"
+    run.config_path.write_text(json.dumps(data))
+    with pytest.raises(CheckpointError, match=r"config\.json is corrupt"):
+        run.load_config()
+
+
+def test_missing_config(tmp_path: Path, trained_run) -> None:
+    run = trained_run.copy_to(tmp_path)
+    run.config_path.unlink()
+    with pytest.raises(CheckpointError, match=r"config\.json is missing"):
+        run.load_config()
+
+
+@pytest.mark.parametrize("content", ["{not json", "", '"a string"', '{"epoch": 1, "batch": 0}'])
+def test_corrupt_state(tmp_path: Path, trained_run, content: str) -> None:
+    run = trained_run.copy_to(tmp_path)
+    run.state_path.write_text(content)
+    with pytest.raises(CheckpointError, match=r"state\.json is corrupt"):
+        run.load_state()
+
+
+@pytest.mark.parametrize("content", ["{not json", "", "[]", '{"letters": "abc"}', '{"chars": 5}', "null"])
+def test_corrupt_vocab(tmp_path: Path, trained_run, content: str) -> None:
+    run = trained_run.copy_to(tmp_path)
+    run.vocab_path.write_text(content)
+    with pytest.raises(CheckpointError, match=r"vocab\.json is corrupt"):
+        run.load_vocab()
+
+
+def test_missing_vocab(tmp_path: Path, trained_run) -> None:
+    run = trained_run.copy_to(tmp_path)
+    run.vocab_path.unlink()
+    with pytest.raises(CheckpointError, match=r"vocab\.json is missing"):
+        run.load_vocab()
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "empty"])
+def test_damaged_best_weights(tmp_path: Path, trained_run, damage: str) -> None:
+    run = trained_run.copy_to(tmp_path)
+    data = run.best_weights_path.read_bytes()
+    damaged = {"truncate": data[: len(data) // 2], "garbage": b"\x89HDF not really" * 100, "empty": b""}[damage]
+    run.best_weights_path.write_bytes(damaged)
+    model = build_model(run.load_config().model, 2)
+    with pytest.raises(CheckpointError, match=r"best\.weights\.h5 is corrupt"):
+        run.load_weights(model)
+
+
+@pytest.mark.filterwarnings("ignore:Skipping nested container")
+def test_weights_from_another_model(tmp_path: Path, trained_run) -> None:
+    run = trained_run.copy_to(tmp_path)
+    cfg = run.load_config().model
+    other = build_model(type(cfg)(vocab_size=cfg.vocab_size, embedding_dim=cfg.embedding_dim, units=cfg.units + 8), 2)
+    with pytest.raises(CheckpointError, match="corrupt or from another model"):
+        run.load_weights(other)
+
+
+def test_missing_best_weights(tmp_path: Path, trained_run) -> None:
+    run = trained_run.copy_to(tmp_path)
+    run.best_weights_path.unlink()
+    with pytest.raises(CheckpointError, match="no saved weights yet"):
+        run.load_weights(build_model(run.load_config().model, 2))
+
+
+@pytest.mark.parametrize("damage", ["bad-zip", "truncate", "empty", "garbage", "missing"])
+def test_damaged_optimizer_state(tmp_path: Path, trained_run, damage: str) -> None:
+    run = trained_run.copy_to(tmp_path)
+    path = run.path / run.load_state()["optimizer"]
+    data = path.read_bytes()
+    if damage == "missing":
+        path.unlink()
+    else:
+        damaged = {"bad-zip": b"PK\x03\x04 not a zip", "truncate": data[: len(data) // 2], "empty": b""}
+        path.write_bytes(damaged.get(damage, b"garbage " * 50))
+    optimizer = keras.optimizers.Adam()
+    optimizer.build(build_model(run.load_config().model, 2).trainable_variables)
+    with pytest.raises(CheckpointError, match="cannot resume"):
+        run.load_optimizer(optimizer)
+
+
+def test_optimizer_state_for_another_model(tmp_path: Path, trained_run) -> None:
+    run = trained_run.copy_to(tmp_path)
+    optimizer = keras.optimizers.Adam()
+    optimizer.build(build_model(type(run.load_config().model)(vocab_size=7, units=4), 2).trainable_variables)
+    with pytest.raises(CheckpointError, match="does not match"):
+        run.load_optimizer(optimizer)
+
+
+# --- unwritable places --------------------------------------------------------------------
+
+
+def test_ensure_writable_under_a_file(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("not a directory")
+    with pytest.raises(CheckpointError) as info:
+        ensure_writable(tmp_path / "afile" / "sub")
+    message = str(info.value)
+    assert "cannot write to" in message and "afile" in message
+    assert "--checkpoint-dir" in message
+
+
+def test_ensure_writable_creates_the_dir_and_leaves_no_probe(tmp_path: Path) -> None:
+    ensure_writable(tmp_path / "new" / "runs")
+    assert list((tmp_path / "new" / "runs").iterdir()) == []
+
+
+def test_run_create_in_an_unwritable_place(tmp_path: Path, trained_run) -> None:
+    (tmp_path / "afile").write_text("not a directory")
+    cfg = trained_run.plan.config
+    with pytest.raises(CheckpointError, match="--checkpoint-dir"):
+        Run(tmp_path / "afile" / "run").create(cfg, Vocabulary.from_text("abc"))

@@ -1,0 +1,314 @@
+"""The ``textgen`` command line for training: help, clean one-line errors, real runs, Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import read_history, run_textgen, subprocess_env, write_corpus
+from typer.testing import CliRunner
+
+from textgen.cli import app
+
+TINY_FLAGS = ["--device", "cpu", "--units", "32", "--embedding-dim", "8", "--batch-size", "4", "--seq-len", "16"]
+
+
+def squash(text: str) -> str:
+    """Text with all runs of whitespace made single spaces (help output wraps at 80 columns)."""
+    return " ".join(text.split())
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Run in an empty directory, with no ./corpora and no $TEXTGEN_CORPUS_PATH."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("TEXTGEN_CORPUS_PATH", raising=False)
+    return tmp_path
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def assert_one_line_error(result, *fragments: str) -> str:
+    """The command failed with exactly one line on stderr, starting with "error:", and no traceback."""
+    assert result.exit_code != 0, result.stdout
+    assert isinstance(result.exception, SystemExit), repr(result.exception)  # not an escaped exception
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: "), result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+    return lines[0]
+
+
+# --- help ----------------------------------------------------------------------------
+
+
+def test_top_level_help_shows_a_quick_start() -> None:
+    result = invoke("--help")
+    assert result.exit_code == 0
+    out = squash(result.stdout)
+    assert "train" in out
+    assert "textgen train 2600-0.txt --device cpu" in out, "textgen --help should show how to start"
+
+
+def test_train_help_shows_examples() -> None:
+    result = invoke("train", "--help")
+    assert result.exit_code == 0
+    out = squash(result.stdout)
+    assert "Examples" in out
+    assert "textgen train 2600-0.txt --device cpu" in out
+    assert "textgen train 2600-0.txt --device cpu --resume" in out
+    for option in ("--units", "--epochs", "--time-budget", "--device", "--resume", "--checkpoint-dir"):
+        assert option in out
+
+
+# --- one-line errors -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flags", "fragment"),
+    [
+        (["--units", "0"], "--units must be a positive integer (got 0)"),
+        (["--epochs", "-1"], "--epochs must be a positive integer (got -1)"),
+        (["--time-budget", "abc"], "--time-budget must be a duration like 90s, 30m or 1h30m (got 'abc')"),
+        (["--time-budget", "0"], "--time-budget must be positive"),
+        (["--dropout", "1.5"], "--dropout must be in [0, 1) (got 1.5)"),
+        (["--batch-size", "0"], "--batch-size must be a positive integer (got 0)"),
+        (["--seq-len", "-4"], "--seq-len must be a positive integer (got -4)"),
+        (["--lr", "0"], "--lr must be positive"),
+        (["--device", "tpu"], "--device must be one of auto, cpu, gpu (got 'tpu')"),
+        (["--run", "../escape", "--batch-size", "4", "--seq-len", "16"], "--run must be letters, digits"),
+    ],
+)
+def test_bad_flag_values(workdir: Path, flags: list[str], fragment: str) -> None:
+    write_corpus(workdir / "tiny.txt", 400)
+    result = invoke("train", "tiny.txt", "--checkpoint-dir", "ck", *flags)
+    assert_one_line_error(result, fragment)
+    assert result.exit_code == 1
+    assert not (workdir / "ck").exists() or not any((workdir / "ck").iterdir())
+
+
+def test_bad_flag_values_are_caught_before_tensorflow_is_imported(tmp_path: Path) -> None:
+    code = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from textgen.cli import app\n"
+        "for flags in (['--units', '0'], ['--epochs', '-1'], ['--time-budget', 'abc']):\n"
+        "    result = CliRunner().invoke(app, ['train', 'x.txt', *flags])\n"
+        "    assert result.exit_code == 1 and result.stderr.startswith('error:'), result.stderr\n"
+        "assert 'tensorflow' not in sys.modules, 'flag checks imported TensorFlow'\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_missing_corpus(workdir: Path) -> None:
+    result = invoke("train", "nope.txt", "--device", "cpu", "--checkpoint-dir", "ck")
+    assert_one_line_error(result, "corpus 'nope.txt' not found", "corpora")
+
+
+def test_missing_gutenberg_corpus_suggests_download(workdir: Path) -> None:
+    result = invoke("train", "2600-0.txt", "--device", "cpu", "--checkpoint-dir", "ck")
+    assert_one_line_error(result, "--download")
+
+
+def test_directory_as_corpus(workdir: Path) -> None:
+    (workdir / "books").mkdir()
+    result = invoke("train", "books", "--device", "cpu", "--checkpoint-dir", "ck")
+    assert_one_line_error(result, "books is a directory")
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        (b"", "is empty"),
+        (b"\x00\x01\x02binary\x00", "looks like a binary file"),
+        ("caf\u00e9 cr\u00e8me br\u00fbl\u00e9e\n".encode("latin-1") * 50, "is not valid UTF-8"),
+    ],
+    ids=["empty", "binary", "latin-1"],
+)
+def test_unusable_corpus_files(workdir: Path, content: bytes, fragment: str) -> None:
+    (workdir / "book.txt").write_bytes(content)
+    result = invoke("train", "book.txt", "--device", "cpu", "--checkpoint-dir", "ck")
+    assert_one_line_error(result, "book.txt", fragment)
+
+
+def test_corpus_too_short(workdir: Path) -> None:
+    write_corpus(workdir / "short.txt", 200)
+    result = invoke("train", "short.txt", "--device", "cpu", "--batch-size", "64", "--seq-len", "100")
+    line = assert_one_line_error(result, "corpus too short", "training split", "--batch-size", "--seq-len")
+    assert "smaller" in line
+    assert not (workdir / "checkpoints").exists() or not any((workdir / "checkpoints").iterdir())
+
+
+def test_gpu_without_a_gpu(workdir: Path) -> None:
+    write_corpus(workdir / "tiny.txt", 400)
+    result = invoke("train", "tiny.txt", "--device", "gpu", "--checkpoint-dir", "ck")
+    line = assert_one_line_error(result, "--device gpu", "--device cpu")
+    assert "pip install -e '.[gpu]'" in line  # printed literally, not eaten as console markup
+
+
+def test_unwritable_checkpoint_dir(workdir: Path) -> None:
+    write_corpus(workdir / "tiny.txt", 400)
+    (workdir / "afile").write_text("a file, not a directory")
+    result = invoke("train", "tiny.txt", "--device", "cpu", "--checkpoint-dir", "afile/sub")
+    assert_one_line_error(result, "cannot write to afile/sub", "--checkpoint-dir")
+
+
+def test_resume_with_no_runs(workdir: Path) -> None:
+    result = invoke("train", "--resume", "--device", "cpu", "--checkpoint-dir", "ck")
+    assert_one_line_error(result, "train one first")
+
+
+def test_existing_run_name(workdir: Path, trained_run) -> None:
+    result = invoke(
+        "train",
+        str(trained_run.corpus),
+        *TINY_FLAGS,
+        "--checkpoint-dir",
+        str(trained_run.checkpoint_dir),
+        "--run",
+        "tiny",
+    )
+    assert_one_line_error(result, "run 'tiny' already exists", "--resume")
+
+
+def test_resume_with_changed_model_flags(workdir: Path, trained_run) -> None:
+    args = ["train", "--resume", "--device", "cpu", "--checkpoint-dir", str(trained_run.checkpoint_dir)]
+    result = invoke(*args, "--run", "tiny", "--units", "64")
+    assert_one_line_error(result, "--units cannot change when resuming run 'tiny'")
+
+
+# --- real runs ----------------------------------------------------------------------------
+
+
+def test_json_output(workdir: Path) -> None:
+    write_corpus(workdir / "tiny.txt", 1500)
+    result = invoke("train", "tiny.txt", *TINY_FLAGS, "--epochs", "1", "--checkpoint-dir", "ck", "--run", "j", "--json")
+    assert result.exit_code == 0, result.stderr
+    events = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+    assert [e["event"] for e in events] == ["epoch", "done"]
+    assert events[0]["epoch"] == 1 and events[0]["val_loss"] > 0
+    done = events[1]
+    assert done["run"] == "j" and done["epochs"] == 1 and done["stop_reason"] == "epochs"
+    assert done["best_val_bpc"] == pytest.approx(done["best_val_loss"] / 0.6931471805599453)
+    assert Path(done["path"], "best.weights.h5").is_file()
+
+
+def test_import_is_light() -> None:
+    code = "import textgen.cli, sys; assert 'tensorflow' not in sys.modules, 'textgen.cli imported TensorFlow'"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=subprocess_env(), capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_module_help_runs(tmp_path: Path) -> None:
+    proc = run_textgen(["--help"], cwd=tmp_path, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "train" in proc.stdout
+    assert "Traceback" not in proc.stderr
+
+
+def test_train_end_to_end(tmp_path: Path) -> None:
+    write_corpus(tmp_path / "tiny.txt", 1000)
+    args = ["train", "tiny.txt", *TINY_FLAGS, "--epochs", "2", "--checkpoint-dir", "X", "--run", "r"]
+    proc = run_textgen(args, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "(new run)" in out
+    assert "epoch 1/2" in out and "epoch 2/2" in out
+    assert "done (all epochs done) after 2 epochs" in out
+    assert "bits/char" in out
+    assert "continue with: textgen train --resume --run r --checkpoint-dir X" in out
+    assert "Traceback" not in proc.stderr
+    assert "oneDNN" not in proc.stderr and "cpu_feature_guard" not in proc.stderr  # TensorFlow's start-up chatter
+    run = tmp_path / "X" / "r"
+    for name in ("config.json", "vocab.json", "best.weights.h5", "state.json", "history.csv"):
+        assert (run / name).is_file(), name
+    assert [row["epoch"] for row in read_history(run)] == [0, 1]
+    assert json.loads((run / "state.json").read_text())["finished"] == "epochs"
+
+
+def wait_for(path: Path, text: str, proc: subprocess.Popen, timeout: float) -> None:
+    """Poll ``path`` until it contains ``text``; fail if ``proc`` ends or time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and text in path.read_text(errors="replace"):
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"training ended early (exit {proc.returncode}):\n{path.read_text(errors='replace')}")
+        time.sleep(0.1)
+    proc.kill()
+    pytest.fail(f"no {text!r} in the output within {timeout}s")
+
+
+def test_ctrl_c_saves_and_resume_continues(tmp_path: Path) -> None:
+    write_corpus(tmp_path / "tiny.txt", 6000)  # about 27,000 characters: a few seconds per epoch
+    args = ["train", "tiny.txt", *TINY_FLAGS, "--epochs", "50", "--checkpoint-dir", "ck", "--run", "r"]
+    out_path, err_path = tmp_path / "out.txt", tmp_path / "err.txt"
+    with open(out_path, "w") as out, open(err_path, "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "textgen", *args], cwd=tmp_path, env=subprocess_env(), stdout=out, stderr=err
+        )
+        try:
+            wait_for(out_path, "epoch 1/50", proc, timeout=120)
+            proc.send_signal(signal.SIGINT)
+            returncode = proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    stderr = err_path.read_text()
+    assert returncode == 130, stderr
+    assert "Traceback" not in stderr
+    assert "stopped" in stderr
+    assert "--resume --run r --checkpoint-dir ck" in stderr, f"the message should say how to continue: {stderr!r}"
+    run = tmp_path / "ck" / "r"
+    state = json.loads((run / "state.json").read_text())
+    assert state["finished"] is None
+    assert (state["epoch"], state["batch"]) >= (1, 0)  # at least the first epoch was kept
+    assert (run / state["last_weights"]).is_file() and (run / state["optimizer"]).is_file()
+
+    resume_args = ["train", "--resume", "--run", "r", "--checkpoint-dir", "ck", "--device", "cpu", "--epochs", "2"]
+    proc2 = run_textgen(resume_args, cwd=tmp_path)
+    assert proc2.returncode == 0, proc2.stderr
+    assert "resuming at epoch 2" in proc2.stdout
+    assert "done" in proc2.stdout
+    assert [row["epoch"] for row in read_history(run)] == [0, 1]
+    assert json.loads((run / "state.json").read_text())["finished"] == "epochs"
+
+
+def find_on_corpus_path(name: str) -> Path | None:
+    for directory in os.environ.get("TEXTGEN_CORPUS_PATH", "").split(os.pathsep):
+        if directory and (Path(directory) / name).is_file():
+            return Path(directory) / name
+    return None
+
+
+def test_war_and_peace_with_a_time_budget(tmp_path: Path) -> None:
+    found = find_on_corpus_path("2600-0.txt")
+    if found is None:
+        pytest.skip("2600-0.txt is not in any directory of $TEXTGEN_CORPUS_PATH")
+    args = ["train", "2600-0.txt", "--device", "cpu", "--time-budget", "20s", "--units", "64"]
+    corpus_path = str(found.parent.resolve())  # $TEXTGEN_CORPUS_PATH may be relative to this directory
+    proc = run_textgen(
+        [*args, "--checkpoint-dir", "ck", "--run", "wp"], cwd=tmp_path, timeout=300, TEXTGEN_CORPUS_PATH=corpus_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "done (time budget spent)" in proc.stdout
+    assert "bits/char" in proc.stdout
+    assert (tmp_path / "ck" / "wp" / "best.weights.h5").is_file()
+    config = json.loads((tmp_path / "ck" / "wp" / "config.json").read_text())
+    assert config["data"]["strip_boilerplate"] is True
+    assert config["model"]["units"] == 64

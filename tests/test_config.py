@@ -1,0 +1,164 @@
+"""textgen.config: durations, value checks naming the flag, and the JSON round trip."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from textgen.config import (
+    DataConfig,
+    ModelConfig,
+    RunConfig,
+    TrainConfig,
+    flag,
+    from_dict,
+    parse_duration,
+    replace,
+    to_dict,
+)
+from textgen.device import CPU, GPU
+from textgen.errors import ConfigError
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("90", 90.0),
+        ("90s", 90.0),
+        ("0.5", 0.5),
+        ("30m", 1800.0),
+        ("1h", 3600.0),
+        ("1h30m", 5400.0),
+        ("1h30m15s", 5415.0),
+        ("2.5h", 9000.0),
+        ("1.5m", 90.0),
+        (" 20S ", 20.0),
+        ("0h5m", 300.0),
+    ],
+)
+def test_parse_duration(text: str, seconds: float) -> None:
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize(
+    "text", ["abc", "0", "0s", "0h0m", "-5m", "", "   ", "5x", "m", "h", "1.h", "5ms", "30m1h", "1d"]
+)
+def test_parse_duration_rejects(text: str) -> None:
+    with pytest.raises(ConfigError, match="--time-budget") as info:
+        parse_duration(text)
+    assert repr(text) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("cls", "values", "flag_name"),
+    [
+        (ModelConfig, {"units": 0}, "--units"),
+        (ModelConfig, {"units": -3}, "--units"),
+        (ModelConfig, {"units": 2.5}, "--units"),
+        (ModelConfig, {"units": True}, "--units"),
+        (ModelConfig, {"layers": 0}, "--layers"),
+        (ModelConfig, {"embedding_dim": 0}, "--embedding-dim"),
+        (ModelConfig, {"dropout": 1.5}, "--dropout"),
+        (ModelConfig, {"dropout": 1.0}, "--dropout"),
+        (ModelConfig, {"dropout": -0.1}, "--dropout"),
+        (TrainConfig, {"epochs": -1}, "--epochs"),
+        (TrainConfig, {"epochs": 0}, "--epochs"),
+        (TrainConfig, {"epochs": 2.5}, "--epochs"),
+        (TrainConfig, {"lr": 0.0}, "--lr"),
+        (TrainConfig, {"lr": -1e-3}, "--lr"),
+        (TrainConfig, {"clip_norm": 0.0}, "--clip-norm"),
+        (TrainConfig, {"seed": -1}, "--seed"),
+        (TrainConfig, {"time_budget": 0.0}, "--time-budget"),
+        (TrainConfig, {"time_budget": -5.0}, "--time-budget"),
+        (TrainConfig, {"patience": 0}, "--patience"),
+        (TrainConfig, {"lr_patience": 0}, "--lr-patience"),
+        (TrainConfig, {"lr_factor": 1.0}, "--lr-factor"),
+        (TrainConfig, {"lr_factor": 0.0}, "--lr-factor"),
+        (DataConfig, {"batch_size": 0}, "--batch-size"),
+        (DataConfig, {"seq_len": -1}, "--seq-len"),
+        (DataConfig, {"val_fraction": 0.0}, "--val-fraction"),
+        (DataConfig, {"test_fraction": 0.6}, "--test-fraction"),
+    ],
+)
+def test_invalid_values_name_the_flag(cls: type, values: dict[str, Any], flag_name: str) -> None:
+    required = {ModelConfig: {"vocab_size": 10}, DataConfig: {"corpus": "c.txt"}, TrainConfig: {}}[cls]
+    with pytest.raises(ConfigError) as info:
+        cls(**{**required, **values})
+    message = str(info.value)
+    assert message.startswith(flag_name + " must be")
+    assert repr(next(iter(values.values()))) in message
+
+
+def test_valid_values_are_accepted() -> None:
+    ModelConfig(vocab_size=2, embedding_dim=1, units=1, layers=3, dropout=0.0)
+    ModelConfig(vocab_size=2, dropout=0.99)
+    TrainConfig(epochs=1, lr=1e-9, seed=0, time_budget=0.5, lr_factor=0.99)
+    DataConfig(corpus="c.txt", batch_size=1, seq_len=1, val_fraction=0.49, test_fraction=0.01)
+
+
+def test_flag_names() -> None:
+    assert flag("seq_len") == "--seq-len"
+    assert flag("units") == "--units"
+    assert flag("time_budget") == "--time-budget"
+
+
+def run_config() -> RunConfig:
+    return RunConfig(
+        data=DataConfig(corpus="/books/2600-0.txt", strip_boilerplate=False, batch_size=8, seq_len=32),
+        model=ModelConfig(vocab_size=83, embedding_dim=16, units=64, layers=2, dropout=0.25),
+        training=TrainConfig(epochs=7, lr=1e-3, seed=3, time_budget=5400.0, patience=2),
+        profile=GPU,
+    )
+
+
+def test_run_config_round_trip_through_json() -> None:
+    cfg = run_config()
+    data = json.loads(json.dumps(cfg.to_dict()))
+    assert RunConfig.from_dict(data) == cfg
+    assert data["model"]["units"] == 64
+    assert data["training"]["time_budget"] == 5400.0
+    assert data["profile"]["precision"] == "mixed_float16"
+
+
+def test_run_config_round_trip_without_time_budget() -> None:
+    cfg = RunConfig(DataConfig(corpus="c.txt"), ModelConfig(vocab_size=5), TrainConfig(), CPU)
+    again = RunConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
+    assert again == cfg
+    assert again.training.time_budget is None
+
+
+def test_section_round_trip() -> None:
+    model = ModelConfig(vocab_size=9, units=16)
+    assert from_dict(ModelConfig, to_dict(model)) == model
+
+
+@pytest.mark.parametrize("section", ["data", "model", "training", "profile"])
+def test_from_dict_rejects_unknown_keys(section: str) -> None:
+    data = run_config().to_dict()
+    data[section]["mystery_knob"] = 1
+    with pytest.raises(ConfigError, match="mystery_knob"):
+        RunConfig.from_dict(data)
+
+
+def test_from_dict_rejects_missing_sections() -> None:
+    data = run_config().to_dict()
+    del data["training"]
+    with pytest.raises(ConfigError, match="training"):
+        RunConfig.from_dict(data)
+
+
+def test_from_dict_checks_values() -> None:
+    data = run_config().to_dict()
+    data["model"]["units"] = 0
+    with pytest.raises(ConfigError, match="--units"):
+        RunConfig.from_dict(data)
+
+
+def test_replace_ignores_none() -> None:
+    cfg = TrainConfig(epochs=5, time_budget=60.0)
+    assert replace(cfg, epochs=None, time_budget=None) == cfg
+    assert replace(cfg, epochs=9).epochs == 9
+    with pytest.raises(ConfigError, match="--epochs"):
+        replace(cfg, epochs=0)

@@ -1,0 +1,431 @@
+"""Sampling: strategies on fake logits, the generator against the Keras model, and ``textgen sample``."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from helpers import TINY_DATA, run_textgen, subprocess_env, write_corpus
+from typer.testing import CliRunner
+
+from textgen.checkpoint import Run
+from textgen.cli import app
+from textgen.config import SampleConfig
+from textgen.model import build_model
+from textgen.sampling import Generator, choose_next
+
+GREEDY = SampleConfig(length=40, temperature=0.0, seed=0)
+
+
+# --- fixtures: a copy of the session's tiny run, and a 2-layer run ---------------------------
+
+
+@pytest.fixture(scope="module")
+def run1(trained_run, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """A private copy of the session's 1-layer run (other tests may resume the original)."""
+    dest = tmp_path_factory.mktemp("sampling") / "checkpoints" / "tiny"
+    shutil.copytree(trained_run.run.path, dest)
+    return Run(dest)
+
+
+@pytest.fixture(scope="module")
+def run2(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """A tiny 2-layer run (a few seconds)."""
+    from textgen.device import CPU, apply_profile
+    from textgen.train import plan_training, train
+
+    apply_profile(CPU)
+    base = tmp_path_factory.mktemp("two-layers")
+    plan = plan_training(
+        str(write_corpus(base / "tiny.txt", 3000)),
+        CPU,
+        checkpoint_dir=base / "checkpoints",
+        run_name="two",
+        data=TINY_DATA,
+        model={"units": 16, "layers": 2, "embedding_dim": 8},
+        training={"epochs": 3, "lr": 0.02},  # enough for a varied greedy text
+    )
+    return train(plan).run
+
+
+@pytest.fixture(scope="module")
+def gen1(run1: Run) -> Generator:
+    return Generator.from_run(run1)
+
+
+@pytest.fixture(scope="module")
+def checkpoint_dir(run1: Run) -> Path:
+    """A checkpoint directory holding only the tiny run."""
+    return run1.path.parent
+
+
+def keras_model(run: Run):
+    """The training model, stateless, batch 1, with the run's best weights."""
+    model = build_model(run.load_config().model, batch_size=1, stateful=False)
+    run.load_weights(model, "best")
+    return model
+
+
+# --- strategies: pure functions of fake logits ------------------------------------------------
+
+
+def draws(logits: list[float], n: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0):
+    """``n`` independent draws (one per row) from one row of logits."""
+    rows = tf.tile(tf.constant([logits], tf.float32), [n, 1])
+    ids = choose_next(rows, tf.constant(temperature), tf.constant(top_k), tf.constant(top_p), tf.constant([seed, 0]))
+    return ids.numpy()
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+def test_temperature_zero_is_argmax_of_the_known_ids() -> None:
+    logits = np.random.default_rng(0).normal(size=(64, 12)).astype(np.float32)
+    expected = 1 + np.argmax(logits[:, 1:], axis=-1)
+    for top_k, top_p in [(0, 1.0), (3, 1.0), (0, 0.5), (2, 0.3)]:  # filters do not matter when greedy
+        for seed in (0, 7):
+            ids = choose_next(
+                tf.constant(logits), tf.constant(0.0), tf.constant(top_k), tf.constant(top_p), tf.constant([seed, 1])
+            )
+            np.testing.assert_array_equal(ids.numpy(), expected)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5])
+def test_top_k_never_emits_outside_the_k_best(k: int) -> None:
+    rng = np.random.default_rng(k)
+    logits = rng.normal(scale=0.5, size=10)
+    logits[0] = 10.0  # the unknown id is the likeliest, and must not take one of the k places
+    best = set((1 + np.argsort(-logits[1:]))[:k].tolist())
+    seen: set[int] = set()
+    for seed in range(20):
+        ids = draws(logits.tolist(), 200, temperature=1.5, top_k=k, seed=seed)
+        assert set(ids.tolist()) <= best, f"seed {seed}: emitted {set(ids.tolist()) - best} outside the top {k}"
+        seen |= set(ids.tolist())
+    assert seen == best, "every one of the k best should be drawn at some point"
+
+
+PROBS = [0.5, 0.3, 0.15, 0.05]
+
+
+@pytest.mark.parametrize(
+    ("p", "kept"),
+    [(0.4, {1}), (0.7, {1, 2}), (0.85, {1, 2, 3}), (0.9, {1, 2, 3}), (0.97, {1, 2, 3, 4}), (1.0, {1, 2, 3, 4})],
+)
+def test_top_p_keeps_the_smallest_set_reaching_p(p: float, kept: set[int]) -> None:
+    logits = [5.0, *np.log(PROBS).tolist()]  # a large unknown logit, masked before the mass is counted
+    seen: set[int] = set()
+    for seed in range(10):
+        ids = set(draws(logits, 500, top_p=p, seed=seed).tolist())
+        assert ids <= kept, f"top_p={p}: emitted {ids - kept}"
+        seen |= ids
+    assert seen == kept
+
+
+def test_top_p_applies_to_the_tempered_distribution() -> None:
+    # At temperature 0.5 the probabilities become [0.685, 0.247, 0.062, 0.007]: 0.6 needs only the first id.
+    logits = [-50.0, *np.log(PROBS).tolist()]
+    assert set(draws(logits, 2000, temperature=0.5, top_p=0.6).tolist()) == {1}
+    assert set(draws(logits, 2000, temperature=1.0, top_p=0.6).tolist()) == {1, 2}
+
+
+def test_top_p_on_random_distributions() -> None:
+    rng = np.random.default_rng(3)
+    for case in range(20):
+        logits = rng.normal(scale=1.5, size=9)
+        probs = softmax(logits[1:])
+        order = np.argsort(-probs)
+        cumulative = np.cumsum(probs[order])
+        p = float(rng.uniform(0.2, 0.95))
+        if np.min(np.abs(cumulative - p)) < 1e-3:
+            continue  # too close to a boundary for float32
+        nucleus = set((1 + order[: int(np.searchsorted(cumulative, p)) + 1]).tolist())
+        ids = set(draws(logits.tolist(), 3000, top_p=p, seed=case).tolist())
+        assert ids <= nucleus, f"case {case}: p={p:.3f} emitted {ids - nucleus}"
+        likely = {i for i in nucleus if probs[i - 1] / probs[np.array(list(nucleus)) - 1].sum() > 0.01}
+        assert likely <= ids
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.5, 1.0, 3.0])
+def test_the_unknown_id_is_never_emitted(temperature: float) -> None:
+    logits = [8.0, 0.0, 0.5, -0.5, 0.2]
+    for top_k, top_p in [(0, 1.0), (1, 1.0), (0, 0.1), (3, 0.9)]:
+        ids = draws(logits, 3000, temperature=temperature, top_k=top_k, top_p=top_p, seed=11)
+        assert 0 not in ids
+    assert set(draws(logits, 10, temperature=0.0).tolist()) == {2}
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_frequencies_follow_the_softmax(temperature: float) -> None:
+    logits = np.array([1.0, 0.3, -0.4, 1.1, 0.0, -1.5, 0.6])
+    expected = softmax(logits[1:] / temperature)
+    ids = np.concatenate([draws(logits.tolist(), 10_000, temperature=temperature, seed=s) for s in (1, 2)])
+    freq = np.bincount(ids, minlength=len(logits))[1:] / len(ids)
+    assert np.bincount(ids, minlength=len(logits))[0] == 0
+    np.testing.assert_allclose(freq, expected, atol=0.015)
+
+
+def test_a_seed_decides_the_draws() -> None:
+    logits = [0.0, 0.1, 0.2, 0.3, 0.4]
+    np.testing.assert_array_equal(draws(logits, 100, seed=5), draws(logits, 100, seed=5))
+    assert not np.array_equal(draws(logits, 100, seed=5), draws(logits, 100, seed=6))
+
+
+# --- the generator against the Keras training model ------------------------------------------
+
+
+def test_same_seed_gives_the_same_text(gen1: Generator, run1: Run) -> None:
+    settings = SampleConfig(length=120, temperature=1.0, seed=42)
+    first = gen1.generate(["the "], settings)
+    assert len(first[0]) == 120
+    assert gen1.generate(["the "], settings) == first
+    assert Generator.from_run(run1).generate(["the "], settings) == first  # nothing hidden in the instance
+
+
+def test_chunking_does_not_change_the_text(gen1: Generator) -> None:
+    settings = SampleConfig(length=50, temperature=1.0, seed=9)
+    pieces = list(gen1.stream(["the ", "a"], settings, chunk=7, first_chunk=3))
+    assert [len(p[0]) for p in pieces] == [3, 7, 7, 7, 7, 7, 7, 5]
+    assert ["".join(p[i] for p in pieces) for i in range(2)] == gen1.generate(["the ", "a"], settings)
+
+
+def test_different_seeds_give_different_text(gen1: Generator) -> None:
+    texts = {gen1.generate(["the "], SampleConfig(length=100, temperature=1.0, seed=s))[0] for s in range(4)}
+    assert len(texts) == 4
+
+
+def test_a_batch_gives_different_samples(gen1: Generator) -> None:
+    texts = gen1.generate(["the "] * 6, SampleConfig(length=100, temperature=1.0, seed=1))
+    assert len(texts) == 6
+    assert all(len(t) == 100 for t in texts)
+    assert len(set(texts)) == 6
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_step_reproduces_the_keras_logits(layers: int, request: pytest.FixtureRequest) -> None:
+    run = request.getfixturevalue(f"run{layers}")
+    generator = Generator.from_run(run)
+    ids = generator.vocab.encode("the quick brown fox jumps over a lazy dog\nand")
+    expected = keras_model(run)(ids[None, :]).numpy()[0]
+    states, got = generator.zero_states(1), []
+    for i in ids:
+        logits, states = generator.step(tf.constant([i], tf.int32), states)
+        got.append(logits.numpy()[0])
+    assert generator.cfg.layers == layers
+    np.testing.assert_allclose(np.array(got), expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_greedy_generation_is_the_keras_argmax_loop(layers: int, request: pytest.FixtureRequest) -> None:
+    run = request.getfixturevalue(f"run{layers}")
+    generator, model = Generator.from_run(run), keras_model(run)
+    prompt = "the cat sat "
+    ids = list(generator.vocab.encode(prompt))
+    call = tf.function(lambda x: model(x, training=False))  # Keras' LSTM loop run eagerly is slow
+    window = np.zeros([1, len(ids) + GREEDY.length], np.int32)  # one shape for every call: one trace
+    for _ in range(GREEDY.length):
+        window[0, : len(ids)] = ids  # the padding on the right cannot change earlier (causal) positions
+        last = call(tf.constant(window)).numpy()[0, len(ids) - 1]
+        ids.append(1 + int(np.argmax(last[1:])))  # id 0 (unknown) excluded
+    expected = generator.vocab.decode(ids[len(prompt) :])
+    assert generator.generate([prompt], GREEDY) == [expected]
+
+
+def test_per_sequence_prompts_equal_each_prompt_alone(gen1: Generator) -> None:
+    prompts = ["abc", "xy z", "the river "]
+    together = gen1.generate(prompts, GREEDY)
+    assert together == [gen1.generate([p], GREEDY)[0] for p in prompts]
+    assert all(len(t) == GREEDY.length for t in together)
+
+
+def test_characters_outside_the_vocabulary_are_skipped(gen1: Generator) -> None:
+    assert gen1.vocab.unknown_chars("thé Q") == ["Q", "é"]
+    assert gen1.generate(["thé Q"], GREEDY) == gen1.generate(["th "], GREEDY)
+
+
+@pytest.mark.parametrize("settings", [GREEDY, SampleConfig(length=40, temperature=1.0, seed=3)])
+def test_a_prompt_of_only_unknown_characters_starts_like_an_empty_one(gen1: Generator, settings: SampleConfig) -> None:
+    # Reading nothing at all would leave zero logits: a first character chosen without the model.
+    assert gen1.generate(["ÉQ"], settings) == gen1.generate([""], settings) == gen1.generate(["\n"], settings)
+
+
+# --- textgen sample: errors, warnings and output ----------------------------------------------
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def assert_one_line_error(result, *fragments: str) -> str:
+    """Failed with exactly one line on stderr, starting with "error:", and no traceback."""
+    assert result.exit_code != 0, result.stdout
+    assert isinstance(result.exception, SystemExit), repr(result.exception)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: "), result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+    return lines[0]
+
+
+def test_unknown_prime_characters_are_named_on_stderr(checkpoint_dir: Path) -> None:
+    result = invoke("sample", "--checkpoint-dir", str(checkpoint_dir), "--prime", "thé Q", "--length", "10")
+    assert result.exit_code == 0, result.stderr
+    assert "warning" in result.stderr
+    assert "'é'" in result.stderr and "'Q'" in result.stderr
+    assert result.stdout.startswith("thé Q")
+    assert len(result.stdout) == len("thé Q") + 10 + 1
+
+
+def test_no_unknown_character_warning_for_a_known_prime(checkpoint_dir: Path) -> None:
+    result = invoke("sample", "--checkpoint-dir", str(checkpoint_dir), "--prime", "the", "--length", "10")
+    assert result.exit_code == 0, result.stderr
+    assert result.stderr == ""
+
+
+@pytest.mark.parametrize("command", ["sample", "repl"])
+def test_no_checkpoint_yet(tmp_path: Path, command: str) -> None:
+    result = invoke(command, "--checkpoint-dir", str(tmp_path / "empty"))
+    assert_one_line_error(result, "no trained run", "textgen train")
+
+
+def test_unknown_run_name(checkpoint_dir: Path) -> None:
+    result = invoke("sample", "--checkpoint-dir", str(checkpoint_dir), "--run", "nope")
+    assert_one_line_error(result, "no run 'nope'", "tiny")
+
+
+def _delete_best(run: Path) -> None:
+    (run / "best.weights.h5").unlink()
+
+
+def _garbage_config(run: Path) -> None:
+    (run / "config.json").write_text("{not json")
+
+
+def _config_of_another_version(run: Path) -> None:
+    cfg = json.loads((run / "config.json").read_text())
+    cfg["model"]["heads"] = 4
+    (run / "config.json").write_text(json.dumps(cfg))
+
+
+def _garbage_weights(run: Path) -> None:
+    (run / "best.weights.h5").write_bytes(b"this is not an HDF5 file" * 10)
+
+
+def _truncated_weights(run: Path) -> None:
+    path = run / "best.weights.h5"
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _missing_vocab(run: Path) -> None:
+    (run / "vocab.json").unlink()
+
+
+def _weights_of_another_model(run: Path) -> None:
+    cfg = json.loads((run / "config.json").read_text())
+    cfg["model"]["units"] += 8
+    (run / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize(
+    ("damage", "fragments"),
+    [
+        (_delete_best, ["best.weights.h5 is missing", "train"]),
+        (_garbage_config, ["config.json is corrupt", "train again"]),
+        (_config_of_another_version, ["config.json is corrupt", "heads"]),
+        (_garbage_weights, ["best.weights.h5 is corrupt", "train again"]),
+        (_truncated_weights, ["best.weights.h5 is corrupt", "train again"]),
+        (_missing_vocab, ["vocab.json is missing", "train again"]),
+        (_weights_of_another_model, ["best.weights.h5 is corrupt or from another model"]),
+    ],
+    ids=lambda v: v.__name__.strip("_") if callable(v) else None,
+)
+@pytest.mark.parametrize("command", ["sample", "repl"])
+def test_damaged_checkpoint(tmp_path: Path, run1: Run, damage, fragments: list[str], command: str) -> None:
+    shutil.copytree(run1.path, tmp_path / "ck" / "tiny")
+    damage(tmp_path / "ck" / "tiny")
+    result = invoke(command, "--checkpoint-dir", str(tmp_path / "ck"))
+    assert_one_line_error(result, *fragments)
+
+
+@pytest.mark.parametrize(
+    ("flags", "fragment"),
+    [
+        (["--temp", "-1"], "--temp must be 0 (greedy) or more (got -1.0)"),
+        (["--top-p", "0"], "--top-p must be in (0, 1] (got 0.0)"),
+        (["--top-p", "1.5"], "--top-p must be in (0, 1] (got 1.5)"),
+        (["--length", "0"], "--length must be a positive integer (got 0)"),
+        (["--num", "0"], "--num must be a positive integer (got 0)"),
+        (["--top-k", "-1"], "--top-k must be 0 (off) or a positive integer (got -1)"),
+        (["--seed", "-3"], "--seed must be an integer in [0, 2**31) (got -3)"),
+    ],
+)
+def test_bad_sample_flags(checkpoint_dir: Path, flags: list[str], fragment: str) -> None:
+    assert_one_line_error(invoke("sample", "--checkpoint-dir", str(checkpoint_dir), *flags), fragment)
+    if "--num" not in flags:
+        assert_one_line_error(invoke("repl", "--checkpoint-dir", str(checkpoint_dir), *flags), fragment)
+
+
+def test_bad_flags_are_reported_before_the_missing_checkpoint(tmp_path: Path) -> None:
+    assert_one_line_error(invoke("sample", "--checkpoint-dir", str(tmp_path), "--temp", "-1"), "--temp")
+
+
+def test_json_lines_in_process(checkpoint_dir: Path) -> None:
+    result = invoke("sample", "--checkpoint-dir", str(checkpoint_dir), "--json", "--num", "2", "--length", "30")
+    assert result.exit_code == 0, result.stderr
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [r["index"] for r in records] == [0, 1]
+    assert all(len(r["text"]) == 30 for r in records)
+    assert records[0]["seed"] == records[1]["seed"] is not None  # a fresh seed, reported so it can be reused
+
+
+def test_sample_as_a_subprocess_prints_plain_reproducible_text(checkpoint_dir: Path, gen1: Generator) -> None:
+    args = ["sample", "--checkpoint-dir", str(checkpoint_dir), "--length", "50", "--seed", "3"]
+    first, second = run_textgen(args, checkpoint_dir, timeout=120), run_textgen(args, checkpoint_dir, timeout=120)
+    for proc in (first, second):
+        assert proc.returncode == 0, proc.stderr
+        assert "Traceback" not in proc.stderr
+    assert first.stdout == second.stdout
+    text = first.stdout
+    assert "\x1b" not in text, "escape codes in piped output"
+    assert text.endswith("\n") and len(text) == 51, repr(text)
+    assert not gen1.vocab.unknown_chars(text[:-1])
+
+
+def test_sample_json_as_a_subprocess(checkpoint_dir: Path) -> None:
+    args = ["sample", "--checkpoint-dir", str(checkpoint_dir), "--length", "50", "--seed", "3", "--json", "--num", "3"]
+    proc = run_textgen(args, checkpoint_dir, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 3, proc.stdout
+    records = [json.loads(line) for line in lines]
+    for i, record in enumerate(records):
+        assert record["index"] == i
+        assert record["seed"] == 3
+        assert record["temperature"] == SampleConfig().temperature
+        assert len(record["text"]) == 50
+    assert len({r["text"] for r in records}) == 3
+
+
+@pytest.mark.slow
+def test_the_sampling_benchmark_runs(checkpoint_dir: Path) -> None:
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "sampling.py"
+    args = ["--checkpoint-dir", str(checkpoint_dir), "--seconds", "0.2", "--length", "50", "--json"]
+    proc = subprocess.run(
+        [sys.executable, str(script), *args], env=subprocess_env(), capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["run"] == "tiny" and report["cores"] == os.cpu_count()
+    assert set(report["results"]) == {"textgen_b1", "textgen_b64", "naive_b1", "naive_b64"}
+    assert all(row["chars_per_s"] > 0 for row in report["results"].values())
+    assert set(report["ratios"]) == set(report["targets"]) == set(report["met"])

@@ -1,0 +1,286 @@
+"""textgen.train: planning, a tiny real training run, resuming, time budget and Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+from helpers import TINY_DATA, TINY_MODEL, read_history, steps_per_epoch, write_corpus
+
+from textgen.checkpoint import Run
+from textgen.device import CPU
+from textgen.errors import CheckpointError, ConfigError, TrainingInterrupted
+from textgen.train import TrainPlan, plan_training, resume_hint, train
+
+
+def new_plan(tmp_path: Path, corpus: Path, **training):
+    return plan_training(
+        str(corpus),
+        CPU,
+        checkpoint_dir=tmp_path / "checkpoints",
+        run_name="r",
+        data=TINY_DATA,
+        model=TINY_MODEL,
+        training=training,
+    )
+
+
+def resume_plan(tmp_path: Path, **training):
+    return plan_training(
+        None, CPU, checkpoint_dir=tmp_path / "checkpoints", run_name="r", resume=True, training=training
+    )
+
+
+def test_validation_loss_falls(trained_run) -> None:
+    history = read_history(trained_run.run.path)
+    assert [row["epoch"] for row in history] == [0, 1, 2, 3]
+    first, last = history[0]["val_loss"], history[-1]["val_loss"]
+    assert last < 0.85 * first, f"validation loss went from {first:.3f} to {last:.3f}"
+    assert history[-1]["loss"] < history[0]["loss"]
+    # the best loss reported is the lowest validation loss of any epoch
+    assert trained_run.result.best_val_loss == pytest.approx(min(row["val_loss"] for row in history))
+    assert trained_run.result.best_val_bpc == pytest.approx(trained_run.result.best_val_loss / np.log(2))
+
+
+def test_result_and_state(trained_run) -> None:
+    result, spe = trained_run.result, trained_run.steps_per_epoch
+    assert result.epochs_done == 4
+    assert result.stop_reason == "epochs"
+    assert result.chars_per_sec > 0
+    state = trained_run.run.load_state()
+    assert state["epoch"] == 4 and state["batch"] == 0
+    assert state["step"] == 4 * spe
+    assert state["finished"] == "epochs"
+    assert all(row["batches"] == spe for row in read_history(trained_run.run.path))
+
+
+def test_run_directory_contents(trained_run) -> None:
+    path = trained_run.run.path
+    state = json.loads((path / "state.json").read_text())
+    names = {p.name for p in path.iterdir()}
+    expected = {"config.json", "vocab.json", "best.weights.h5", "state.json", "history.csv", "tensorboard"}
+    assert expected | {state["last_weights"], state["optimizer"]} == names  # and no stale or temporary files
+    assert state["last_weights"].startswith("last-") and state["last_weights"].endswith(".weights.h5")
+    assert state["optimizer"].startswith("optimizer-") and state["optimizer"].endswith(".npz")
+    assert (path / "tensorboard").is_dir() and any((path / "tensorboard").rglob("*"))
+    config = json.loads((path / "config.json").read_text())
+    assert config["model"]["units"] == TINY_MODEL["units"]
+    assert config["data"]["batch_size"] == TINY_DATA["batch_size"]
+    assert config["data"]["corpus"] == str(trained_run.corpus.resolve())
+    assert config["profile"]["name"] == "cpu"
+
+
+def test_optimizer_file_holds_the_step_count(trained_run) -> None:
+    state = trained_run.run.load_state()
+    with np.load(trained_run.run.path / state["optimizer"]) as saved:
+        assert int(saved["arr_0"]) == state["step"]  # Adam's iteration counter comes first
+
+
+def test_resume_continues_where_it_stopped(tmp_path: Path, tiny_corpus: Path) -> None:
+    first = train(new_plan(tmp_path, tiny_corpus, epochs=2))
+    run = first.run
+    assert first.epochs_done == 2
+    state = run.load_state()
+    step_after_first_part = state["step"]
+    assert step_after_first_part > 0 and state["epoch"] == 2
+
+    # Mark the saved optimizer state: a resumed run must continue with it, not with a fresh optimizer.
+    opt_path = run.path / state["optimizer"]
+    with np.load(opt_path) as saved:
+        values = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+    assert values[1] == pytest.approx(2e-3)  # Adam's learning rate follows the iteration counter
+    values[1] = np.asarray(1e-4, dtype=values[1].dtype)
+    with open(opt_path, "wb") as fh:
+        np.savez(fh, *values)
+
+    plan = resume_plan(tmp_path, epochs=4)
+    assert plan.resume_state["epoch"] == 2
+    assert plan.config.training.epochs == 4
+    second = train(plan)
+    assert second.epochs_done == 4
+    assert second.stop_reason == "epochs"
+
+    history = read_history(run.path)
+    assert [row["epoch"] for row in history] == [0, 1, 2, 3]
+    assert run.history_path.read_text().count("epoch,") == 1  # one header: the history was appended to
+    assert all(row["learning_rate"] == pytest.approx(2e-3) for row in history[:2])
+    assert all(row["learning_rate"] <= 1e-4 * 1.0001 for row in history[2:])  # restored, maybe cut further
+    state = run.load_state()
+    assert state["step"] == 2 * step_after_first_part  # the optimizer's step counter continued
+    assert state["epoch"] == 4 and state["finished"] == "epochs"
+    assert second.best_val_loss <= first.best_val_loss
+
+
+def test_resume_keeps_the_optimizer_state_when_the_best_epoch_is_older(tmp_path: Path, tiny_corpus: Path) -> None:
+    """best.weights.h5 from an earlier epoch than the resume point (validation got worse since)."""
+    first = train(new_plan(tmp_path, tiny_corpus, epochs=1))
+    run = first.run
+    older_best = run.best_weights_path.read_bytes()
+    spe = run.load_state()["step"]
+    train(resume_plan(tmp_path, epochs=2))
+    assert run.load_state()["step"] == 2 * spe
+    run.best_weights_path.write_bytes(older_best)  # as if epoch 2 had not improved
+
+    train(resume_plan(tmp_path, epochs=3))
+    state = run.load_state()
+    assert state["step"] == 3 * spe  # not rolled back to the best epoch's optimizer step
+    assert [row["epoch"] for row in read_history(run.path)] == [0, 1, 2]
+
+
+def test_interrupt_saves_a_resume_point_mid_epoch(tmp_path: Path, tiny_corpus: Path) -> None:
+    class CtrlCAtBatch3(keras.callbacks.Callback):
+        ended = False
+
+        def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+            if batch == 3:
+                signal.raise_signal(signal.SIGINT)  # what Ctrl-C does
+
+        def on_train_end(self, logs: dict | None = None) -> None:
+            self.ended = True  # a live display stops here (and gives the terminal its cursor back)
+
+    plan = new_plan(tmp_path, tiny_corpus, epochs=2)
+    spe = steps_per_epoch(len(plan.splits.train), TINY_DATA["batch_size"], TINY_DATA["seq_len"])
+    handler_before = signal.getsignal(signal.SIGINT)
+    ctrl_c = CtrlCAtBatch3()
+    with pytest.raises(TrainingInterrupted) as info:
+        train(plan, callbacks=[ctrl_c])
+    assert ctrl_c.ended, "callbacks were not told that training ended"
+    assert info.value.exit_code == 130
+    message = str(info.value)
+    assert "stopped at epoch 1, batch 4/" in message
+    assert "--resume" in message, f"the message should say how to continue: {message!r}"
+    assert f"textgen train --resume --run r --checkpoint-dir {tmp_path / 'checkpoints'}" in message
+    assert signal.getsignal(signal.SIGINT) is handler_before  # the training handler was removed
+
+    run = plan.run
+    state = run.load_state()
+    assert (state["epoch"], state["batch"], state["step"]) == (0, 4, 4)
+    assert not run.history_path.exists() or read_history(run.path) == []
+
+    resumed = resume_plan(tmp_path)
+    assert (resumed.resume_state["epoch"], resumed.resume_state["batch"]) == (0, 4)
+    result = train(resumed)
+    assert result.epochs_done == 2
+    rows = read_history(run.path)
+    assert [row["epoch"] for row in rows] == [0, 1]
+    assert rows[0]["batches"] == spe - 4  # the first epoch skipped the 4 batches done before Ctrl-C
+    assert run.load_state()["step"] == 2 * spe
+
+
+def test_resume_hint() -> None:
+    assert resume_hint(Run(Path("checkpoints") / "wp")) == "continue with: textgen train --resume --run wp"
+    assert resume_hint(Run(Path("/tmp/ck") / "wp")).endswith("--run wp --checkpoint-dir /tmp/ck")
+
+
+def test_resume_of_a_finished_run_asks_for_more_epochs(trained_run) -> None:
+    with pytest.raises(ConfigError, match="--epochs"):
+        plan_training(None, CPU, checkpoint_dir=trained_run.checkpoint_dir, run_name="tiny", resume=True)
+
+
+def test_a_plan_with_no_epochs_left_trains_nothing(tmp_path: Path, trained_run) -> None:
+    copy = trained_run.copy_to(tmp_path)
+    before, step = read_history(copy.path), copy.load_state()["step"]
+    plan = TrainPlan(copy, copy.load_config(), trained_run.plan.splits, copy.load_state())  # at epoch 4 of 4
+    result = train(plan)
+    assert result.epochs_done == 4
+    assert read_history(copy.path) == before
+    assert copy.load_state()["step"] == step
+
+
+@pytest.mark.parametrize(
+    ("changes", "flag"),
+    [
+        ({"model": {"units": 64}}, "--units"),
+        ({"model": {"layers": 2}}, "--layers"),
+        ({"data": {"seq_len": 16}}, "--seq-len"),
+        ({"data": {"batch_size": 4}}, "--batch-size"),
+        ({"training": {"lr": 0.1}}, "--lr"),
+    ],
+)
+def test_resume_rejects_changed_settings(trained_run, changes: dict, flag: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        plan_training(None, CPU, checkpoint_dir=trained_run.checkpoint_dir, run_name="tiny", resume=True, **changes)
+    message = str(info.value)
+    assert flag in message
+    assert "cannot change when resuming run 'tiny'" in message
+
+
+def test_resume_accepts_new_epochs_and_time_budget(trained_run) -> None:
+    plan = plan_training(
+        None,
+        CPU,
+        checkpoint_dir=trained_run.checkpoint_dir,
+        run_name="tiny",
+        resume=True,
+        model={"units": None},  # flags the user did not give
+        training={"epochs": 9, "time_budget": 30.0},
+    )
+    assert plan.config.training.epochs == 9
+    assert plan.config.training.time_budget == 30.0
+    assert plan.config.model == trained_run.plan.config.model
+    assert plan.splits.vocab == trained_run.plan.splits.vocab
+    np.testing.assert_array_equal(plan.splits.train, trained_run.plan.splits.train)
+
+
+def test_resume_without_any_run(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="train one first"):
+        plan_training(None, CPU, checkpoint_dir=tmp_path / "checkpoints", resume=True)
+    with pytest.raises(CheckpointError, match=r"no run 'r' in .*\(runs: none\)"):
+        resume_plan(tmp_path)
+
+
+def test_resume_without_a_name_picks_the_latest_run(trained_run) -> None:
+    plan = plan_training(None, CPU, checkpoint_dir=trained_run.checkpoint_dir, resume=True, training={"epochs": 5})
+    assert plan.run.path == trained_run.run.path
+
+
+def test_resume_of_a_run_without_a_resume_point(tmp_path: Path, tiny_corpus: Path) -> None:
+    new_plan(tmp_path, tiny_corpus)  # creates the run directory, trains nothing
+    with pytest.raises(ConfigError, match="no resume point yet"):
+        resume_plan(tmp_path)
+
+
+def test_new_run_with_an_existing_name(trained_run) -> None:
+    with pytest.raises(ConfigError) as info:
+        plan_training(
+            str(trained_run.corpus), CPU, checkpoint_dir=trained_run.checkpoint_dir, run_name="tiny", data=TINY_DATA
+        )
+    message = str(info.value)
+    assert "run 'tiny' already exists" in message
+    assert "--resume" in message
+
+
+def test_new_run_names_come_from_the_corpus(tmp_path: Path) -> None:
+    corpus = write_corpus(tmp_path / "my book.txt", 600)
+    kwargs = {"checkpoint_dir": tmp_path / "ck", "data": {"batch_size": 4, "seq_len": 16}}
+    first = plan_training(str(corpus), CPU, **kwargs)
+    second = plan_training(str(corpus), CPU, **kwargs)
+    assert (first.run.name, second.run.name) == ("my-book", "my-book-2")
+    assert first.config.data.batch_size == 4
+    assert first.config.model.vocab_size == first.splits.vocab.size
+
+
+def test_batch_size_defaults_to_the_profile(tmp_path: Path) -> None:
+    corpus = write_corpus(tmp_path / "c.txt", 5000)
+    plan = plan_training(str(corpus), CPU, checkpoint_dir=tmp_path / "ck", data={"seq_len": 4})
+    assert plan.config.data.batch_size == CPU.batch_size
+
+
+def test_no_corpus_for_a_new_run(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="give a corpus"):
+        plan_training(None, CPU, checkpoint_dir=tmp_path)
+
+
+def test_time_budget_stops_after_one_epoch(tmp_path: Path) -> None:
+    corpus = write_corpus(tmp_path / "longer.txt", 20_000)  # an epoch takes well over the 0.5 s budget
+    result = train(new_plan(tmp_path, corpus, time_budget=0.5, epochs=50))
+    assert result.stop_reason == "time_budget"
+    assert result.epochs_done == 1
+    assert len(read_history(result.run.path)) == 1
+    state = result.run.load_state()
+    assert state["finished"] == "time_budget"
+    assert result.run.best_weights_path.is_file()

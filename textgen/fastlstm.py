@@ -1,0 +1,115 @@
+"""A lean LSTM forward/backward for training on the CPU, on the Keras model's own variables.
+
+Keras' LSTM on a CPU runs a ``tf.while_loop`` whose backward pass adds a thin
+(64 x 512)^T @ (64 x 2048) weight-gradient matmul, and a 4 MB accumulation, at every
+timestep. Here the recurrence keeps only what must be sequential: one matmul per
+step forward, one per step backward (a hand-written gradient). The input projection
+for all timesteps, and the weight gradients for all timesteps, are each one large
+matmul outside the loop.
+
+``stateful_logits`` computes exactly what the Keras model computes (same variables,
+same gates i, f, g, o; the LSTM states carried in the layers' state variables), so
+checkpoints, sampling and the GPU's cuDNN path are unchanged.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+
+def _split_gates(z: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
+    i, f, g, o = tf.split(z, 4, axis=-1)
+    return tf.sigmoid(i), tf.sigmoid(f), tf.tanh(g), tf.sigmoid(o)
+
+
+@tf.custom_gradient
+def lstm_recurrence(
+    x_projection: tf.Tensor, h0: tf.Tensor, c0: tf.Tensor, recurrent: tf.Tensor
+) -> tuple[tuple[tf.Tensor, tf.Tensor, tf.Tensor], object]:
+    """Run an LSTM over time-major ``x_projection`` (T, B, 4U) = inputs @ kernel + bias.
+
+    Returns the hidden states (T, B, U) and the final (h, c).
+    """
+    steps = tf.shape(x_projection)[0]
+    dtype = x_projection.dtype
+
+    def forward(t, h, c, hs, cs, gates):
+        i, f, g, o = _split_gates(x_projection[t] + tf.matmul(h, recurrent))
+        c = f * c + i * g
+        h = o * tf.tanh(c)
+        return t + 1, h, c, hs.write(t, h), cs.write(t, c), gates.write(t, tf.concat([i, f, g, o], axis=-1))
+
+    arrays = [tf.TensorArray(dtype, size=steps) for _ in range(3)]
+    _, h_last, c_last, hs, cs, gates = tf.while_loop(
+        lambda t, *_: t < steps, forward, (tf.constant(0), h0, c0, *arrays)
+    )
+    hs, cs, gates = hs.stack(), cs.stack(), gates.stack()
+
+    def grad(d_hs: tf.Tensor, d_h_last: tf.Tensor | None, d_c_last: tf.Tensor | None):
+        d_h_next = tf.zeros_like(h0) if d_h_last is None else d_h_last
+        d_c_next = tf.zeros_like(c0) if d_c_last is None else d_c_last
+        c_prev = tf.concat([c0[None], cs[:-1]], axis=0)
+        recurrent_t = tf.transpose(recurrent)
+
+        def backward(t, d_h_next, d_c_next, dz):
+            i, f, g, o = tf.split(gates[t], 4, axis=-1)
+            tanh_c = tf.tanh(cs[t])
+            d_h = d_hs[t] + d_h_next
+            d_c = d_c_next + d_h * o * (1.0 - tanh_c * tanh_c)
+            d_z = tf.concat(
+                [
+                    d_c * g * i * (1.0 - i),
+                    d_c * c_prev[t] * f * (1.0 - f),
+                    d_c * i * (1.0 - g * g),
+                    d_h * tanh_c * o * (1.0 - o),
+                ],
+                axis=-1,
+            )
+            return t - 1, tf.matmul(d_z, recurrent_t), d_c * f, dz.write(t, d_z)
+
+        _, d_h0, d_c0, dz = tf.while_loop(
+            lambda t, *_: t >= 0,
+            backward,
+            (steps - 1, d_h_next, d_c_next, tf.TensorArray(dtype, size=steps)),
+        )
+        dz = dz.stack()
+        units = tf.shape(h0)[-1]
+        h_prev = tf.concat([h0[None], hs[:-1]], axis=0)
+        d_recurrent = tf.matmul(tf.reshape(h_prev, [-1, units]), tf.reshape(dz, [-1, 4 * units]), transpose_a=True)
+        return dz, d_h0, d_c0, d_recurrent
+
+    return (hs, h_last, c_last), grad
+
+
+def stateful_logits(model: keras.Model, ids: tf.Tensor, training: bool, seed: tf.Tensor | None = None) -> tf.Tensor:
+    """Logits (B, T, V) of a model built by ``textgen.model.build_model``, carrying its LSTM states.
+
+    Reads and updates the stateful layers' state variables exactly as the Keras
+    layers do. With ``training`` and dropout, each LSTM's input gets a dropout mask
+    shared across timesteps, as Keras' LSTM ``dropout`` does.
+    """
+    embedding = model.get_layer("embedding").embeddings
+    x = tf.transpose(tf.gather(embedding, ids), [1, 0, 2])  # time-major (T, B, D)
+    steps, batch = tf.shape(x)[0], tf.shape(x)[1]
+    lstms = [layer for layer in model.layers if isinstance(layer, keras.layers.LSTM)]
+    for n, layer in enumerate(lstms):
+        cell = layer.cell
+        if training and cell.dropout > 0:
+            keep = 1.0 - cell.dropout
+            mask_seed = tf.stack([seed[0], seed[1] + n]) if seed is not None else [n, 0]
+            noise = tf.random.stateless_uniform([1, batch, tf.shape(x)[-1]], seed=mask_seed)
+            x = x * tf.cast(noise < keep, x.dtype) / keep
+        depth = tf.shape(x)[-1]
+        x_projection = tf.matmul(tf.reshape(x, [-1, depth]), cell.kernel) + cell.bias
+        x_projection = tf.reshape(x_projection, [steps, batch, 4 * cell.units])
+        h_state, c_state = layer.states
+        # Plain tensors, not variables, go into the custom gradient (it returns their gradients).
+        h0, c0, recurrent = (tf.convert_to_tensor(v) for v in (h_state, c_state, cell.recurrent_kernel))
+        x, h_last, c_last = lstm_recurrence(x_projection, h0, c0, recurrent)
+        h_state.assign(tf.stop_gradient(h_last))
+        c_state.assign(tf.stop_gradient(c_last))
+    dense = model.get_layer("logits")
+    units = tf.shape(x)[-1]
+    logits = tf.matmul(tf.reshape(x, [-1, units]), dense.kernel) + dense.bias
+    return tf.transpose(tf.reshape(logits, [steps, batch, -1]), [1, 0, 2])
