@@ -28,13 +28,14 @@ import sys
 import time
 
 REF = {"batch_size": 64, "seq_len": 100, "embedding_dim": 64, "units": 512}
-# Candidate textgen configurations: (name, fast_lstm, intra-op threads, inter-op threads).
+# Candidate textgen configurations: (name, fast_lstm, intra-op threads, inter-op threads, XLA).
 CANDIDATES = [
-    ("keras-lstm, TF default threads", False, 0, 0),
-    ("keras-lstm, 1x2 threads", False, 1, 2),
-    ("fast-lstm, TF default threads", True, 0, 0),
-    ("fast-lstm, 1x2 threads", True, 1, 2),
-    ("fast-lstm, 2x1 threads", True, 2, 1),
+    ("keras-lstm, TF default threads", False, 0, 0, False),
+    ("keras-lstm, 1x2 threads", False, 1, 2, False),
+    ("fast-lstm, TF default threads", True, 0, 0, False),
+    ("fast-lstm, 1x2 threads", True, 1, 2, False),
+    ("fast-lstm, 2x1 threads", True, 2, 1, False),
+    ("fast-lstm, 2x1 threads, XLA", True, 2, 1, True),
 ]
 
 
@@ -88,11 +89,11 @@ def _timed(step, batches, seconds: float, warmup: int = 3) -> tuple[int, float]:
     return done, time.perf_counter() - started
 
 
-def measure_textgen(seconds: float, fast_lstm: bool, intra: int, inter: int) -> dict:
+def measure_textgen(seconds: float, fast_lstm: bool, intra: int, inter: int, jit: bool) -> dict:
     from textgen.config import DataConfig, DeviceProfile, ModelConfig, RunConfig, TrainConfig
     from textgen.device import apply_profile
 
-    profile = DeviceProfile("bench", "float32", REF["batch_size"], intra, inter, False, fast_lstm)
+    profile = DeviceProfile("bench", "float32", REF["batch_size"], intra, inter, jit, fast_lstm)
     apply_profile(profile)
     from textgen.data import make_dataset
     from textgen.train import build_trainer
@@ -180,8 +181,7 @@ def measure_matmul(seconds: float) -> dict:
 def _child(kind: str, seconds: float, candidate: int) -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     if kind == "textgen":
-        _, fast, intra, inter = CANDIDATES[candidate]
-        result = measure_textgen(seconds, fast, intra, inter)
+        result = measure_textgen(seconds, *CANDIDATES[candidate][1:])
     else:
         result = {"baseline": measure_baseline, "pipeline": measure_pipeline, "matmul": measure_matmul}[kind](seconds)
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -223,7 +223,9 @@ def main() -> None:
     from textgen.device import CPU
 
     default = next(
-        i for i, c in enumerate(CANDIDATES) if c[1:] == (CPU.fast_lstm, CPU.intra_op_threads, CPU.inter_op_threads)
+        i
+        for i, c in enumerate(CANDIDATES)
+        if c[1:] == (CPU.fast_lstm, CPU.intra_op_threads, CPU.inter_op_threads, CPU.jit_compile)
     )
     chosen = [default] if args.only_default else range(len(CANDIDATES))
     load_before = os.getloadavg()[0]

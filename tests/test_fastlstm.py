@@ -77,3 +77,20 @@ def test_recurrence_gradient_matches_autodiff_in_float64() -> None:
         results.append([g.numpy() for g in tape.gradient(loss, inputs)])
     for expected, got in zip(*results, strict=True):
         np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12)
+
+
+def test_fast_path_dropout_masks_inputs_only_in_training() -> None:
+    keras.utils.set_random_seed(5)
+    model = build_model(ModelConfig(vocab_size=11, embedding_dim=8, units=8, dropout=0.5), batch_size=2)
+    x = tf.constant(np.arange(12).reshape(2, 6) % 11, tf.int32)
+    seed = tf.constant([1, 2], tf.int64)
+    reset_states(model)
+    inference = stateful_logits(model, x, training=False).numpy()
+    reset_states(model)
+    np.testing.assert_allclose(inference, model(x, training=False).numpy(), rtol=1e-5, atol=1e-6)
+    reset_states(model)
+    dropped = stateful_logits(model, x, training=True, seed=seed).numpy()
+    reset_states(model)
+    again = stateful_logits(model, x, training=True, seed=seed).numpy()
+    assert not np.allclose(dropped, inference)
+    np.testing.assert_allclose(dropped, again)  # the mask is a function of the seed

@@ -199,9 +199,9 @@ def train(
         cfg, splits = plan.config, plan.splits
         if not as_json:
             where = f"resuming at epoch {plan.resume_state['epoch'] + 1}" if plan.resume_state else "new run"
-            console.print(f"[bold]{plan.run.name}[/] ({where}) -> {plan.run.path}")
+            console.print(f"[bold]{escape(plan.run.name)}[/] ({where}) -> {escape(str(plan.run.path))}")
             console.print(
-                f"corpus   {cfg.data.corpus}: {len(splits.train):,} train / {len(splits.val):,} val / "
+                f"corpus   {escape(cfg.data.corpus)}: {len(splits.train):,} train / {len(splits.val):,} val / "
                 f"{len(splits.test):,} test chars, {splits.vocab.size} ids"
             )
             console.print(f"model    {describe(dataclasses.asdict(cfg.model))}")
@@ -232,7 +232,7 @@ def train(
             f"done ({reason}) after {result.epochs_done} epochs in {format_seconds(result.seconds)}: "
             f"best validation {result.best_val_loss:.4f} nats/char ({result.best_val_bpc:.3f} bits/char)"
         )
-        console.print(f"saved to {result.run.path}; {resume_hint(result.run)}")
+        console.print(f"saved to {result.run.path}; {resume_hint(result.run)}", markup=False)
 
 
 SAMPLE_EXAMPLES = """
@@ -352,7 +352,7 @@ def repl(
     with contextlib.suppress(ImportError):  # not on every platform
         import readline  # noqa: F401 - line editing and history for input()
     session = Session(generator, settings, sys.stdout, lambda msg: err_console.print(f"[yellow]{msg}[/]"))
-    console.print(f"[bold]{found.name}[/] loaded. {HELP.splitlines()[0]} Type :help for commands.")
+    console.print(f"[bold]{escape(found.name)}[/] loaded. {HELP.splitlines()[0]} Type :help for commands.")
     while True:
         try:
             line = input("> ")
@@ -452,7 +452,9 @@ def runs(
                 print(json.dumps(row))
             return
         if not rows:
-            console.print(f"no runs in {checkpoint_dir}/; train one: textgen train 2600-0.txt --device cpu")
+            console.print(
+                f"no runs in {checkpoint_dir}/; train one: textgen train 2600-0.txt --device cpu", markup=False
+            )
             return
         from rich.table import Table
 
@@ -487,7 +489,4 @@ def _check_values(data: dict[str, Any], model: dict[str, Any], training: dict[st
 
 def main() -> None:
     """Console-script entry point."""
-    try:
-        app()
-    except TrainingInterrupted:  # pragma: no cover - handled in the command
-        sys.exit(130)
+    app()

@@ -83,8 +83,7 @@ class TrainConfig:
     lr_factor: float = 0.5
 
     def __post_init__(self) -> None:
-        ok = isinstance(self.epochs, int) and self.epochs > 0
-        _require(ok, "epochs", "a positive integer", self.epochs)
+        _positive_int(self, "epochs")
         _require(self.lr > 0, "lr", "positive", self.lr)
         _require(self.clip_norm > 0, "clip_norm", "positive", self.clip_norm)
         _require(self.seed >= 0, "seed", "a non-negative integer", self.seed)
@@ -136,10 +135,12 @@ class DeviceProfile:
     name: str
     precision: str  # a Keras dtype policy: "float32" or "mixed_float16"
     batch_size: int
-    intra_op_threads: int  # 0 lets TensorFlow choose
+    intra_op_threads: int  # training's thread pools; 0 lets TensorFlow choose
     inter_op_threads: int
     jit_compile: bool
     fast_lstm: bool = False  # train through textgen.fastlstm instead of Keras' LSTM loop
+    sample_intra_op_threads: int = 0  # sampling's and evaluation's thread pools
+    sample_inter_op_threads: int = 0
     notes: str = ""
 
 
@@ -158,9 +159,9 @@ class RunConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:
         parts = {"data": DataConfig, "model": ModelConfig, "training": TrainConfig, "profile": DeviceProfile}
-        missing = sorted(set(parts) - set(data))
-        if missing:
-            raise ConfigError(f"config is missing sections {missing}")
+        missing, unknown = sorted(set(parts) - set(data)), sorted(set(data) - set(parts))
+        if missing or unknown:
+            raise ConfigError(f"config sections differ (missing {missing}, unknown {unknown})")
         return cls(**{name: from_dict(kind, data[name]) for name, kind in parts.items()})
 
 

@@ -85,8 +85,6 @@ def download_gutenberg(number: int, dest: Path, looked: str = "") -> Path:
 
 def decode_corpus(data: bytes, name: str = "corpus") -> str:
     """UTF-8 text from bytes: BOM stripped, line endings normalised to \\n."""
-    if not data.strip():
-        raise CorpusError(f"{name} is empty; give a plain-text file with some text in it")
     if b"\x00" in data[:65536]:
         raise CorpusError(f"{name} looks like a binary file (it contains NUL bytes); give a plain-text file")
     try:
@@ -95,6 +93,8 @@ def decode_corpus(data: bytes, name: str = "corpus") -> str:
         raise CorpusError(
             f"{name} is not valid UTF-8 (bad byte at offset {exc.start}); convert it, e.g. iconv -f latin1 -t utf-8"
         ) from None
+    if not text.strip():
+        raise CorpusError(f"{name} is empty; give a plain-text file with some text in it")
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 

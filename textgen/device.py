@@ -9,14 +9,21 @@ from __future__ import annotations
 from textgen.config import DeviceProfile
 from textgen.errors import ConfigError, DeviceError
 
+# Each choice measured with benchmarks/train_throughput.py and benchmarks/sampling.py on 2 cores.
 CPU = DeviceProfile(
     name="cpu",
-    precision="float32",  # bf16/fp16 and XLA were measured slower on CPUs without AMX
+    precision="float32",  # bf16 and XLA were measured slower on CPUs without AMX
     batch_size=64,
-    intra_op_threads=1,
-    inter_op_threads=2,
+    # Training: the fast LSTM's large matmuls want both cores in one op (2 intra-op threads):
+    # 14,500 chars/s against 12,000 with 1 intra x 2 inter, and 11,400 for Keras' LSTM.
+    intra_op_threads=2,
+    inter_op_threads=1,
     jit_compile=False,
-    notes="fp32, 1 intra-op x 2 inter-op threads (fastest measured on 2 cores), no XLA",
+    fast_lstm=True,
+    # Sampling: many small ops, so 1 intra-op x 2 inter-op threads: ~2x TensorFlow's defaults at batch 1.
+    sample_intra_op_threads=1,
+    sample_inter_op_threads=2,
+    notes="fp32, textgen's fast LSTM training step, 2 intra-op threads (1 x 2 for sampling), no XLA",
 )
 
 GPU = DeviceProfile(
@@ -56,23 +63,27 @@ def resolve_profile(device: str) -> DeviceProfile:
     return PROFILES[device]
 
 
-def apply_profile(profile: DeviceProfile) -> None:
-    """Set TensorFlow's thread pools for ``profile``; a no-op if the runtime already started."""
+def apply_profile(profile: DeviceProfile, sampling: bool = False) -> None:
+    """Set TensorFlow's thread pools for training (or ``sampling``) under ``profile``.
+
+    A no-op if the runtime already started (a second run in one process keeps its pools).
+    """
     import tensorflow as tf
 
+    intra, inter = (
+        (profile.sample_intra_op_threads, profile.sample_inter_op_threads)
+        if sampling
+        else (profile.intra_op_threads, profile.inter_op_threads)
+    )
     try:
-        tf.config.threading.set_intra_op_parallelism_threads(profile.intra_op_threads)
-        tf.config.threading.set_inter_op_parallelism_threads(profile.inter_op_threads)
+        tf.config.threading.set_intra_op_parallelism_threads(intra)
+        tf.config.threading.set_inter_op_parallelism_threads(inter)
     except RuntimeError:
-        pass  # the runtime is already up (a second run in one process): keep its pools
+        pass
 
 
 def configure_for_inference() -> DeviceProfile:
-    """Set this machine's profile's thread pools for sampling and evaluation; return the profile.
-
-    On the CPU profile's pools (1 intra-op x 2 inter-op) batch-1 sampling ran ~2x faster
-    than on TensorFlow's defaults: small matmuls split over two threads cost more than they gain.
-    """
+    """Set this machine's profile's sampling thread pools (for sample, repl, evaluate); return it."""
     profile = resolve_profile("auto")
-    apply_profile(profile)
+    apply_profile(profile, sampling=True)
     return profile
