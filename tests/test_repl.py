@@ -7,7 +7,6 @@ import os
 import pty
 import re
 import select
-import shutil
 import signal
 import sys
 import time
@@ -191,9 +190,7 @@ def test_unknown_prompt_characters_are_named() -> None:
 @pytest.fixture(scope="module")
 def run_copy(trained_run, tmp_path_factory: pytest.TempPathFactory) -> Run:
     """A private copy of the session's tiny run, alone in its checkpoint directory."""
-    dest = tmp_path_factory.mktemp("repl") / "checkpoints" / "tiny"
-    shutil.copytree(trained_run.run.path, dest)
-    return Run(dest)
+    return trained_run.copy_to(tmp_path_factory.mktemp("repl") / "checkpoints", "tiny")
 
 
 @pytest.fixture(scope="module")

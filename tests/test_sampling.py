@@ -30,9 +30,7 @@ GREEDY = SampleConfig(length=40, temperature=0.0, seed=0)
 @pytest.fixture(scope="module")
 def run1(trained_run, tmp_path_factory: pytest.TempPathFactory) -> Run:
     """A private copy of the session's 1-layer run (other tests may resume the original)."""
-    dest = tmp_path_factory.mktemp("sampling") / "checkpoints" / "tiny"
-    shutil.copytree(trained_run.run.path, dest)
-    return Run(dest)
+    return trained_run.copy_to(tmp_path_factory.mktemp("sampling") / "checkpoints", "tiny")
 
 
 @pytest.fixture(scope="module")
