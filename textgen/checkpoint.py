@@ -9,6 +9,7 @@ Layout of ``checkpoints/<run>/``::
     optimizer-*.npz    optimizer variables at that point
     state.json         the commit record: resume point, callback states, best loss
     history.csv        one row per epoch
+    loss_curve.txt     train and validation bits/char per epoch, as a text chart
     tensorboard/       TensorBoard logs
 
 ``state.json`` is replaced last, in one rename, and names the files of its resume
@@ -54,6 +55,7 @@ class Run:
     best_weights_path = property(lambda self: self.path / "best.weights.h5")
     state_path = property(lambda self: self.path / "state.json")
     history_path = property(lambda self: self.path / "history.csv")
+    loss_curve_path = property(lambda self: self.path / "loss_curve.txt")
     tensorboard_dir = property(lambda self: self.path / "tensorboard")
 
     # --- writing -----------------------------------------------------------

@@ -232,6 +232,7 @@ def train(
             f"done ({reason}) after {result.epochs_done} epochs in {format_seconds(result.seconds)}: "
             f"best validation {result.best_val_loss:.4f} nats/char ({result.best_val_bpc:.3f} bits/char)"
         )
+        console.print(result.run.loss_curve_path.read_text(encoding="utf-8"), markup=False, end="")
         console.print(f"saved to {result.run.path}; {resume_hint(result.run)}", markup=False)
 
 

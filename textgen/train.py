@@ -28,7 +28,9 @@ from textgen.corpus import resolve_corpus
 from textgen.data import Splits, load_splits, make_dataset
 from textgen.errors import ConfigError, TrainingInterrupted
 from textgen.fastlstm import stateful_logits
+from textgen.files import atomic_write_text
 from textgen.model import build_model, reset_states
+from textgen.plot import loss_chart, read_history
 
 LN2 = math.log(2.0)
 
@@ -339,6 +341,7 @@ def train(plan: TrainPlan, callbacks: Sequence[keras.callbacks.Callback] = ()) -
                 break
     callback_list.on_train_end(logs)
     checkpoint.mark_finished(stop_reason)
+    atomic_write_text(run.loss_curve_path, loss_chart(read_history(run.history_path)))
     return TrainResult(
         run=run,
         epochs_done=epochs_done,
