@@ -94,3 +94,26 @@ def test_stateful_model_carries_state_until_reset() -> None:
     assert not np.allclose(first, second)  # the second call starts from the first call's state
     reset_states(model)
     np.testing.assert_allclose(np.asarray(model(x)), first, rtol=1e-6, atol=1e-6)
+
+
+def test_gpu_profile_trains_through_keras_lstm_with_loss_scaling() -> None:
+    """The CPU's fast LSTM path must not leak into the GPU profile: Keras' (cuDNN) LSTM, loss scaling."""
+    import tensorflow as tf
+
+    from textgen.config import DataConfig, RunConfig, TrainConfig
+    from textgen.train import build_trainer
+
+    assert not GPU.fast_lstm and CPU.fast_lstm
+    cfg = RunConfig(
+        DataConfig(corpus="", batch_size=4, seq_len=8),
+        ModelConfig(vocab_size=12, embedding_dim=8, units=16),
+        TrainConfig(),
+        GPU,
+    )
+    trainer = build_trainer(cfg)
+    assert isinstance(trainer.optimizer, keras.optimizers.LossScaleOptimizer)
+    x = tf.constant(np.arange(32).reshape(4, 8) % 12, tf.int32)
+    first = float(trainer.train_step(x, x))
+    for _ in range(20):
+        last = float(trainer.train_step(x, x))
+    assert np.isfinite(first) and last < first
