@@ -219,6 +219,7 @@ def train(
             "best_val_bpc": result.best_val_bpc,
             "stop_reason": result.stop_reason,
             "seconds": result.seconds,
+            "chars_per_sec": result.chars_per_sec,
         }
         if as_json:
             print(json.dumps(summary), flush=True)
@@ -230,7 +231,8 @@ def train(
         }[result.stop_reason]
         console.print(
             f"done ({reason}) after {result.epochs_done} epochs in {format_seconds(result.seconds)}: "
-            f"best validation {result.best_val_loss:.4f} nats/char ({result.best_val_bpc:.3f} bits/char)"
+            f"best validation {result.best_val_loss:.4f} nats/char ({result.best_val_bpc:.3f} bits/char), "
+            f"last epoch {result.chars_per_sec:,.0f} chars/s"
         )
         console.print(result.run.loss_curve_path.read_text(encoding="utf-8"), markup=False, end="")
         console.print(f"saved to {result.run.path}; {resume_hint(result.run)}", markup=False)

@@ -59,7 +59,7 @@ class TrainResult:
     best_val_loss: float
     stop_reason: str  # "epochs", "early_stopping" or "time_budget"
     seconds: float
-    chars_per_sec: float
+    chars_per_sec: float  # training speed of the last epoch
 
     @property
     def best_val_bpc(self) -> float:
