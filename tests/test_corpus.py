@@ -231,3 +231,10 @@ def test_missing_file(tmp_path: Path) -> None:
 def test_utf8_text_is_read_exactly(tmp_path: Path) -> None:
     text = "Пьер — «Ну, князь»\tdéjà 😀\n"
     assert read_corpus(put(tmp_path / "utf8.txt", text)) == text
+
+
+def test_utf16_file_is_named_as_such(tmp_path: Path) -> None:
+    path = tmp_path / "utf16.txt"
+    path.write_bytes("War and Peace\n".encode("utf-16"))
+    with pytest.raises(CorpusError, match=r"is UTF-16 text; convert it to UTF-8"):
+        read_corpus(path)

@@ -85,6 +85,8 @@ def download_gutenberg(number: int, dest: Path, looked: str = "") -> Path:
 
 def decode_corpus(data: bytes, name: str = "corpus") -> str:
     """UTF-8 text from bytes: BOM stripped, line endings normalised to \\n."""
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        raise CorpusError(f"{name} is UTF-16 text; convert it to UTF-8, e.g. iconv -f utf-16 -t utf-8")
     if b"\x00" in data[:65536]:
         raise CorpusError(f"{name} looks like a binary file (it contains NUL bytes); give a plain-text file")
     try:
