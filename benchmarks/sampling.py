@@ -214,7 +214,7 @@ def measure(args: argparse.Namespace) -> dict:
             "length": args.length,
             "seconds": args.seconds,
             "prompt": args.prompt,
-            "threads": f"{profile.name} profile threads: {profile.intra_op_threads} intra-op x {profile.inter_op_threads} inter-op (as textgen sample and repl)",
+            "threads": f"{profile.name} profile sampling threads: {profile.sample_intra_op_threads} intra-op x {profile.sample_inter_op_threads} inter-op (as textgen sample and repl)",
         },
         "tensorflow_import_s": import_s,
         "keras_first_load_ms": keras_first_load_ms,
