@@ -62,7 +62,15 @@ def test_run_directory_contents(trained_run) -> None:
     path = trained_run.run.path
     state = json.loads((path / "state.json").read_text())
     names = {p.name for p in path.iterdir()}
-    expected = {"config.json", "vocab.json", "best.weights.h5", "state.json", "history.csv", "tensorboard"}
+    expected = {
+        "config.json",
+        "vocab.json",
+        "best.weights.h5",
+        "state.json",
+        "history.csv",
+        "loss_curve.txt",
+        "tensorboard",
+    }
     assert expected | {state["last_weights"], state["optimizer"]} == names  # and no stale or temporary files
     assert state["last_weights"].startswith("last-") and state["last_weights"].endswith(".weights.h5")
     assert state["optimizer"].startswith("optimizer-") and state["optimizer"].endswith(".npz")
