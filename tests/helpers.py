@@ -67,3 +67,25 @@ def run_textgen(args: list[str], cwd: Path, timeout: float = 180, **env: str) ->
         text=True,
         timeout=timeout,
     )
+
+
+def invoke(*args: str):
+    """Run the CLI in-process."""
+    from typer.testing import CliRunner
+
+    from textgen.cli import app
+
+    return CliRunner().invoke(app, list(args))
+
+
+def assert_one_line_error(result, *fragments: str) -> str:
+    """The command failed with exactly one line on stderr, starting with "error:", and no traceback."""
+    assert result.exit_code != 0, result.stdout
+    assert isinstance(result.exception, SystemExit), repr(result.exception)  # not an escaped exception
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: "), result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+    return lines[0]

@@ -11,10 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import read_history, run_textgen, subprocess_env, write_corpus
-from typer.testing import CliRunner
-
-from textgen.cli import app
+from helpers import assert_one_line_error, invoke, read_history, run_textgen, subprocess_env, write_corpus
 
 TINY_FLAGS = ["--device", "cpu", "--units", "32", "--embedding-dim", "8", "--batch-size", "4", "--seq-len", "16"]
 
@@ -30,23 +27,6 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("TEXTGEN_CORPUS_PATH", raising=False)
     return tmp_path
-
-
-def invoke(*args: str):
-    return CliRunner().invoke(app, list(args))
-
-
-def assert_one_line_error(result, *fragments: str) -> str:
-    """The command failed with exactly one line on stderr, starting with "error:", and no traceback."""
-    assert result.exit_code != 0, result.stdout
-    assert isinstance(result.exception, SystemExit), repr(result.exception)  # not an escaped exception
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("error: "), result.stderr
-    assert "Traceback" not in result.stdout + result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0]
-    return lines[0]
 
 
 # --- help ----------------------------------------------------------------------------

@@ -12,11 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import TINY_DATA, run_textgen, subprocess_env, write_corpus
-from typer.testing import CliRunner
+from helpers import TINY_DATA, assert_one_line_error, invoke, run_textgen, subprocess_env, write_corpus
 
 from textgen.checkpoint import Run
-from textgen.cli import app
 from textgen.config import SampleConfig
 from textgen.model import build_model
 from textgen.sampling import Generator, choose_next
@@ -256,23 +254,6 @@ def test_a_prompt_of_only_unknown_characters_starts_like_an_empty_one(gen1: Gene
 
 
 # --- textgen sample: errors, warnings and output ----------------------------------------------
-
-
-def invoke(*args: str):
-    return CliRunner().invoke(app, list(args))
-
-
-def assert_one_line_error(result, *fragments: str) -> str:
-    """Failed with exactly one line on stderr, starting with "error:", and no traceback."""
-    assert result.exit_code != 0, result.stdout
-    assert isinstance(result.exception, SystemExit), repr(result.exception)
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("error: "), result.stderr
-    assert "Traceback" not in result.stdout + result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0]
-    return lines[0]
 
 
 def test_unknown_prime_characters_are_named_on_stderr(checkpoint_dir: Path) -> None:
