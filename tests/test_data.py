@@ -111,27 +111,24 @@ def test_load_splits_encodes_the_whole_text_in_order(tmp_path: Path) -> None:
     assert len(splits.val) == int(len(text) * 0.1)
 
 
-def test_corpus_too_short_for_the_training_split(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("batch_size", "seq_len", "split_says", "layout_says"),
+    [
+        (64, 100, "training split has 900 characters (of 1,000)", "--batch-size 64 x --seq-len 100 needs 6,401"),
+        (4, 16, "validation split has 50 characters (of 1,000)", "--batch-size 4 x --seq-len 16 needs 65"),
+    ],
+)
+def test_corpus_too_short_for_a_split(
+    tmp_path: Path, batch_size: int, seq_len: int, split_says: str, layout_says: str
+) -> None:
     path = tmp_path / "short.txt"
-    path.write_text("abcdefghij" * 100, encoding="utf-8")  # 1,000 characters: 900 for training
-    cfg = DataConfig(corpus=str(path), batch_size=64, seq_len=100)
+    path.write_text("abcdefghij" * 100, encoding="utf-8")  # 1,000 characters: 900 train, 50 validation
+    cfg = DataConfig(corpus=str(path), batch_size=batch_size, seq_len=seq_len)
     with pytest.raises(CorpusError) as info:
         load_splits(cfg)
     message = str(info.value)
-    assert "training split has 900 characters (of 1,000)" in message
-    assert "--batch-size 64 x --seq-len 100 needs 6,401" in message
-    assert "smaller --batch-size or --seq-len" in message
-
-
-def test_corpus_too_short_for_the_validation_split(tmp_path: Path) -> None:
-    path = tmp_path / "short.txt"
-    path.write_text("abcdefghij" * 100, encoding="utf-8")  # validation gets 50 characters
-    cfg = DataConfig(corpus=str(path), batch_size=4, seq_len=16)
-    with pytest.raises(CorpusError) as info:
-        load_splits(cfg)
-    message = str(info.value)
-    assert "validation split has 50 characters (of 1,000)" in message
-    assert "--batch-size 4 x --seq-len 16 needs 65" in message
+    assert split_says in message
+    assert layout_says in message
     assert "smaller --batch-size or --seq-len" in message
 
 

@@ -109,6 +109,12 @@ def plan_training(
     if corpus is None:
         raise ConfigError("give a corpus to train on, e.g. textgen train 2600-0.txt")
     path = resolve_corpus(corpus, download=download)
+    name = check_run_name(run_name) if run_name else new_run_name(checkpoint_dir, path.stem)
+    run = Run(Path(checkpoint_dir) / name)
+    if run.path.exists() and any(run.path.iterdir()):  # checked before the corpus is read and encoded
+        raise ConfigError(
+            f"run {name!r} already exists in {checkpoint_dir}/; add --resume to continue it or pick another --run"
+        )
     data_cfg = DataConfig(
         corpus=str(path.resolve()),
         strip_boilerplate=not keep_boilerplate,
@@ -116,12 +122,6 @@ def plan_training(
     )
     splits = load_splits(data_cfg)
     config = RunConfig(data_cfg, ModelConfig(vocab_size=splits.vocab.size, **model), TrainConfig(**training), profile)
-    name = check_run_name(run_name) if run_name else new_run_name(checkpoint_dir, path.stem)
-    run = Run(Path(checkpoint_dir) / name)
-    if run.path.exists() and any(run.path.iterdir()):
-        raise ConfigError(
-            f"run {name!r} already exists in {checkpoint_dir}/; add --resume to continue it or pick another --run"
-        )
     run.create(config, splits.vocab)
     return TrainPlan(run, config, splits)
 
