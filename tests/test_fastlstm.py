@@ -94,3 +94,28 @@ def test_fast_path_dropout_masks_inputs_only_in_training() -> None:
     again = stateful_logits(model, x, training=True, seed=seed).numpy()
     assert not np.allclose(dropped, inference)
     np.testing.assert_allclose(dropped, again)  # the mask is a function of the seed
+
+
+def test_output_dropout_zeroes_or_rescales_each_output() -> None:
+    """With an identity output layer the logits are the last LSTM's outputs, so the mask shows."""
+    keras.utils.set_random_seed(6)
+    rate, units = 0.25, 16
+    model = build_model(ModelConfig(vocab_size=units, embedding_dim=8, units=units, dropout=rate), batch_size=4)
+    model.get_layer("lstm_0").cell.dropout = 0.0  # isolate the output dropout
+    model.get_layer("logits").set_weights([np.eye(units, dtype="float32"), np.zeros(units, "float32")])
+    x = tf.constant(np.arange(4 * 50).reshape(4, 50) % units, tf.int32)
+    reset_states(model)
+    outputs = stateful_logits(model, x, training=False).numpy()
+    reset_states(model)
+    dropped = stateful_logits(model, x, training=True, seed=tf.constant([3, 4], tf.int64)).numpy()
+    kept = dropped != 0
+    np.testing.assert_allclose(dropped[kept], outputs[kept] / (1 - rate), rtol=1e-5)
+    assert 1 - kept.mean() == pytest.approx(rate, abs=0.03)  # 3,200 draws: 4 standard deviations
+    reset_states(model)
+    np.testing.assert_allclose(model(x, training=False).numpy(), outputs, rtol=1e-5, atol=1e-6)
+
+
+def test_the_keras_model_drops_its_outputs_too() -> None:
+    model = build_model(ModelConfig(vocab_size=11, dropout=0.3), batch_size=2)
+    assert model.get_layer("output_dropout").rate == 0.3
+    assert model.get_layer("lstm_0").dropout == 0.3

@@ -14,7 +14,7 @@ from helpers import TINY_DATA, TINY_MODEL, read_history, steps_per_epoch, write_
 from textgen.checkpoint import Run
 from textgen.device import CPU
 from textgen.errors import CheckpointError, ConfigError, TrainingInterrupted
-from textgen.train import TrainPlan, plan_training, resume_hint, train
+from textgen.train import TrainPlan, cosine_lr, plan_training, resume_hint, train
 
 
 def new_plan(tmp_path: Path, corpus: Path, **training):
@@ -292,3 +292,40 @@ def test_time_budget_stops_after_one_epoch(tmp_path: Path) -> None:
     state = result.run.load_state()
     assert state["finished"] == "time_budget"
     assert result.run.best_weights_path.is_file()
+
+
+def test_cosine_lr() -> None:
+    assert cosine_lr(2e-3, 0.0) == pytest.approx(2e-3)
+    assert cosine_lr(2e-3, 0.5) == pytest.approx(1e-3)
+    assert cosine_lr(2e-3, 1.0) == pytest.approx(0.0)
+    assert cosine_lr(2e-3, 1.7) == pytest.approx(0.0)  # past the horizon it stays at zero
+    assert cosine_lr(2e-3, -0.1) == pytest.approx(2e-3)
+
+
+def test_cosine_schedule_without_a_budget_anneals_over_the_epochs(tmp_path: Path, tiny_corpus: Path) -> None:
+    plan = new_plan(tmp_path, tiny_corpus, epochs=3, lr_schedule="cosine", patience=5)
+    result = train(plan)
+    steps = steps_per_epoch(len(plan.splits.train), TINY_DATA["batch_size"], TINY_DATA["seq_len"])
+    history = read_history(result.run.path)
+    # The rate logged at an epoch's end is the one its last batch used.
+    expected = [cosine_lr(2e-3, ((epoch + 1) * steps - 1) / (3 * steps)) for epoch in range(3)]
+    assert [row["learning_rate"] for row in history] == pytest.approx(expected, rel=1e-5)
+    assert "lr_schedule" not in result.run.load_state()["callbacks"]  # no plateau cuts on top
+
+
+def test_cosine_schedule_with_a_budget_anneals_to_zero_by_the_deadline(tmp_path: Path) -> None:
+    corpus = write_corpus(tmp_path / "longer.txt", 20_000)
+    result = train(new_plan(tmp_path, corpus, time_budget=3.0, epochs=50, lr_schedule="cosine", patience=50))
+    assert result.stop_reason == "time_budget"
+    rates = [row["learning_rate"] for row in read_history(result.run.path)]
+    assert rates[-1] < 0.05 * 2e-3  # the last batch ran in the final few percent of the budget
+    assert rates == sorted(rates, reverse=True)
+
+
+def test_plateau_schedule_cuts_the_rate_when_validation_stalls(tmp_path: Path, tiny_corpus: Path) -> None:
+    # lr 1.0 makes validation loss get worse at once, so the plateau rule must cut the rate.
+    result = train(new_plan(tmp_path, tiny_corpus, epochs=3, lr=1.0, lr_schedule="plateau", patience=5))
+    rates = [row["learning_rate"] for row in read_history(result.run.path)]
+    assert rates[0] == pytest.approx(1.0)
+    assert rates[-1] < 1.0
+    assert "lr_schedule" in result.run.load_state()["callbacks"]

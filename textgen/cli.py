@@ -121,7 +121,8 @@ def train(
     dropout: Annotated[
         float | None,
         typer.Option(
-            help=f"Dropout on each LSTM's input [default: {_default(ModelConfig, 'dropout')}]", show_default=False
+            help=f"Dropout on the embedding, between layers and before the output [default: {_default(ModelConfig, 'dropout')}]",
+            show_default=False,
         ),
     ] = None,
     batch_size: Annotated[
@@ -136,6 +137,21 @@ def train(
     lr: Annotated[
         float | None,
         typer.Option(help=f"Adam learning rate [default: {_default(TrainConfig, 'lr')}]", show_default=False),
+    ] = None,
+    lr_schedule: Annotated[
+        str | None,
+        typer.Option(
+            help="cosine: anneal the learning rate to zero over --time-budget (or --epochs); "
+            f"plateau: halve it when validation stalls [default: {_default(TrainConfig, 'lr_schedule')}]",
+            show_default=False,
+        ),
+    ] = None,
+    clip_norm: Annotated[
+        float | None,
+        typer.Option(
+            help=f"Clip the global gradient norm to this [default: {_default(TrainConfig, 'clip_norm')}]",
+            show_default=False,
+        ),
     ] = None,
     epochs: Annotated[
         int | None,
@@ -171,6 +187,8 @@ def train(
         training = {
             "epochs": epochs,
             "lr": lr,
+            "lr_schedule": lr_schedule,
+            "clip_norm": clip_norm,
             "seed": seed,
             "time_budget": parse_duration(time_budget) if time_budget else None,
         }

@@ -69,6 +69,11 @@ class ModelConfig:
         _require(0.0 <= self.dropout < 1.0, "dropout", "in [0, 1)", self.dropout)
 
 
+# "cosine" anneals the learning rate to zero over the time budget (or over --epochs without one);
+# "plateau" cuts it by lr_factor whenever validation loss stops improving.
+LR_SCHEDULES = ("cosine", "plateau")
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """Optimiser, schedule and stopping rules."""
@@ -81,9 +86,11 @@ class TrainConfig:
     patience: int = 3  # epochs without validation improvement before stopping
     lr_patience: int = 1  # epochs without improvement before the learning rate is cut
     lr_factor: float = 0.5
+    lr_schedule: str = "plateau"  # one of LR_SCHEDULES
 
     def __post_init__(self) -> None:
         _positive_int(self, "epochs")
+        _require(self.lr_schedule in LR_SCHEDULES, "lr_schedule", " or ".join(LR_SCHEDULES), self.lr_schedule)
         _require(self.lr > 0, "lr", "positive", self.lr)
         _require(self.clip_norm > 0, "clip_norm", "positive", self.clip_norm)
         _require(self.seed >= 0, "seed", "a non-negative integer", self.seed)

@@ -14,6 +14,8 @@ checkpoints, sampling and the GPU's cuDNN path are unchanged.
 
 from __future__ import annotations
 
+from typing import Any
+
 import keras
 import tensorflow as tf
 
@@ -82,12 +84,24 @@ def lstm_recurrence(
     return (hs, h_last, c_last), grad
 
 
+def _mask_seed(seed: tf.Tensor | None, offset: int) -> tf.Tensor:
+    """A distinct stateless seed for each dropout mask of a step."""
+    return tf.stack([seed[0], seed[1] + offset]) if seed is not None else tf.constant([offset, 0])
+
+
+def _dropout(x: tf.Tensor, rate: float, noise_shape: Any, seed: tf.Tensor) -> tf.Tensor:
+    """Inverted dropout with a mask of ``noise_shape`` (broadcast over ``x``)."""
+    keep = 1.0 - rate
+    return x * tf.cast(tf.random.stateless_uniform(noise_shape, seed=seed) < keep, x.dtype) / keep
+
+
 def stateful_logits(model: keras.Model, ids: tf.Tensor, training: bool, seed: tf.Tensor | None = None) -> tf.Tensor:
     """Logits (B, T, V) of a model built by ``textgen.model.build_model``, carrying its LSTM states.
 
     Reads and updates the stateful layers' state variables exactly as the Keras
     layers do. With ``training`` and dropout, each LSTM's input gets a dropout mask
-    shared across timesteps, as Keras' LSTM ``dropout`` does.
+    shared across timesteps, as Keras' LSTM ``dropout`` does, and the last LSTM's
+    output one drawn per element, as the model's ``output_dropout`` layer does.
     """
     embedding = model.get_layer("embedding").embeddings
     x = tf.transpose(tf.gather(embedding, ids), [1, 0, 2])  # time-major (T, B, D)
@@ -96,10 +110,7 @@ def stateful_logits(model: keras.Model, ids: tf.Tensor, training: bool, seed: tf
     for n, layer in enumerate(lstms):
         cell = layer.cell
         if training and cell.dropout > 0:
-            keep = 1.0 - cell.dropout
-            mask_seed = tf.stack([seed[0], seed[1] + n]) if seed is not None else [n, 0]
-            noise = tf.random.stateless_uniform([1, batch, tf.shape(x)[-1]], seed=mask_seed)
-            x = x * tf.cast(noise < keep, x.dtype) / keep
+            x = _dropout(x, cell.dropout, [1, batch, tf.shape(x)[-1]], _mask_seed(seed, n))
         depth = tf.shape(x)[-1]
         x_projection = tf.matmul(tf.reshape(x, [-1, depth]), cell.kernel) + cell.bias
         x_projection = tf.reshape(x_projection, [steps, batch, 4 * cell.units])
@@ -109,6 +120,9 @@ def stateful_logits(model: keras.Model, ids: tf.Tensor, training: bool, seed: tf
         x, h_last, c_last = lstm_recurrence(x_projection, h0, c0, recurrent)
         h_state.assign(tf.stop_gradient(h_last))
         c_state.assign(tf.stop_gradient(c_last))
+    output_dropout = model.get_layer("output_dropout").rate
+    if training and output_dropout > 0:
+        x = _dropout(x, output_dropout, tf.shape(x), _mask_seed(seed, len(lstms)))
     dense = model.get_layer("logits")
     units = tf.shape(x)[-1]
     logits = tf.matmul(tf.reshape(x, [-1, units]), dense.kernel) + dense.bias

@@ -1,4 +1,8 @@
-"""The Keras training model: Embedding -> N x stateful LSTM -> Dense logits."""
+"""The Keras training model: Embedding -> N x stateful LSTM -> Dense logits.
+
+``ModelConfig.dropout`` drops the non-recurrent connections (Zaremba et al., 2014): each
+LSTM's input (a mask shared over time, Keras' ``dropout``) and the last LSTM's output.
+"""
 
 from __future__ import annotations
 
@@ -35,6 +39,7 @@ def build_model(cfg: ModelConfig, batch_size: int, precision: str = "float32", s
             dtype=precision,
             name=f"lstm_{i}",
         )(x)
+    x = keras.layers.Dropout(cfg.dropout, name="output_dropout")(x)
     logits = keras.layers.Dense(cfg.vocab_size, dtype="float32", name="logits")(x)
     return keras.Model(ids, logits, name="textgen")
 

@@ -126,6 +126,28 @@ def plan_training(
     return TrainPlan(run, config, splits)
 
 
+def cosine_lr(peak: float, progress: float) -> float:
+    """The learning rate ``progress`` (0 to 1) of the way through a cosine anneal from ``peak`` to 0."""
+    return peak * 0.5 * (1.0 + math.cos(math.pi * min(max(progress, 0.0), 1.0)))
+
+
+class CosineSchedule(keras.callbacks.Callback):
+    """Set the learning rate before every batch from how far the run has got (see ``cosine_lr``)."""
+
+    def __init__(
+        self, optimizer: keras.optimizers.Optimizer, peak: float, progress: Callable[[int, int], float]
+    ) -> None:
+        super().__init__()
+        self.optimizer, self.peak, self.progress = optimizer, peak, progress
+        self.epoch = 0
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self.epoch = epoch
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        self.optimizer.learning_rate = cosine_lr(self.peak, self.progress(self.epoch, batch))
+
+
 class ResetStatesCallback(keras.callbacks.Callback):
     """Reset every stateful layer at the start of each epoch and before validation."""
 
@@ -254,13 +276,30 @@ def train(plan: TrainPlan, callbacks: Sequence[keras.callbacks.Callback] = ()) -
         run.load_optimizer(optimizer)
         start_epoch, start_batch, elapsed_before = resume["epoch"], resume["batch"], resume.get("seconds", 0.0)
 
-    lr_schedule = keras.callbacks.ReduceLROnPlateau(
-        monitor="val_loss", factor=tcfg.lr_factor, patience=tcfg.lr_patience, min_lr=tcfg.lr / 64
-    )
+    started = time.monotonic()
+    deadline = started + tcfg.time_budget if tcfg.time_budget else math.inf  # per invocation
+
+    def elapsed() -> float:
+        return elapsed_before + time.monotonic() - started
+
+    def progress(epoch: int, batch: int) -> float:
+        """How far through its schedule the run is: by time with a budget, else by batches."""
+        if tcfg.time_budget:  # a resumed run anneals over what it has done plus its new budget
+            return elapsed() / (elapsed_before + tcfg.time_budget)
+        return (epoch * steps + batch) / (tcfg.epochs * steps)
+
     early_stopping = keras.callbacks.EarlyStopping(
         monitor="val_loss", patience=tcfg.patience, restore_best_weights=True
     )
-    checkpoint = RunCheckpoint(run, optimizer, {"lr_schedule": lr_schedule, "early_stopping": early_stopping})
+    stateful_callbacks: dict[str, keras.callbacks.Callback] = {"early_stopping": early_stopping}
+    if tcfg.lr_schedule == "plateau":
+        stateful_callbacks["lr_schedule"] = keras.callbacks.ReduceLROnPlateau(
+            monitor="val_loss", factor=tcfg.lr_factor, patience=tcfg.lr_patience, min_lr=tcfg.lr / 64
+        )
+        lr_schedule: keras.callbacks.Callback = stateful_callbacks["lr_schedule"]
+    else:
+        lr_schedule = CosineSchedule(optimizer, tcfg.lr, progress)
+    checkpoint = RunCheckpoint(run, optimizer, stateful_callbacks)
     callback_list = keras.callbacks.CallbackList(
         [
             ResetStatesCallback(),
@@ -280,15 +319,10 @@ def train(plan: TrainPlan, callbacks: Sequence[keras.callbacks.Callback] = ()) -
         run_name=run.name,
     )
 
-    started = time.monotonic()
-    deadline = started + tcfg.time_budget if tcfg.time_budget else math.inf  # per invocation
     stop_reason, epochs_done, logs = "epochs", start_epoch, {}
     callback_list.on_train_begin()
     if resume:
         checkpoint.restore(resume, model)
-
-    def elapsed() -> float:
-        return elapsed_before + time.monotonic() - started
 
     with _sigint_flag() as interrupted, _end_callbacks_on_error(callback_list):
         for epoch in range(start_epoch, tcfg.epochs):
