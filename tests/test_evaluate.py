@@ -1,5 +1,6 @@
 """textgen evaluate: stateful cross-entropy equals the hand computation; unknown characters; bad inputs."""
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -77,5 +78,8 @@ def test_bad_inputs(trained_run, tmp_path: Path) -> None:
 def test_runs_lists_the_run(trained_run) -> None:
     out = invoke("runs", "--checkpoint-dir", str(trained_run.run.path.parent), "--json")
     assert out.exit_code == 0, out.stderr
-    assert f'"run": "{trained_run.run.name}"' in out.stdout
-    assert '"best_val_bpc":' in out.stdout
+    row = json.loads(out.stdout)
+    assert row["run"] == trained_run.run.name
+    assert row["epochs"] == trained_run.result.epochs_done
+    assert row["best_val_bpc"] == pytest.approx(trained_run.result.best_val_bpc)
+    assert row["config"] == trained_run.plan.config.to_dict()  # the whole config, to compare runs by

@@ -441,7 +441,16 @@ def evaluate(
             )
 
 
-@app.command()
+RUNS_EXAMPLES = """
+**Examples**
+
+    textgen runs                              # the runs in ./checkpoints
+
+    textgen runs --checkpoint-dir /data/runs --json
+"""
+
+
+@app.command(epilog=RUNS_EXAMPLES)
 def runs(
     checkpoint_dir: CheckpointDirOption = DEFAULT_CHECKPOINT_DIR,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per run")] = False,
@@ -459,13 +468,14 @@ def runs(
                 {
                     "run": found.name,
                     "corpus": Path(cfg.data.corpus).name,
-                    "units": cfg.model.units,
-                    "layers": cfg.model.layers,
+                    "model": f"{cfg.model.layers}x{cfg.model.units}"
+                    + (f", dropout {cfg.model.dropout:g}" if cfg.model.dropout else ""),
                     "epochs": state.get("epoch", 0),
                     "best_val_bpc": best / math.log(2) if best else None,
                     "seconds": state.get("seconds", 0.0),
                     "finished": state.get("finished"),
                     "device": cfg.profile.name,
+                    "config": cfg.to_dict(),
                 }
             )
         if as_json:
@@ -491,7 +501,7 @@ def runs(
             table.add_row(
                 r["run"],
                 r["corpus"],
-                f"{r['layers']}x{r['units']} ({r['device']})",
+                f"{r['model']} ({r['device']})",
                 str(r["epochs"]),
                 bpc,
                 f"{r['seconds'] / 60:.1f} min",
