@@ -1,12 +1,15 @@
 """textgen evaluate: stateful cross-entropy equals the hand computation; unknown characters; bad inputs."""
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import assert_one_line_error, invoke
+from helpers import assert_one_line_error, invoke, subprocess_env, write_corpus
 
+from textgen.checkpoint import Run
 from textgen.config import ModelConfig
 from textgen.data import load_splits
 from textgen.errors import ConfigError, CorpusError
@@ -83,3 +86,25 @@ def test_runs_lists_the_run(trained_run) -> None:
     assert row["epochs"] == trained_run.result.epochs_done
     assert row["best_val_bpc"] == pytest.approx(trained_run.result.best_val_bpc)
     assert row["config"] == trained_run.plan.config.to_dict()  # the whole config, to compare runs by
+
+
+def test_the_quality_benchmark_trains_scores_and_ranks_recipes(tmp_path: Path) -> None:
+    corpus = write_corpus(tmp_path / "tiny.txt", 3000)
+    tiny = "--embedding-dim 8 --batch-size 4 --seq-len 16"
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "quality.py"
+    args = ["--corpus", str(corpus), "--time-budget", "2s", "--checkpoint-dir", str(tmp_path / "runs")]
+    args += ["--recipe", f"--units 16 {tiny}", "--recipe", f"--units 24 {tiny} --lr-schedule plateau"]
+    proc = subprocess.run(
+        [sys.executable, str(script), *args], env=subprocess_env(), capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith(f"recipe --units 16 {tiny}, budget 2s: ")
+    assert lines[1].startswith(f"recipe --units 24 {tiny} --lr-schedule plateau, budget 2s: ")
+    assert "ranked by test loss (2s each):" in proc.stdout
+    table = [line for line in lines if line.startswith("| `")]
+    assert len(table) == 2
+    losses = [float(row.split("|")[5]) for row in table]
+    assert losses == sorted(losses)
+    for name, units in (("tiny", 16), ("tiny-2", 24)):
+        assert Run(tmp_path / "runs" / name).load_config().model.units == units
