@@ -63,7 +63,7 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> TrainedRun:
         run_name="tiny",
         data=TINY_DATA,
         model=TINY_MODEL,
-        training={"epochs": 4},
+        training={"epochs": 4, "lr": 1e-2},  # a tiny model learns fast enough to show in 4 epochs
     )
     result = train(plan)
     spe = steps_per_epoch(len(plan.splits.train), TINY_DATA["batch_size"], TINY_DATA["seq_len"])

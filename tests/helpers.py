@@ -19,7 +19,7 @@ WORDS = [
 
 # Tiny model settings shared by the training tests (seconds per run on 2 cores).
 TINY_DATA = {"batch_size": 8, "seq_len": 32}
-TINY_MODEL = {"units": 32, "embedding_dim": 8}
+TINY_MODEL = {"units": 32, "embedding_dim": 8, "layers": 1, "dropout": 0.0}
 
 
 def make_text(n_words: int, seed: int = 0) -> str:

@@ -31,7 +31,7 @@ def _loss_and_grads(model: keras.Model, logits_fn, x: tf.Tensor, y: tf.Tensor) -
 @pytest.mark.parametrize("layers", [1, 2])
 def test_fast_path_matches_keras_lstm_over_consecutive_batches(layers: int) -> None:
     keras.utils.set_random_seed(3)
-    model = build_model(ModelConfig(vocab_size=23, embedding_dim=8, units=16, layers=layers), batch_size=3)
+    model = build_model(ModelConfig(vocab_size=23, embedding_dim=8, units=16, layers=layers, dropout=0.0), batch_size=3)
     reset_states(model)
     rng = np.random.default_rng(0)
     for _ in range(3):  # states carry from batch to batch
@@ -100,7 +100,9 @@ def test_output_dropout_zeroes_or_rescales_each_output() -> None:
     """With an identity output layer the logits are the last LSTM's outputs, so the mask shows."""
     keras.utils.set_random_seed(6)
     rate, units = 0.25, 16
-    model = build_model(ModelConfig(vocab_size=units, embedding_dim=8, units=units, dropout=rate), batch_size=4)
+    model = build_model(
+        ModelConfig(vocab_size=units, embedding_dim=8, units=units, layers=1, dropout=rate), batch_size=4
+    )
     model.get_layer("lstm_0").cell.dropout = 0.0  # isolate the output dropout
     model.get_layer("logits").set_weights([np.eye(units, dtype="float32"), np.zeros(units, "float32")])
     x = tf.constant(np.arange(4 * 50).reshape(4, 50) % units, tf.int32)
