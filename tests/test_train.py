@@ -319,8 +319,10 @@ def test_cosine_schedule_with_a_budget_anneals_to_zero_by_the_deadline(tmp_path:
     corpus = write_corpus(tmp_path / "longer.txt", 20_000)
     result = train(new_plan(tmp_path, corpus, time_budget=3.0, epochs=50, lr_schedule="cosine", patience=50))
     assert result.stop_reason == "time_budget"
-    rates = [row["learning_rate"] for row in read_history(result.run.path)]
+    history = read_history(result.run.path)
+    rates = [row["learning_rate"] for row in history]
     assert rates[-1] < 0.05 * 2e-3  # the last batch ran in the final few percent of the budget
+    assert all(row["seconds"] < 3.0 for row in history[:-1])  # no epoch began after the deadline
     assert rates == sorted(rates, reverse=True)
 
 
