@@ -47,7 +47,10 @@ def main() -> None:
 
     batch, seq, units, vocab = 64, 100, 512, 105
     cfg = RunConfig(
-        DataConfig(corpus="", batch_size=batch, seq_len=seq), ModelConfig(vocab_size=vocab), TrainConfig(), CPU
+        DataConfig(corpus="", batch_size=batch, seq_len=seq),
+        ModelConfig(vocab_size=vocab, units=units, layers=1, dropout=0.0),
+        TrainConfig(),
+        CPU,
     )
     trainer = build_trainer(cfg)
     model = trainer.model

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 
-REF = {"batch_size": 64, "seq_len": 100, "embedding_dim": 64, "units": 512}
+REF = {"batch_size": 64, "seq_len": 100, "embedding_dim": 64, "units": 512, "layers": 1, "dropout": 0.0}
 # Candidate textgen configurations: (name, fast_lstm, intra-op threads, inter-op threads, XLA).
 CANDIDATES = [
     ("keras-lstm, TF default threads", False, 0, 0, False),
@@ -100,7 +100,10 @@ def measure_textgen(seconds: float, fast_lstm: bool, intra: int, inter: int, jit
 
     corpus, vocab, train = _corpus_ids()
     data = DataConfig(corpus=corpus, batch_size=REF["batch_size"], seq_len=REF["seq_len"])
-    model = ModelConfig(vocab_size=vocab.size, embedding_dim=REF["embedding_dim"], units=REF["units"])
+    model = ModelConfig(
+        vocab_size=vocab.size,
+        **{k: REF[k] for k in ("embedding_dim", "units", "layers", "dropout")},
+    )
     trainer = build_trainer(RunConfig(data, model, TrainConfig(), profile))
     steps, elapsed = _timed(trainer.train_step, make_dataset(train, data.batch_size, data.seq_len), seconds)
     return {"chars_per_sec": steps * data.batch_size * data.seq_len / elapsed, "steps": steps, "vocab": vocab.size}
