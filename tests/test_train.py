@@ -304,8 +304,11 @@ def test_cosine_lr() -> None:
     assert cosine_lr(2e-3, -0.1) == pytest.approx(2e-3)
 
 
-def test_cosine_schedule_without_a_budget_anneals_over_the_epochs(tmp_path: Path, tiny_corpus: Path) -> None:
-    plan = new_plan(tmp_path, tiny_corpus, epochs=3, lr_schedule="cosine", patience=5)
+@pytest.mark.parametrize("time_budget", [None, 3600.0])  # a budget the epochs end long before
+def test_cosine_schedule_anneals_over_the_epochs_when_they_end_first(
+    tmp_path: Path, tiny_corpus: Path, time_budget: float | None
+) -> None:
+    plan = new_plan(tmp_path, tiny_corpus, epochs=3, lr_schedule="cosine", patience=5, time_budget=time_budget)
     result = train(plan)
     steps = steps_per_epoch(len(plan.splits.train), TINY_DATA["batch_size"], TINY_DATA["seq_len"])
     history = read_history(result.run.path)

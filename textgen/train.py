@@ -287,10 +287,12 @@ def train(plan: TrainPlan, callbacks: Sequence[keras.callbacks.Callback] = ()) -
         return elapsed_before + time.monotonic() - started
 
     def progress(epoch: int, batch: int) -> float:
-        """How far through its schedule the run is: by time with a budget, else by batches."""
+        """How far through its schedule the run is: through its epochs, or through its time budget
+        if that is further on, so the anneal ends with whichever limit stops the run first."""
+        by_batches = (epoch * steps + batch) / (tcfg.epochs * steps)
         if tcfg.time_budget:  # a resumed run anneals over what it has done plus its new budget
-            return elapsed() / (elapsed_before + tcfg.time_budget)
-        return (epoch * steps + batch) / (tcfg.epochs * steps)
+            return max(by_batches, elapsed() / (elapsed_before + tcfg.time_budget))
+        return by_batches
 
     early_stopping = keras.callbacks.EarlyStopping(
         monitor="val_loss", patience=tcfg.patience, restore_best_weights=True
