@@ -66,7 +66,6 @@ def test_train_help_shows_examples() -> None:
         (["--seq-len", "-4"], "--seq-len must be a positive integer (got -4)"),
         (["--lr", "0"], "--lr must be positive"),
         (["--device", "tpu"], "--device must be one of auto, cpu, gpu (got 'tpu')"),
-        (["--preset", "huge"], "--preset must be one of full, quick (got 'huge')"),
         (["--run", "../escape", "--batch-size", "4", "--seq-len", "16"], "--run must be letters, digits"),
     ],
 )
@@ -169,8 +168,6 @@ def test_resume_with_changed_model_flags(workdir: Path, trained_run) -> None:
     args = ["train", "--resume", "--device", "cpu", "--checkpoint-dir", str(trained_run.checkpoint_dir)]
     result = invoke(*args, "--run", "tiny", "--units", "64")
     assert_one_line_error(result, "--units cannot change when resuming run 'tiny'")
-    result = invoke(*args, "--run", "tiny", "--preset", "quick")
-    assert_one_line_error(result, "--preset cannot change when resuming run 'tiny'")
 
 
 # --- real runs ----------------------------------------------------------------------------
@@ -187,15 +184,6 @@ def test_json_output(workdir: Path) -> None:
     assert done["run"] == "j" and done["epochs"] == 1 and done["stop_reason"] == "epochs"
     assert done["best_val_bpc"] == pytest.approx(done["best_val_loss"] / 0.6931471805599453)
     assert Path(done["path"], "best.weights.h5").is_file()
-
-
-def test_preset_sets_the_model_and_flags_override_it(workdir: Path) -> None:
-    write_corpus(workdir / "tiny.txt", 1500)
-    flags = [*TINY_FLAGS, "--epochs", "1", "--checkpoint-dir", "ck", "--json"]
-    result = invoke("train", "tiny.txt", *flags, "--run", "q", "--preset", "quick", "--dropout", "0.05")
-    assert result.exit_code == 0, result.stderr
-    model = json.loads((workdir / "ck" / "q" / "config.json").read_text())["model"]
-    assert (model["layers"], model["dropout"], model["units"]) == (1, 0.05, 32)
 
 
 def test_import_is_light() -> None:

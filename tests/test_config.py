@@ -15,7 +15,6 @@ from textgen.config import (
     flag,
     from_dict,
     parse_duration,
-    preset_model,
     replace,
     to_dict,
 )
@@ -163,15 +162,3 @@ def test_replace_ignores_none() -> None:
     assert replace(cfg, epochs=9).epochs == 9
     with pytest.raises(ConfigError, match="--epochs"):
         replace(cfg, epochs=0)
-
-
-def test_presets_give_their_model_and_flags_override_them() -> None:
-    assert preset_model(None, {}) == {}  # the ModelConfig defaults are the "full" preset
-    assert preset_model("full", {"units": 768}) == {"units": 768}
-    assert preset_model("quick", {"units": None}) == {"layers": 1, "dropout": 0.0}
-    assert preset_model("quick", {"dropout": 0.1, "units": 256}) == {"layers": 1, "dropout": 0.1, "units": 256}
-
-
-def test_unknown_preset() -> None:
-    with pytest.raises(ConfigError, match=r"--preset must be one of full, quick \(got 'huge'\)"):
-        preset_model("huge", {})

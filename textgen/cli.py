@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, find_run
-from textgen.config import DataConfig, ModelConfig, SampleConfig, TrainConfig, parse_duration, preset_model
+from textgen.config import DataConfig, ModelConfig, SampleConfig, TrainConfig, parse_duration
 from textgen.errors import TextgenError, TrainingInterrupted
 
 app = typer.Typer(  # no help=: it would hide the callback's docstring, quick start included
@@ -89,7 +89,7 @@ TRAIN_EXAMPLES = """
 
     textgen train 2600-0.txt --device cpu --resume    # continue the latest run
 
-    textgen train 2600-0.txt --preset quick --time-budget 12m   # a good model in minutes
+    textgen train 2600-0.txt --time-budget 12m        # a good model in minutes
 
     textgen train my_book.txt --epochs 20 --time-budget 30m --units 768 --layers 2
 
@@ -104,14 +104,6 @@ def train(
         str | None,
         typer.Argument(
             help="Plain-text file (UTF-8), or a name in ./corpora or $TEXTGEN_CORPUS_PATH.", show_default=False
-        ),
-    ] = None,
-    preset: Annotated[
-        str | None,
-        typer.Option(
-            help="Model recipe: full (the defaults, best after an hour) or quick (1 layer, no dropout, "
-            "ahead in short runs, e.g. 10 minutes); the flags below override it [default: full]",
-            show_default=False,
         ),
     ] = None,
     units: Annotated[
@@ -202,7 +194,7 @@ def train(
             "seed": seed,
             "time_budget": parse_duration(time_budget) if time_budget else None,
         }
-        _check_values(data, preset_model(preset, model), training)
+        _check_values(data, model, training)
         _quiet_tensorflow()
         from textgen.device import apply_profile, resolve_profile
 
@@ -223,7 +215,6 @@ def train(
             data=data,
             model=model,
             training=training,
-            preset=preset,
         )
         cfg, splits = plan.config, plan.splits
         if not as_json:

@@ -78,13 +78,11 @@ def plan_training(
     data: dict[str, Any] | None = None,
     model: dict[str, Any] | None = None,
     training: dict[str, Any] | None = None,
-    preset: str | None = None,
 ) -> TrainPlan:
     """Resolve the corpus and configs for a new run, or reload a run to resume.
 
     ``data``, ``model`` and ``training`` hold only the settings the user gave
-    (``None`` values are ignored); ``model`` goes on top of the named model ``preset``.
-    On resume, only epochs and time budget may change.
+    (``None`` values are ignored). On resume, only epochs and time budget may change.
     """
     data, model, training = (
         {k: v for k, v in d.items() if v is not None} for d in (data or {}, model or {}, training or {})
@@ -93,8 +91,7 @@ def plan_training(
     if resume:
         run = find_run(checkpoint_dir, run_name)
         saved = run.load_config()
-        given = set(data) | set(model) | (set(training) - {"epochs", "time_budget"}) | ({"preset"} if preset else set())
-        changed = sorted(given)
+        changed = sorted(set(data) | set(model) | (set(training) - {"epochs", "time_budget"}))
         if changed:
             flags = ", ".join(cfgmod.flag(k) for k in changed)
             raise ConfigError(f"{flags} cannot change when resuming run {run.name!r}; drop them or start a new run")
@@ -124,8 +121,7 @@ def plan_training(
         **{"batch_size": profile.batch_size, **data},
     )
     splits = load_splits(data_cfg)
-    model_cfg = ModelConfig(vocab_size=splits.vocab.size, **cfgmod.preset_model(preset, model))
-    config = RunConfig(data_cfg, model_cfg, TrainConfig(**training), profile)
+    config = RunConfig(data_cfg, ModelConfig(vocab_size=splits.vocab.size, **model), TrainConfig(**training), profile)
     run.create(config, splits.vocab)
     return TrainPlan(run, config, splits)
 
