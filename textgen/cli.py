@@ -143,7 +143,7 @@ def train(
     lr_schedule: Annotated[
         str | None,
         typer.Option(
-            help="cosine: anneal the learning rate to zero over --time-budget (or --epochs); "
+            help="cosine: anneal the learning rate to zero over --time-budget or --epochs, whichever ends first; "
             f"plateau: halve it when validation stalls [default: {_default(TrainConfig, 'lr_schedule')}]",
             show_default=False,
         ),
