@@ -1,6 +1,7 @@
 """textgen evaluate: stateful cross-entropy equals the hand computation; unknown characters; bad inputs."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -86,6 +87,30 @@ def test_runs_lists_the_run(trained_run) -> None:
     assert row["epochs"] == trained_run.result.epochs_done
     assert row["best_val_bpc"] == pytest.approx(trained_run.result.best_val_bpc)
     assert row["config"] == trained_run.plan.config.to_dict()  # the whole config, to compare runs by
+    assert row["batches_into_epoch"] == 0
+
+
+def test_runs_shows_an_epoch_cut_short(trained_run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "200")  # no wrapping inside the table's cells
+    run_dir = shutil.copytree(trained_run.run.path, tmp_path / "checkpoints" / "cut")
+    state = json.loads((run_dir / "state.json").read_text())
+    cut = {"batch": 3, "step": state["step"] + 3, "finished": "time_budget"}  # 3 batches into the next epoch
+    (run_dir / "state.json").write_text(json.dumps({**state, **cut}))
+    out = invoke("runs", "--checkpoint-dir", str(run_dir.parent))
+    assert out.exit_code == 0, out.stderr
+    row = next(line.split() for line in out.stdout.splitlines() if line.startswith("cut "))
+    assert row[3] == f"{state['epoch'] + 3 / trained_run.steps_per_epoch:.1f}"
+    assert row[-2:] == ["budget", "spent"]
+
+
+@pytest.mark.parametrize(
+    ("epochs", "batches", "steps", "cell"),
+    [(4, 0, 1804, "4"), (5, 89, 5 * 451 + 89, "5.2"), (0, 89, 89, "0 + 89 batches")],
+)
+def test_epochs_cell(epochs: int, batches: int, steps: int, cell: str) -> None:
+    from textgen.cli import _epochs_cell
+
+    assert _epochs_cell(epochs, batches, steps) == cell
 
 
 def test_the_quality_benchmark_trains_scores_and_ranks_recipes(tmp_path: Path) -> None:

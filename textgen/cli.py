@@ -471,8 +471,10 @@ def runs(
                     "run": found.name,
                     "corpus": Path(cfg.data.corpus).name,
                     "model": f"{cfg.model.layers}x{cfg.model.units}"
-                    + (f", dropout {cfg.model.dropout:g}" if cfg.model.dropout else ""),
-                    "epochs": state.get("epoch", 0),
+                    + (f" d{cfg.model.dropout:g}" if cfg.model.dropout else ""),
+                    "epochs": state.get("epoch", 0),  # complete ones
+                    "batches_into_epoch": state.get("batch", 0),  # of the one a time budget or Ctrl-C cut
+                    "steps": state.get("step", 0),
                     "best_val_bpc": best / math.log(2) if best else None,
                     "seconds": state.get("seconds", 0.0),
                     "finished": state.get("finished"),
@@ -489,9 +491,21 @@ def runs(
                 f"no runs in {checkpoint_dir}/; train one: textgen train 2600-0.txt --device cpu", markup=False
             )
             return
+        from rich import box
         from rich.table import Table
 
-        table = Table("run", "corpus", "model", "epochs", "best val bits/char", "trained", "status")
+        table = Table(
+            "run",
+            "corpus",
+            "model",
+            "epochs",
+            "best val\nbits/char",
+            "trained",
+            "status",
+            box=box.SIMPLE_HEAD,
+            show_edge=False,
+            pad_edge=False,
+        )
         for r in rows:
             bpc = f"{r['best_val_bpc']:.3f}" if r["best_val_bpc"] else "-"
             status = {
@@ -503,13 +517,22 @@ def runs(
             table.add_row(
                 r["run"],
                 r["corpus"],
-                f"{r['model']} ({r['device']})",
-                str(r["epochs"]),
+                r["model"],
+                _epochs_cell(r["epochs"], r["batches_into_epoch"], r["steps"]),
                 bpc,
                 f"{r['seconds'] / 60:.1f} min",
                 status,
             )
         console.print(table)
+
+
+def _epochs_cell(epochs: int, batches_into_epoch: int, steps: int) -> str:
+    """Epochs trained, with the fraction of one cut short (e.g. 5.2); "0 + 89 batches" before the first ends."""
+    if not batches_into_epoch:
+        return str(epochs)
+    if not epochs:
+        return f"0 + {batches_into_epoch} batches"
+    return f"{epochs + batches_into_epoch / ((steps - batches_into_epoch) / epochs):.1f}"
 
 
 def _check_values(data: dict[str, Any], model: dict[str, Any], training: dict[str, Any]) -> None:
