@@ -73,7 +73,7 @@ class ModelConfig:
         _require(0.0 <= self.dropout < 1.0, "dropout", "in [0, 1)", self.dropout)
 
 
-# "cosine" anneals the learning rate to zero over the time budget (or over --epochs without one);
+# "cosine" anneals the learning rate to zero over the time budget or the epochs, whichever ends first;
 # "plateau" cuts it by lr_factor whenever validation loss stops improving.
 LR_SCHEDULES = ("cosine", "plateau")
 
