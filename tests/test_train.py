@@ -217,6 +217,31 @@ def test_resume_rejects_changed_settings(trained_run, changes: dict, flag: str) 
     message = str(info.value)
     assert flag in message
     assert "cannot change when resuming run 'tiny'" in message
+    part, settings = next(iter(changes.items()))
+    [field] = settings
+    assert f"(it has {flag} {getattr(getattr(trained_run.plan.config, part), field)})" in message
+
+
+def test_resume_accepts_the_command_that_started_the_run(trained_run) -> None:
+    """Rerunning the original command with --resume added repeats the saved settings, which is no change."""
+    plan = plan_training(
+        str(trained_run.corpus),
+        CPU,
+        checkpoint_dir=trained_run.checkpoint_dir,
+        run_name="tiny",
+        resume=True,
+        data=TINY_DATA,
+        model=TINY_MODEL,
+        training={"epochs": 9, "lr": 1e-2},
+    )
+    assert plan.config.model == trained_run.plan.config.model
+    assert plan.config.training.epochs == 9
+
+
+def test_resume_rejects_another_corpus(trained_run, tmp_path: Path) -> None:
+    other = write_corpus(tmp_path / "other.txt", 3000)
+    with pytest.raises(ConfigError, match=r"run 'tiny' trains on .*tiny\.txt, not .*other\.txt; drop the corpus"):
+        plan_training(str(other), CPU, checkpoint_dir=trained_run.checkpoint_dir, run_name="tiny", resume=True)
 
 
 def test_resume_accepts_new_epochs_and_time_budget(trained_run) -> None:

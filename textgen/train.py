@@ -14,7 +14,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -91,10 +91,20 @@ def plan_training(
     if resume:
         run = find_run(checkpoint_dir, run_name)
         saved = run.load_config()
-        changed = sorted(set(data) | set(model) | (set(training) - {"epochs", "time_budget"}))
+        if corpus is not None and resolve_corpus(corpus).resolve() != Path(saved.data.corpus).resolve():
+            raise ConfigError(
+                f"run {run.name!r} trains on {saved.data.corpus}, not {corpus}; "
+                "drop the corpus to resume it, or start a new run without --resume"
+            )
+        given = {**data, **model, **{k: v for k, v in training.items() if k not in {"epochs", "time_budget"}}}
+        saved_values = {**asdict(saved.data), **asdict(saved.model), **asdict(saved.training)}
+        changed = sorted(k for k, v in given.items() if v != saved_values[k])
         if changed:
             flags = ", ".join(cfgmod.flag(k) for k in changed)
-            raise ConfigError(f"{flags} cannot change when resuming run {run.name!r}; drop them or start a new run")
+            was = ", ".join(f"{cfgmod.flag(k)} {saved_values[k]}" for k in changed)
+            raise ConfigError(
+                f"{flags} cannot change when resuming run {run.name!r} (it has {was}); drop them or start a new run"
+            )
         config = RunConfig(saved.data, saved.model, cfgmod.replace(saved.training, **training), saved.profile)
         if not run.has_state():
             raise ConfigError(f"run {run.name!r} has no resume point yet; start it again without --resume")
