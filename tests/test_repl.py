@@ -19,6 +19,7 @@ from helpers import subprocess_env
 from textgen.checkpoint import Run
 from textgen.config import SampleConfig
 from textgen.repl import HELP, Session
+from textgen.sampling import Piece
 from textgen.vocab import Vocabulary
 
 # --- Session with a fake generator -----------------------------------------------------------
@@ -31,15 +32,13 @@ class FakeGenerator:
         self.vocab = Vocabulary(tuple("abc \n"))
         self.pieces, self.interrupt_at = pieces, interrupt_at
         self.calls: list[tuple[list[str], SampleConfig, object]] = []
-        self.last_states: object = None
 
-    def stream(self, prompts: list[str], settings: SampleConfig, states: object = None) -> Iterator[list[str]]:
-        self.calls.append((list(prompts), settings, states))
+    def stream(self, prompts: list[str], settings: SampleConfig, state: object = None) -> Iterator[Piece]:
+        self.calls.append((list(prompts), settings, state))
         for i, piece in enumerate(self.pieces):
             if i == self.interrupt_at:
                 raise KeyboardInterrupt
-            self.last_states = f"states after call {len(self.calls)}"
-            yield [piece]
+            yield Piece([piece], f"states after call {len(self.calls)}")  # type: ignore[arg-type]
 
 
 def make_session(generator: object | None = None, **settings: object) -> tuple[Session, io.StringIO, list[str]]:
@@ -64,9 +63,9 @@ def test_context_is_carried_on_then_reset_by_context_off() -> None:
     session.handle("a")
     session.handle("b")
     assert generator.calls[1][2] == "states after call 1"  # the second prompt continues the first
-    assert session.states == "states after call 2"
+    assert session.state == "states after call 2"
     assert session.handle(":context off") is True
-    assert session.states is None and not session.carry_context
+    assert session.state is None and not session.carry_context
     assert "context off" in out.getvalue()
     session.handle("c")
     session.handle("a")
@@ -152,12 +151,12 @@ def test_ctrl_c_stops_the_answer_and_keeps_the_session() -> None:
     generator = FakeGenerator(pieces=("ab", "c ", "never"), interrupt_at=3)
     session, out, warnings = make_session(generator)
     session.handle("a")  # context on: the first answer finishes
-    assert session.states == "states after call 1"
+    assert session.state == "states after call 1"
     generator.interrupt_at = 2  # Ctrl-C during the second answer, before its third piece
     assert session.handle("b") is True
     assert out.getvalue() == "abc never\n" + "abc \n"  # the pieces before Ctrl-C, then a newline
     assert warnings == ["stopped"]
-    assert session.states == "states after call 1"  # an interrupted answer does not become context
+    assert session.state == "states after call 1"  # an interrupted answer does not become context
 
 
 def test_each_turn_and_each_sample_gets_its_own_seed() -> None:

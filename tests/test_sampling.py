@@ -189,8 +189,16 @@ def test_same_seed_gives_the_same_text(gen1: Generator, run1: Run) -> None:
 def test_chunking_does_not_change_the_text(gen1: Generator) -> None:
     settings = SampleConfig(length=50, temperature=1.0, seed=9)
     pieces = list(gen1.stream(["the ", "a"], settings, chunk=7, first_chunk=3))
-    assert [len(p[0]) for p in pieces] == [3, 7, 7, 7, 7, 7, 7, 5]
-    assert ["".join(p[i] for p in pieces) for i in range(2)] == gen1.generate(["the ", "a"], settings)
+    assert [len(p.texts[0]) for p in pieces] == [3, 7, 7, 7, 7, 7, 7, 5]
+    assert ["".join(p.texts[i] for p in pieces) for i in range(2)] == gen1.generate(["the ", "a"], settings)
+
+
+def test_the_last_piece_carries_the_state_after_the_text(gen1: Generator) -> None:
+    """Continuing from a piece's state is reading the whole text so far (greedy, so no draws differ)."""
+    *_, last = gen1.stream(["the "], GREEDY, chunk=16)
+    after = list(gen1.stream(["a "], GREEDY, state=last.state))
+    first = gen1.generate(["the "], GREEDY)[0]
+    assert "".join(p.texts[0] for p in after) == gen1.generate(["the " + first + "a "], GREEDY)[0]
 
 
 def test_different_seeds_give_different_text(gen1: Generator) -> None:

@@ -334,7 +334,7 @@ def sample(
         if settings.num == 1 and console.is_terminal:
             console.print(prime, style="bold", end="")
             for piece in generator.stream(prompts, settings):
-                console.out(piece[0], end="", highlight=False)
+                console.out(piece.texts[0], end="", highlight=False)
             console.out("")
             return
         for i, text in enumerate(generator.generate(prompts, settings)):

@@ -19,10 +19,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-
-def _split_gates(z: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
-    i, f, g, o = tf.split(z, 4, axis=-1)
-    return tf.sigmoid(i), tf.sigmoid(f), tf.tanh(g), tf.sigmoid(o)
+from textgen.lstm import lstm_cell
 
 
 @tf.custom_gradient
@@ -37,10 +34,8 @@ def lstm_recurrence(
     dtype = x_projection.dtype
 
     def forward(t, h, c, hs, cs, gates):
-        i, f, g, o = _split_gates(x_projection[t] + tf.matmul(h, recurrent))
-        c = f * c + i * g
-        h = o * tf.tanh(c)
-        return t + 1, h, c, hs.write(t, h), cs.write(t, c), gates.write(t, tf.concat([i, f, g, o], axis=-1))
+        h, c, activated = lstm_cell(x_projection[t] + tf.matmul(h, recurrent), c)
+        return t + 1, h, c, hs.write(t, h), cs.write(t, c), gates.write(t, tf.concat(activated, axis=-1))
 
     arrays = [tf.TensorArray(dtype, size=steps) for _ in range(3)]
     _, h_last, c_last, hs, cs, gates = tf.while_loop(

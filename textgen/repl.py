@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from typing import TextIO
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from textgen.config import SampleConfig, flag
 from textgen.errors import ConfigError
+from textgen.vocab import Vocabulary
+
+if TYPE_CHECKING:
+    from textgen.sampling import GenerationState, Piece
 
 HELP = """\
 Type a prompt and press Enter; the continuation streams in. Ctrl-C stops it, Ctrl-D exits.
@@ -21,13 +25,26 @@ Commands:
 _SETTINGS = {"temp": "temperature", "len": "length", "topk": "top_k", "topp": "top_p", "seed": "seed", "num": "num"}
 
 
+class TextGenerator(Protocol):
+    """What the REPL needs of ``textgen.sampling.Generator``."""
+
+    @property
+    def vocab(self) -> Vocabulary: ...
+
+    def stream(
+        self, prompts: Sequence[str], settings: SampleConfig, *, state: GenerationState | None = None
+    ) -> Iterator[Piece]: ...
+
+
 class Session:
     """Settings and conversation state for one REPL; ``handle`` takes one input line."""
 
-    def __init__(self, generator: object, settings: SampleConfig, out: TextIO, warn: Callable[[str], None]) -> None:
+    def __init__(
+        self, generator: TextGenerator, settings: SampleConfig, out: TextIO, warn: Callable[[str], None]
+    ) -> None:
         self.generator, self.settings, self.out, self.warn = generator, settings, out, warn
         self.carry_context = True
-        self.states = None
+        self.state: GenerationState | None = None  # after the last answer, when carrying the context on
         self.turn = 0
 
     def handle(self, line: str) -> bool:
@@ -46,7 +63,7 @@ class Session:
             print(self.describe(), file=self.out)
         elif words[0] == "context" and len(words) == 2 and words[1] in ("on", "off"):
             self.carry_context = words[1] == "on"
-            self.states = None
+            self.state = None
             print(f"context {words[1]}", file=self.out)
         elif words[0] in _SETTINGS and len(words) == 2:
             self.set(_SETTINGS[words[0]], words[1])
@@ -56,7 +73,7 @@ class Session:
 
     def set(self, field: str, text: str) -> None:
         try:
-            value: object
+            value: Any
             if field == "seed" and text.lower() == "none":
                 value = None
             elif field in ("temperature", "top_p"):
@@ -89,15 +106,17 @@ class Session:
         if settings.seed is not None:  # a fixed seed still gives each turn its own text
             settings = dataclasses.replace(settings, seed=(settings.seed + self.turn) % 2**31)
         self.turn += 1
-        states = self.states if self.carry_context else None
+        start = self.state if self.carry_context else None
+        after = start
         num = settings.num
         try:
             for i in range(num):
                 if num > 1:
                     print(f"--- sample {i + 1}/{num} ---", file=self.out)
-                for piece in self.generator.stream([prompt], settings, states=states):
-                    self.out.write(piece[0])
+                for piece in self.generator.stream([prompt], settings, state=start):
+                    self.out.write(piece.texts[0])
                     self.out.flush()
+                    after = piece.state
                 self.out.write("\n")
                 next_seed = None if settings.seed is None else (settings.seed + 1) % 2**31
                 settings = dataclasses.replace(settings, seed=next_seed)
@@ -108,4 +127,4 @@ class Session:
         finally:
             self.out.flush()
         if self.carry_context:
-            self.states = self.generator.last_states
+            self.state = after

@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from textgen.checkpoint import Run
 from textgen.config import ModelConfig, SampleConfig
+from textgen.lstm import lstm_cell
 from textgen.model import build_model
 from textgen.vocab import UNKNOWN_ID, Vocabulary
 
@@ -96,7 +97,6 @@ class Generator:
         self.kernels, self.biases = kernels, biases
         self.recurrent_blocks = [tf.split(r, RECURRENT_BLOCKS, axis=1) for r in recurrents]
         self.dense_kernel, self.dense_bias = dense_kernel, dense_bias
-        self.last_states: tuple[tf.Tensor, ...] | None = None  # after the last character streamed
         state_spec = tuple(tf.TensorSpec([None, cfg.units], tf.float32) for _ in range(2 * cfg.layers))
         scalar = tf.TensorSpec([], tf.float32)
         # Graph mode, not XLA: XLA recompiles for every batch size, prompt length and chunk
@@ -180,23 +180,24 @@ class Generator:
 
     # The public API --------------------------------------------------------------------
 
-    def start(self, prompts: Sequence[str], states: tuple[tf.Tensor, ...] | None = None) -> GenerationState:
-        """Read one prompt per sequence (on top of ``states``, or from zero) and return where generation starts.
+    def encode_prompts(self, prompts: Sequence[str]) -> list[np.ndarray]:
+        """Each prompt's ids, without characters outside the vocabulary (``Vocabulary.unknown_chars`` names them).
 
-        Characters outside the vocabulary are skipped (``Vocabulary.unknown_chars`` names them).
-        An empty prompt (or one with no known character) starts from a newline, as if at the
-        start of a paragraph.
+        An empty prompt (or one with no known character) becomes a newline, as if at the start of a
+        paragraph: reading nothing would leave all-zero logits, a uniform (greedy: always id 1) first character.
         """
-        batch = len(prompts)
-        states = states if states is not None else self.zero_states(1)
-        encoded = [ids[ids != UNKNOWN_ID] for ids in (self.vocab.encode(p) for p in prompts)]
-        # Reading nothing would leave all-zero logits: a uniform (or, greedy, always id 1) first character.
         fallback = self.vocab.encode("\n ")
         fallback = fallback[fallback != UNKNOWN_ID][:1]
         if not fallback.size:  # neither a newline nor a space in the vocabulary
             fallback = np.array([1], np.int32)
-        encoded = [ids if ids.size else fallback for ids in encoded]
-        if len(set(prompts)) == 1 and states[0].shape[0] == 1:
+        encoded = [ids[ids != UNKNOWN_ID] for ids in (self.vocab.encode(p) for p in prompts)]
+        return [ids if ids.size else fallback for ids in encoded]
+
+    def feed(self, encoded: Sequence[np.ndarray], state: GenerationState | None = None) -> GenerationState:
+        """Read one encoded prompt per sequence, on top of ``state`` (or from zero states): where generation starts."""
+        states = state.states if state is not None else self.zero_states(1)
+        batch = len(encoded)
+        if states[0].shape[0] == 1 and all(np.array_equal(ids, encoded[0]) for ids in encoded):
             # One prompt from one state: read it once, then copy the result to every row.
             logits, states = self._feed(tf.constant(encoded[0][None, :], tf.int32), states)
             return GenerationState(tf.tile(logits, [batch, 1]), tuple(tf.tile(s, [batch, 1]) for s in states))
@@ -215,19 +216,19 @@ class Generator:
         settings: SampleConfig,
         chunk: int = 64,
         first_chunk: int = 8,
-        states: tuple[tf.Tensor, ...] | None = None,
-    ) -> Iterator[list[str]]:
+        state: GenerationState | None = None,
+    ) -> Iterator[Piece]:
         """Yield the continuations of ``prompts`` piece by piece (``settings.length`` characters each).
 
-        The first piece is short so text appears at once; ``self.last_states`` holds the
-        states after the last character, for carrying a conversation on.
+        The first piece is short so text appears at once. Each piece carries the state after its
+        last character: pass the last one back as ``state`` to carry a conversation on.
         """
         seed = settings.seeded().seed
-        state = self.start(prompts, states)
+        state = self.feed(self.encode_prompts(prompts), state)
         produced = 0
         while produced < settings.length:
             steps = min(first_chunk if produced == 0 else chunk, settings.length - produced)
-            ids, state.logits, state.states = self._generate(
+            ids, logits, states = self._generate(
                 state.logits,
                 state.states,
                 tf.constant(steps),
@@ -237,34 +238,36 @@ class Generator:
                 tf.constant(float(settings.top_p)),
             )
             produced += steps
-            self.last_states = state.states
-            yield [self.vocab.decode(row) for row in ids.numpy()]
+            state = GenerationState(logits, states)
+            yield Piece([self.vocab.decode(row) for row in ids.numpy()], state)
 
     def generate(self, prompts: Sequence[str], settings: SampleConfig) -> list[str]:
         """The full continuations of ``prompts`` (one per prompt)."""
-        texts = [""] * len(prompts)
-        for piece in self.stream(prompts, settings, chunk=max(settings.length, 1)):
-            texts = [t + p for t, p in zip(texts, piece, strict=True)]
-        return texts
+        pieces = [piece.texts for piece in self.stream(prompts, settings, chunk=max(settings.length, 1))]
+        return ["".join(row) for row in zip(*pieces, strict=True)]
 
 
-@dataclass
+@dataclass(frozen=True)
 class GenerationState:
-    """Where a generation stands: next-character logits and LSTM states."""
+    """Where a generation stands: next-character logits (B, V) and the LSTM states (h, c of every layer)."""
 
     logits: tf.Tensor
     states: tuple[tf.Tensor, ...]
 
 
+@dataclass(frozen=True)
+class Piece:
+    """The next characters of every sequence, and the state after the last of them."""
+
+    texts: list[str]
+    state: GenerationState
+
+
 def _lstm_cell(
     x_projection: tf.Tensor, h: tf.Tensor, c: tf.Tensor, recurrent_blocks: Sequence[tf.Tensor]
 ) -> tuple[tf.Tensor, tf.Tensor]:
-    """One step of Keras' LSTM cell (gates i, f, g, o; sigmoid and tanh).
-
-    The recurrent kernel comes as column blocks: independent matmuls the executor runs on
-    both cores at once, each block small enough to stay in one core's L2 cache.
-    """
+    """One step of Keras' LSTM cell, the recurrent kernel given as column blocks: independent matmuls
+    the executor runs on both cores at once, each block small enough to stay in one core's L2 cache."""
     z = x_projection + tf.concat([tf.matmul(h, block) for block in recurrent_blocks], axis=-1)
-    i, f, g, o = tf.split(z, 4, axis=-1)
-    c = tf.sigmoid(f) * c + tf.sigmoid(i) * tf.tanh(g)
-    return tf.sigmoid(o) * tf.tanh(c), c
+    h, c, _ = lstm_cell(z, c)
+    return h, c
