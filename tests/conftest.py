@@ -34,7 +34,7 @@ class TrainedRun:
 
     @property
     def run(self) -> Any:
-        return self.result.run
+        return self.plan.run
 
     def copy_to(self, dest_dir: Path, name: str | None = None) -> Any:
         """A copy of the run under ``dest_dir`` (to damage or resume without touching the original)."""

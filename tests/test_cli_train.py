@@ -65,7 +65,6 @@ def test_train_help_shows_examples() -> None:
         (["--batch-size", "0"], "--batch-size must be a positive integer (got 0)"),
         (["--seq-len", "-4"], "--seq-len must be a positive integer (got -4)"),
         (["--lr", "0"], "--lr must be positive"),
-        (["--device", "tpu"], "--device must be one of auto, cpu, gpu (got 'tpu')"),
         (["--run", "../escape", "--batch-size", "4", "--seq-len", "16"], "--run must be letters, digits"),
     ],
 )
@@ -77,14 +76,32 @@ def test_bad_flag_values(workdir: Path, flags: list[str], fragment: str) -> None
     assert not (workdir / "ck").exists() or not any((workdir / "ck").iterdir())
 
 
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["train", "x.txt", "--device", "tpu"], "invalid value for '--device': 'tpu' is not one of 'auto', 'cpu', 'gpu'"),
+        (["train", "x.txt", "--lr-schedule", "step"], "invalid value for '--lr-schedule': 'step' is not one of"),
+        (["train", "x.txt", "--units", "many"], "invalid value for '--units'"),
+        (["evaluate", "--split", "train"], "invalid value for '--split': 'train' is not one of 'test', 'val'"),
+        (["sample", "--bogus"], "no such option: --bogus"),
+        (["trian"], "no such command 'trian'"),
+    ],
+)
+def test_usage_errors_are_one_line(workdir: Path, args: list[str], fragment: str) -> None:
+    result = invoke(*args)
+    line = assert_one_line_error(result, fragment)
+    assert result.exit_code == 2  # click's code for a usage error
+    assert line.endswith("--help")
+
+
 def test_bad_flag_values_are_caught_before_tensorflow_is_imported(tmp_path: Path) -> None:
     code = (
         "import sys\n"
         "from typer.testing import CliRunner\n"
         "from textgen.cli import app\n"
-        "for flags in (['--units', '0'], ['--epochs', '-1'], ['--time-budget', 'abc']):\n"
+        "for flags in (['--units', '0'], ['--epochs', '-1'], ['--time-budget', 'abc'], ['--device', 'tpu']):\n"
         "    result = CliRunner().invoke(app, ['train', 'x.txt', *flags])\n"
-        "    assert result.exit_code == 1 and result.stderr.startswith('error:'), result.stderr\n"
+        "    assert result.exit_code in (1, 2) and result.stderr.startswith('error:'), result.stderr\n"
         "assert 'tensorflow' not in sys.modules, 'flag checks imported TensorFlow'\n"
     )
     proc = subprocess.run(

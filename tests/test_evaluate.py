@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import assert_one_line_error, invoke, subprocess_env, write_corpus
+from helpers import assert_one_line_error, invoke, read_history, subprocess_env, write_corpus
 
 from textgen.checkpoint import Run
 from textgen.config import ModelConfig
@@ -16,38 +16,78 @@ from textgen.data import load_splits
 from textgen.errors import ConfigError, CorpusError
 from textgen.evaluate import evaluate_run
 from textgen.model import build_model
+from textgen.scoring import compile_eval_step, score
 
 
-def hand_cross_entropy(run, ids: np.ndarray, streams: int) -> tuple[float, int]:
-    """Mean -log p(next) over ``streams`` contiguous streams, each read whole by a stateless model."""
+def hand_cross_entropy(run, ids: np.ndarray, streams: int, stream_len: int) -> tuple[float, int]:
+    """Mean -log p(next) over ``streams`` contiguous streams of ``stream_len``, each read whole by a stateless model."""
     cfg: ModelConfig = run.load_config().model
     model = build_model(cfg, batch_size=1, stateful=False)
     run.load_weights(model)
-    length = (len(ids) - 1) // streams
     total, count = 0.0, 0
     for s in range(streams):
-        inputs, targets = ids[s * length : (s + 1) * length], ids[s * length + 1 : (s + 1) * length + 1]
+        start = s * stream_len
+        inputs, targets = ids[start : start + stream_len], ids[start + 1 : start + stream_len + 1]
         logits = model(inputs[None, :]).numpy()[0].astype(np.float64)
         log_probs = (
             logits
             - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True))
             - logits.max(-1, keepdims=True)
         )
-        total -= log_probs[np.arange(length), targets].sum()
-        count += length
+        total -= log_probs[np.arange(stream_len), targets].sum()
+        count += stream_len
     return total / count, count
 
 
-@pytest.mark.parametrize("streams", [1, 3])
-def test_split_loss_equals_the_cross_entropy_by_hand(trained_run, streams: int) -> None:
+@pytest.mark.parametrize(("streams", "seq_len"), [(1, 7), (3, 7), (2, 50)])
+def test_score_equals_the_cross_entropy_by_hand(trained_run, streams: int, seq_len: int) -> None:
+    """Batches of seq_len characters with the state carried across them read each stream as one piece."""
     run = trained_run.run
     val = load_splits(run.load_config().data, run.load_vocab()).val
-    result = evaluate_run(run, split="val", streams=streams, chunk=7)  # chunks: the state must carry over
-    expected, count = hand_cross_entropy(run, val, streams)
+    cfg = run.load_config()
+    model = build_model(cfg.model, batch_size=streams)
+    run.load_weights(model)
+    nats, chars = score(compile_eval_step(model, cfg.profile), model, val, streams, seq_len)
+    stream_len = (len(val) - 1) // (streams * seq_len) * seq_len
+    expected, count = hand_cross_entropy(run, val, streams, stream_len)
+    assert chars == count
+    assert nats / chars == pytest.approx(expected, rel=1e-5)
+
+
+def test_evaluate_scores_a_split_in_the_runs_own_layout(trained_run) -> None:
+    run = trained_run.run
+    data = run.load_config().data
+    val = load_splits(data, run.load_vocab()).val
+    result = evaluate_run(run, split="val")
+    assert (result.streams, result.seq_len) == (data.batch_size, data.seq_len)
+    stream_len = (len(val) - 1) // (data.batch_size * data.seq_len) * data.seq_len
+    expected, count = hand_cross_entropy(run, val, data.batch_size, stream_len)
     assert result.chars == count
     assert result.nats_per_char == pytest.approx(expected, rel=1e-5)
     assert result.bits_per_char == pytest.approx(expected / np.log(2), rel=1e-5)
     assert result.perplexity == pytest.approx(np.exp(expected), rel=1e-5)
+
+
+def test_evaluate_on_val_reproduces_the_best_validation_loss_of_training(trained_run) -> None:
+    """Training's validation and textgen evaluate are one routine: the same number for the same weights."""
+    run = trained_run.run
+    best = min(row["val_loss"] for row in read_history(run.path))
+    assert best == pytest.approx(trained_run.result.best_val_loss, rel=1e-9)
+    assert evaluate_run(run, split="val").nats_per_char == pytest.approx(best, abs=1e-4)
+    out = invoke("evaluate", "--checkpoint-dir", str(run.path.parent), "--run", run.name, "--split", "val", "--json")
+    assert out.exit_code == 0, out.stderr
+    assert json.loads(out.stdout)["nats_per_char"] == pytest.approx(best, abs=1e-4)
+
+
+def test_a_text_shorter_than_one_batch_is_read_as_fewer_streams(trained_run, tmp_path: Path) -> None:
+    data = trained_run.run.load_config().data  # 8 streams x 32
+    path = tmp_path / "short.txt"
+    path.write_text(trained_run.corpus.read_text(encoding="utf-8")[:101], encoding="utf-8")
+    result = evaluate_run(trained_run.run, file=str(path))
+    assert (result.streams, result.seq_len, result.chars) == (3, data.seq_len, 96)  # 100 // 32 streams
+    path.write_text("the cat", encoding="utf-8")
+    result = evaluate_run(trained_run.run, file=str(path))
+    assert (result.streams, result.seq_len, result.chars) == (1, 6, 6)
 
 
 def test_file_with_unknown_characters_counts_them(trained_run, tmp_path: Path) -> None:
@@ -55,7 +95,7 @@ def test_file_with_unknown_characters_counts_them(trained_run, tmp_path: Path) -
     path = tmp_path / "other.txt"
     path.write_text(text[:1000] + "ЖЖЖ€" + text[1000:], encoding="utf-8")
     result = evaluate_run(trained_run.run, file=str(path))
-    assert result.unknown == 4
+    assert result.unknown_chars == 4
     assert result.source == str(path)
     out = invoke(
         "evaluate", str(path), "--checkpoint-dir", str(trained_run.run.path.parent), "--run", trained_run.run.name
@@ -84,7 +124,7 @@ def test_runs_lists_the_run(trained_run) -> None:
     assert out.exit_code == 0, out.stderr
     row = json.loads(out.stdout)
     assert row["run"] == trained_run.run.name
-    assert row["epochs"] == trained_run.result.epochs_done
+    assert row["epochs"] == trained_run.result.epochs
     assert row["best_val_bpc"] == pytest.approx(trained_run.result.best_val_bpc)
     assert row["config"] == trained_run.plan.config.to_dict()  # the whole config, to compare runs by
     assert row["batches_into_epoch"] == 0
@@ -108,9 +148,9 @@ def test_runs_shows_an_epoch_cut_short(trained_run, tmp_path: Path, monkeypatch:
     [(4, 0, 1804, "4"), (5, 89, 5 * 451 + 89, "5.2"), (0, 89, 89, "0 + 89 batches")],
 )
 def test_epochs_cell(epochs: int, batches: int, steps: int, cell: str) -> None:
-    from textgen.cli import _epochs_cell
+    from textgen.ui import epochs_cell
 
-    assert _epochs_cell(epochs, batches, steps) == cell
+    assert epochs_cell(epochs, batches, steps) == cell
 
 
 def test_the_quality_benchmark_trains_scores_and_ranks_recipes(tmp_path: Path) -> None:

@@ -48,7 +48,8 @@ def run2(tmp_path_factory: pytest.TempPathFactory) -> Run:
         model={"units": 16, "layers": 2, "embedding_dim": 8},
         training={"epochs": 3, "lr": 0.02},  # enough for a varied greedy text
     )
-    return train(plan).run
+    train(plan)
+    return plan.run
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ import json
 import signal
 from pathlib import Path
 
-import keras
 import numpy as np
 import pytest
 from helpers import TINY_DATA, TINY_MODEL, read_history, steps_per_epoch, write_corpus
@@ -14,7 +13,8 @@ from helpers import TINY_DATA, TINY_MODEL, read_history, steps_per_epoch, write_
 from textgen.checkpoint import Run
 from textgen.device import CPU
 from textgen.errors import CheckpointError, ConfigError, TrainingInterrupted
-from textgen.train import TrainPlan, cosine_lr, plan_training, resume_hint, train
+from textgen.checkpoint import resume_hint
+from textgen.train import NoProgress, TrainPlan, cosine_lr, plan_training, train
 
 
 def new_plan(tmp_path: Path, corpus: Path, **training):
@@ -48,7 +48,7 @@ def test_validation_loss_falls(trained_run) -> None:
 
 def test_result_and_state(trained_run) -> None:
     result, spe = trained_run.result, trained_run.steps_per_epoch
-    assert result.epochs_done == 4
+    assert result.epochs == 4
     assert result.stop_reason == "epochs"
     assert result.chars_per_sec > 0
     state = trained_run.run.load_state()
@@ -92,8 +92,8 @@ def test_resume_continues_where_it_stopped(tmp_path: Path, tiny_corpus: Path) ->
     # The plateau schedule leaves a steady learning rate alone, so the marked rate below shows
     # whether the optimizer state was restored (the cosine schedule would overwrite it each batch).
     first = train(new_plan(tmp_path, tiny_corpus, epochs=2, lr_schedule="plateau"))
-    run = first.run
-    assert first.epochs_done == 2
+    run = Run(first.path)
+    assert first.epochs == 2
     state = run.load_state()
     step_after_first_part = state["step"]
     assert step_after_first_part > 0 and state["epoch"] == 2
@@ -111,7 +111,7 @@ def test_resume_continues_where_it_stopped(tmp_path: Path, tiny_corpus: Path) ->
     assert plan.resume_state["epoch"] == 2
     assert plan.config.training.epochs == 4
     second = train(plan)
-    assert second.epochs_done == 4
+    assert second.epochs == 4
     assert second.stop_reason == "epochs"
 
     history = read_history(run.path)
@@ -128,7 +128,7 @@ def test_resume_continues_where_it_stopped(tmp_path: Path, tiny_corpus: Path) ->
 def test_resume_keeps_the_optimizer_state_when_the_best_epoch_is_older(tmp_path: Path, tiny_corpus: Path) -> None:
     """best.weights.h5 from an earlier epoch than the resume point (validation got worse since)."""
     first = train(new_plan(tmp_path, tiny_corpus, epochs=1))
-    run = first.run
+    run = Run(first.path)
     older_best = run.best_weights_path.read_bytes()
     spe = run.load_state()["step"]
     train(resume_plan(tmp_path, epochs=2))
@@ -142,14 +142,14 @@ def test_resume_keeps_the_optimizer_state_when_the_best_epoch_is_older(tmp_path:
 
 
 def test_interrupt_saves_a_resume_point_mid_epoch(tmp_path: Path, tiny_corpus: Path) -> None:
-    class CtrlCAtBatch3(keras.callbacks.Callback):
+    class CtrlCAtBatch3(NoProgress):
         ended = False
 
-        def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        def batch_end(self, batch: int, loss: float) -> None:
             if batch == 3:
                 signal.raise_signal(signal.SIGINT)  # what Ctrl-C does
 
-        def on_train_end(self, logs: dict | None = None) -> None:
+        def end(self) -> None:
             self.ended = True  # a live display stops here (and gives the terminal its cursor back)
 
     plan = new_plan(tmp_path, tiny_corpus, epochs=2)
@@ -157,8 +157,8 @@ def test_interrupt_saves_a_resume_point_mid_epoch(tmp_path: Path, tiny_corpus: P
     handler_before = signal.getsignal(signal.SIGINT)
     ctrl_c = CtrlCAtBatch3()
     with pytest.raises(TrainingInterrupted) as info:
-        train(plan, callbacks=[ctrl_c])
-    assert ctrl_c.ended, "callbacks were not told that training ended"
+        train(plan, ctrl_c)
+    assert ctrl_c.ended, "the progress display was not told that training ended"
     assert info.value.exit_code == 130
     message = str(info.value)
     assert "stopped at epoch 1, batch 4/" in message
@@ -174,7 +174,7 @@ def test_interrupt_saves_a_resume_point_mid_epoch(tmp_path: Path, tiny_corpus: P
     resumed = resume_plan(tmp_path)
     assert (resumed.resume_state["epoch"], resumed.resume_state["batch"]) == (0, 4)
     result = train(resumed)
-    assert result.epochs_done == 2
+    assert result.epochs == 2
     rows = read_history(run.path)
     assert [row["epoch"] for row in rows] == [0, 1]
     assert rows[0]["batches"] == spe - 4  # the first epoch skipped the 4 batches done before Ctrl-C
@@ -196,7 +196,7 @@ def test_a_plan_with_no_epochs_left_trains_nothing(tmp_path: Path, trained_run) 
     before, step = read_history(copy.path), copy.load_state()["step"]
     plan = TrainPlan(copy, copy.load_config(), trained_run.plan.splits, copy.load_state())  # at epoch 4 of 4
     result = train(plan)
-    assert result.epochs_done == 4
+    assert result.epochs == 4
     assert read_history(copy.path) == before
     assert copy.load_state()["step"] == step
 
@@ -314,11 +314,11 @@ def test_time_budget_stops_after_one_epoch(tmp_path: Path) -> None:
     corpus = write_corpus(tmp_path / "longer.txt", 20_000)  # an epoch takes well over the 0.5 s budget
     result = train(new_plan(tmp_path, corpus, time_budget=0.5, epochs=50))
     assert result.stop_reason == "time_budget"
-    assert result.epochs_done == 1
-    assert len(read_history(result.run.path)) == 1
-    state = result.run.load_state()
+    assert result.epochs == 1
+    assert len(read_history(Run(result.path).path)) == 1
+    state = Run(result.path).load_state()
     assert state["finished"] == "time_budget"
-    assert result.run.best_weights_path.is_file()
+    assert Run(result.path).best_weights_path.is_file()
 
 
 def test_cosine_lr() -> None:
@@ -336,18 +336,18 @@ def test_cosine_schedule_anneals_over_the_epochs_when_they_end_first(
     plan = new_plan(tmp_path, tiny_corpus, epochs=3, lr_schedule="cosine", patience=5, time_budget=time_budget)
     result = train(plan)
     steps = steps_per_epoch(len(plan.splits.train), TINY_DATA["batch_size"], TINY_DATA["seq_len"])
-    history = read_history(result.run.path)
+    history = read_history(Run(result.path).path)
     # The rate logged at an epoch's end is the one its last batch used.
     expected = [cosine_lr(2e-3, ((epoch + 1) * steps - 1) / (3 * steps)) for epoch in range(3)]
     assert [row["learning_rate"] for row in history] == pytest.approx(expected, rel=1e-5)
-    assert "lr_schedule" not in result.run.load_state()["callbacks"]  # no plateau cuts on top
+    assert "lr_schedule" not in Run(result.path).load_state()["callbacks"]  # no plateau cuts on top
 
 
 def test_cosine_schedule_with_a_budget_anneals_to_zero_by_the_deadline(tmp_path: Path) -> None:
     corpus = write_corpus(tmp_path / "longer.txt", 20_000)
     result = train(new_plan(tmp_path, corpus, time_budget=3.0, epochs=50, lr_schedule="cosine", patience=50))
     assert result.stop_reason == "time_budget"
-    history = read_history(result.run.path)
+    history = read_history(Run(result.path).path)
     rates = [row["learning_rate"] for row in history]
     assert rates[-1] < 0.05 * 2e-3  # the last batch ran in the final few percent of the budget
     assert all(row["seconds"] < 3.0 for row in history[:-1])  # no epoch began after the deadline
@@ -358,7 +358,7 @@ def test_plateau_schedule_cuts_the_rate_when_validation_stalls(tmp_path: Path, t
     # A learning rate of 1e-9 leaves the weights, and so the validation loss, where they are:
     # it stalls by construction, and the plateau rule must halve the rate.
     result = train(new_plan(tmp_path, tiny_corpus, epochs=3, lr=1e-9, lr_schedule="plateau", patience=5))
-    rates = [row["learning_rate"] for row in read_history(result.run.path)]
+    rates = [row["learning_rate"] for row in read_history(Run(result.path).path)]
     assert rates[0] == pytest.approx(1e-9)
     assert rates[-1] == pytest.approx(0.5e-9)
-    assert "lr_schedule" in result.run.load_state()["callbacks"]
+    assert "lr_schedule" in Run(result.path).load_state()["callbacks"]

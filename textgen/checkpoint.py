@@ -19,6 +19,7 @@ point, so a crash at any moment leaves the previous consistent state in place.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import warnings
@@ -31,6 +32,7 @@ import numpy as np
 from textgen.config import RunConfig
 from textgen.errors import CheckpointError, ConfigError
 from textgen.files import atomic_path, atomic_write_text
+from textgen.results import RunSummary, StopReason, bits
 from textgen.vocab import Vocabulary
 
 if TYPE_CHECKING:
@@ -191,6 +193,31 @@ def list_runs(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR) -> list[Run]:
     return sorted(runs, key=updated, reverse=True)
 
 
+def run_summaries(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR) -> list[RunSummary]:
+    """Every run under ``checkpoint_dir``, most recently updated first, as ``textgen runs`` lists them."""
+    return [_summary(run) for run in list_runs(checkpoint_dir)]
+
+
+def _summary(run: Run) -> RunSummary:
+    cfg = run.load_config()
+    state = run.load_state() if run.has_state() else {}
+    best = state.get("best_val_loss")
+    finished = state.get("finished")
+    return RunSummary(
+        run=run.name,
+        corpus=Path(cfg.data.corpus).name,
+        model=f"{cfg.model.layers}x{cfg.model.units}" + (f" d{cfg.model.dropout:g}" if cfg.model.dropout else ""),
+        epochs=state.get("epoch", 0),
+        batches_into_epoch=state.get("batch", 0),
+        steps=state.get("step", 0),
+        best_val_bpc=bits(best) if best is not None and math.isfinite(best) else None,
+        seconds=state.get("seconds", 0.0),
+        finished=StopReason(finished) if finished else None,
+        device=cfg.profile.name,
+        config=cfg.to_dict(),
+    )
+
+
 def find_run(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR, name: str | None = None) -> Run:
     """The run called ``name``, or the most recently updated one."""
     if name is not None:
@@ -215,6 +242,12 @@ def new_run_name(checkpoint_dir: Path, stem: str) -> str:
         n += 1
         name = f"{base}-{n}"
     return name
+
+
+def resume_hint(run: Run) -> str:
+    """How to continue ``run`` from the command line."""
+    where = "" if run.path.parent == DEFAULT_CHECKPOINT_DIR else f" --checkpoint-dir {run.path.parent}"
+    return f"continue with: textgen train --resume --run {run.name}{where}"
 
 
 def check_run_name(name: str) -> str:

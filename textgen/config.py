@@ -7,6 +7,7 @@ a run directory's ``config.json`` rebuilds exactly what ``train`` built.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import re
 import secrets
 from typing import Any, TypeVar
@@ -73,9 +74,22 @@ class ModelConfig:
         _require(0.0 <= self.dropout < 1.0, "dropout", "in [0, 1)", self.dropout)
 
 
-# "cosine" anneals the learning rate to zero over the time budget or the epochs, whichever ends first;
-# "plateau" cuts it by lr_factor whenever validation loss stops improving.
-LR_SCHEDULES = ("cosine", "plateau")
+class LRSchedule(str, enum.Enum):
+    """How the learning rate moves during training."""
+
+    cosine = "cosine"  # anneal to zero over the time budget or the epochs, whichever ends first
+    plateau = "plateau"  # cut by lr_factor whenever validation loss stops improving
+
+
+class Split(str, enum.Enum):
+    """The held-out parts of a run's corpus."""
+
+    test = "test"
+    val = "val"
+
+
+LR_SCHEDULES = tuple(s.value for s in LRSchedule)
+SPLITS = tuple(s.value for s in Split)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -74,6 +74,13 @@ def stream_layout(ids: np.ndarray, batch_size: int, seq_len: int) -> tuple[np.nd
     return arrange(ids[:used]), arrange(ids[1 : used + 1])
 
 
+def fit_layout(n: int, batch_size: int, seq_len: int) -> tuple[int, int]:
+    """``(batch_size, seq_len)`` if ``n`` ids fill one such batch, else the largest layout they do fill
+    (fewer streams first, then shorter ones); ``n`` must be at least 2."""
+    streams = max(1, min(batch_size, (n - 1) // seq_len))
+    return streams, min(seq_len, (n - 1) // streams)
+
+
 def make_dataset(ids: np.ndarray, batch_size: int, seq_len: int) -> tf.data.Dataset:
     """A tf.data dataset of (inputs, targets) int32 batches in the stateful layout, in order."""
     import tensorflow as tf

@@ -6,6 +6,10 @@ cannot change afterwards.
 
 from __future__ import annotations
 
+import enum
+import os
+import sys
+
 from textgen.config import DeviceProfile
 from textgen.errors import ConfigError, DeviceError
 
@@ -39,7 +43,39 @@ GPU = DeviceProfile(
 )
 
 PROFILES = {p.name: p for p in (CPU, GPU)}
-DEVICE_CHOICES = ("auto", *PROFILES)
+
+
+class Device(str, enum.Enum):
+    """What ``--device`` accepts: a profile's name, or ``auto`` (gpu when TensorFlow sees one)."""
+
+    auto = "auto"
+    cpu = "cpu"
+    gpu = "gpu"
+
+
+DEVICE_CHOICES = tuple(d.value for d in Device)
+
+
+def import_tensorflow() -> None:
+    """Import TensorFlow (and Keras) with its C++ start-up chatter kept off the terminal.
+
+    Some of it is printed before TF_CPP_MIN_LOG_LEVEL is read, so stderr is muted during the
+    import unless the user set TF_CPP_MIN_LOG_LEVEL themselves.
+    """
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    if "tensorflow" in sys.modules or "TF_CPP_MIN_LOG_LEVEL" in os.environ:
+        import keras
+
+        return
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        import keras  # noqa: F401
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 def gpus_visible() -> bool:

@@ -1,49 +1,29 @@
-"""Cross-entropy of a trained run on held-out text, scored in long stateful streams."""
+"""Cross-entropy of a trained run on held-out text: its own validation or test split, or any text file."""
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import tensorflow as tf
 
 from textgen.checkpoint import Run
-from textgen.config import ModelConfig
+from textgen.config import SPLITS
 from textgen.corpus import read_corpus, resolve_corpus
-from textgen.data import load_splits
+from textgen.data import fit_layout, load_splits
 from textgen.errors import ConfigError, CorpusError
 from textgen.model import build_model
+from textgen.results import Evaluation
+from textgen.scoring import compile_eval_step, score
 from textgen.vocab import UNKNOWN_ID
 
-SPLITS = ("test", "val")
 
+def evaluate_run(run: Run, split: str = "test", file: str | None = None, which: str = "best") -> Evaluation:
+    """Score ``run`` on its ``split`` (the contiguous split training used) or on a text ``file``.
 
-@dataclass(frozen=True)
-class Evaluation:
-    """Mean cross-entropy over ``chars`` scored characters."""
-
-    source: str
-    nats_per_char: float
-    chars: int
-    unknown: int  # characters outside the vocabulary (scored as the unknown id)
-    streams: int
-    method: str = "stateful streams"  # contiguous streams, LSTM state carried across chunks
-
-    @property
-    def bits_per_char(self) -> float:
-        return self.nats_per_char / math.log(2.0)
-
-    @property
-    def perplexity(self) -> float:
-        return math.exp(self.nats_per_char)
-
-
-def evaluate_run(
-    run: Run, split: str = "test", file: str | None = None, which: str = "best", streams: int = 16, chunk: int = 250
-) -> Evaluation:
-    """Score ``run`` on its ``split`` (the same contiguous split training used) or on a text ``file``."""
+    The text is read as training's validation reads it (``textgen.scoring``): the run's batch of
+    contiguous streams, state carried across batches; a text too short for that is read as fewer
+    or shorter streams.
+    """
     cfg, vocab = run.load_config(), run.load_vocab()
     if file is not None:
         text = read_corpus(resolve_corpus(file), strip_boilerplate=cfg.data.strip_boilerplate)
@@ -59,29 +39,9 @@ def evaluate_run(
         source = f"{split} split of {Path(cfg.data.corpus).name}"
     if len(ids) < 2:
         raise CorpusError(f"{source} has {len(ids)} characters; at least 2 are needed to score one")
-    streams = max(1, min(streams, (len(ids) - 1) // 2))
-    nats, chars = score_ids(run, cfg.model, ids, streams, chunk, which)
-    return Evaluation(source, nats / chars, chars, int(np.sum(ids == UNKNOWN_ID)), streams)
-
-
-def score_ids(
-    run: Run, model_cfg: ModelConfig, ids: np.ndarray, streams: int, chunk: int, which: str
-) -> tuple[float, int]:
-    """Summed cross-entropy (nats) and characters scored: ``streams`` contiguous streams, state carried."""
-    length = (len(ids) - 1) // streams
-    model = build_model(model_cfg, batch_size=streams, stateful=True)
+    streams, seq_len = fit_layout(len(ids), cfg.data.batch_size, cfg.data.seq_len)
+    model = build_model(cfg.model, streams, cfg.profile.precision)
     run.load_weights(model, which)
-    inputs = ids[: streams * length].reshape(streams, length)
-    targets = np.stack([ids[s * length + 1 : (s + 1) * length + 1] for s in range(streams)])
-
-    @tf.function(reduce_retracing=True)
-    def chunk_loss(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
-        logits = model(x, training=False)
-        return tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(y, tf.cast(logits, tf.float32)))
-
-    total = 0.0
-    for start in range(0, length, chunk):
-        x = tf.constant(inputs[:, start : start + chunk], tf.int32)
-        y = tf.constant(targets[:, start : start + chunk], tf.int32)
-        total += float(chunk_loss(x, y))
-    return total, streams * length
+    nats, chars = score(compile_eval_step(model, cfg.profile), model, ids, streams, seq_len)
+    unknown = int(np.sum(ids == UNKNOWN_ID))
+    return Evaluation(run.name, source, nats / chars, chars, unknown, streams, seq_len)

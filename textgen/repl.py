@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
@@ -21,6 +22,8 @@ Commands:
   :seed S       fixed seed (or 'none')          :num N     samples per prompt
   :context on|off   carry the conversation on (on) or start each prompt fresh (off)
   :settings     show the settings               :help      this text      :quit  exit"""
+
+GREETING = f"{HELP.splitlines()[0]} Type :help for commands."
 
 _SETTINGS = {"temp": "temperature", "len": "length", "topk": "top_k", "topp": "top_p", "seed": "seed", "num": "num"}
 
@@ -128,3 +131,17 @@ class Session:
             self.out.flush()
         if self.carry_context:
             self.state = after
+
+
+def read_lines(prompt: str) -> Iterator[str]:
+    """Lines typed at ``prompt`` until Ctrl-D; Ctrl-C at the prompt gives a fresh prompt."""
+    with contextlib.suppress(ImportError):  # not on every platform
+        import readline  # noqa: F401 - line editing and history for input()
+    while True:
+        try:
+            yield input(prompt)
+        except EOFError:
+            print()
+            return
+        except KeyboardInterrupt:
+            print()

@@ -1,9 +1,19 @@
-"""The training loop: a custom tf.distribute-ready loop that drives Keras callbacks.
+"""The training loop: plan a run (new or resumed), train it epoch by epoch, report how it ended.
 
-``model.fit`` would do for one machine, but under MultiWorkerMirroredStrategy
-Keras 3.15's ``fit`` fails while a custom loop works; this loop already runs its
-step through ``strategy.run`` with the per-replica batch, so multi-worker training
-is a matter of choosing the strategy.
+A custom loop rather than ``model.fit``, for four reasons:
+
+* **mid-epoch resume**: a run stopped by Ctrl-C or a time budget continues at the batch where it
+  stopped, with its optimizer state (``fit`` restarts the epoch; ``BackupAndRestore`` with
+  ``save_freq`` restores the weights but restarts at batch 0);
+* **a wall-clock budget**, checked after every batch, with a cosine schedule that anneals over it;
+* **the fast LSTM step** (``textgen.fastlstm``), a hand-written forward and backward pass that
+  ``fit`` would need an overridden ``train_step`` for anyway;
+* **tf.distribute**: under ``MultiWorkerMirroredStrategy`` Keras 3.15's ``fit`` fails while a loop
+  over ``strategy.run`` works; the steps here already run that way with the per-replica batch.
+
+Keras' callbacks (early stopping, the plateau schedule, CSV and TensorBoard logs, the run's
+checkpoint) are driven by the loop through a ``CallbackList``; progress goes to a
+``TrainingProgress`` that the caller passes in (the CLI's live display), so the library never prints.
 """
 
 from __future__ import annotations
@@ -13,31 +23,26 @@ import math
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from textgen import config as cfgmod
-from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, Run, check_run_name, ensure_writable, find_run, new_run_name
+from textgen.checkpoint import Run, check_run_name, ensure_writable, find_run, new_run_name, resume_hint
 from textgen.config import DataConfig, DeviceProfile, ModelConfig, RunConfig, TrainConfig
 from textgen.corpus import resolve_corpus
 from textgen.data import Splits, load_splits, make_dataset
 from textgen.errors import ConfigError, TrainingInterrupted
-from textgen.fastlstm import stateful_logits
 from textgen.files import atomic_write_text
 from textgen.model import build_model, reset_states
 from textgen.plot import loss_chart, read_history
-
-LN2 = math.log(2.0)
-
-
-def bits(nats: float) -> float:
-    """Nats per character -> bits per character."""
-    return nats / LN2
+from textgen.results import EpochLog, StopReason, TrainResult, bits
+from textgen.scoring import EvalStep, compile_eval_step, loss_sum, score
 
 
 @dataclass
@@ -50,20 +55,29 @@ class TrainPlan:
     resume_state: dict[str, Any] | None = None
 
 
-@dataclass
-class TrainResult:
-    """How a training run ended."""
+class TrainingProgress(Protocol):
+    """What the loop reports as it goes (the CLI's live display implements it)."""
 
-    run: Run
-    epochs_done: int
-    best_val_loss: float
-    stop_reason: str  # "epochs", "early_stopping" or "time_budget"
-    seconds: float
-    chars_per_sec: float  # training speed of the last epoch
+    def start(self, plan: TrainPlan, steps: int) -> None: ...
+    def epoch_begin(self, epoch: int, first_batch: int) -> None: ...
+    def batch_end(self, batch: int, loss: float) -> None: ...
+    def validating(self) -> None: ...
+    def epoch_end(self, log: EpochLog) -> None: ...
+    def end(self) -> None: ...  # also after Ctrl-C or an error
 
-    @property
-    def best_val_bpc(self) -> float:
-        return bits(self.best_val_loss)
+
+class NoProgress:
+    """A ``TrainingProgress`` that reports nothing."""
+
+    def start(self, plan: TrainPlan, steps: int) -> None: ...
+    def epoch_begin(self, epoch: int, first_batch: int) -> None: ...
+    def batch_end(self, batch: int, loss: float) -> None: ...
+    def validating(self) -> None: ...
+    def epoch_end(self, log: EpochLog) -> None: ...
+    def end(self) -> None: ...
+
+
+# --- planning ---------------------------------------------------------------------------
 
 
 def plan_training(
@@ -89,33 +103,7 @@ def plan_training(
     )
     ensure_writable(checkpoint_dir)
     if resume:
-        run = find_run(checkpoint_dir, run_name)
-        saved = run.load_config()
-        if corpus is not None and resolve_corpus(corpus).resolve() != Path(saved.data.corpus).resolve():
-            raise ConfigError(
-                f"run {run.name!r} trains on {saved.data.corpus}, not {corpus}; "
-                "drop the corpus to resume it, or start a new run without --resume"
-            )
-        given = {**data, **model, **{k: v for k, v in training.items() if k not in {"epochs", "time_budget"}}}
-        saved_values = {**asdict(saved.data), **asdict(saved.model), **asdict(saved.training)}
-        changed = sorted(k for k, v in given.items() if v != saved_values[k])
-        if changed:
-            flags = ", ".join(cfgmod.flag(k) for k in changed)
-            was = ", ".join(f"{cfgmod.flag(k)} {saved_values[k]}" for k in changed)
-            raise ConfigError(
-                f"{flags} cannot change when resuming run {run.name!r} (it has {was}); drop them or start a new run"
-            )
-        config = RunConfig(saved.data, saved.model, cfgmod.replace(saved.training, **training), saved.profile)
-        if not run.has_state():
-            raise ConfigError(f"run {run.name!r} has no resume point yet; start it again without --resume")
-        state = run.load_state()
-        if state["epoch"] >= config.training.epochs:
-            raise ConfigError(
-                f"run {run.name!r} has done all {config.training.epochs} epochs; "
-                f"add --epochs {state['epoch'] + 10} (or more) to train it further"
-            )
-        return TrainPlan(run, config, load_splits(config.data, run.load_vocab()), state)
-
+        return _plan_resume(corpus, checkpoint_dir, run_name, {**data, **model}, training)
     if corpus is None:
         raise ConfigError("give a corpus to train on, e.g. textgen train 2600-0.txt")
     path = resolve_corpus(corpus, download=download)
@@ -134,6 +122,272 @@ def plan_training(
     config = RunConfig(data_cfg, ModelConfig(vocab_size=splits.vocab.size, **model), TrainConfig(**training), profile)
     run.create(config, splits.vocab)
     return TrainPlan(run, config, splits)
+
+
+def _plan_resume(
+    corpus: str | None, checkpoint_dir: Path, run_name: str | None, given: dict[str, Any], training: dict[str, Any]
+) -> TrainPlan:
+    """Reload a run to continue it; only its epochs and time budget may change."""
+    run = find_run(checkpoint_dir, run_name)
+    saved = run.load_config()
+    if corpus is not None and resolve_corpus(corpus).resolve() != Path(saved.data.corpus).resolve():
+        raise ConfigError(
+            f"run {run.name!r} trains on {saved.data.corpus}, not {corpus}; "
+            "drop the corpus to resume it, or start a new run without --resume"
+        )
+    given = {**given, **{k: v for k, v in training.items() if k not in {"epochs", "time_budget"}}}
+    saved_values = {**asdict(saved.data), **asdict(saved.model), **asdict(saved.training)}
+    changed = sorted(k for k, v in given.items() if v != saved_values[k])
+    if changed:
+        flags = ", ".join(cfgmod.flag(k) for k in changed)
+        was = ", ".join(f"{cfgmod.flag(k)} {saved_values[k]}" for k in changed)
+        raise ConfigError(
+            f"{flags} cannot change when resuming run {run.name!r} (it has {was}); drop them or start a new run"
+        )
+    config = RunConfig(saved.data, saved.model, cfgmod.replace(saved.training, **training), saved.profile)
+    if not run.has_state():
+        raise ConfigError(f"run {run.name!r} has no resume point yet; start it again without --resume")
+    state = run.load_state()
+    if state["epoch"] >= config.training.epochs:
+        raise ConfigError(
+            f"run {run.name!r} has done all {config.training.epochs} epochs; "
+            f"add --epochs {state['epoch'] + 10} (or more) to train it further"
+        )
+    return TrainPlan(run, config, load_splits(config.data, run.load_vocab()), state)
+
+
+# --- the model and its compiled steps -----------------------------------------------------
+
+
+@dataclass
+class Trainer:
+    """A model with its optimizer and compiled steps."""
+
+    model: keras.Model
+    optimizer: keras.optimizers.Optimizer
+    train_step: Callable[[tf.Tensor, tf.Tensor], tf.Tensor]  # (inputs, targets) -> mean loss, after one update
+    eval_step: EvalStep  # (inputs, targets) -> summed loss
+
+
+def build_trainer(cfg: RunConfig, strategy: tf.distribute.Strategy | None = None) -> Trainer:
+    """The model, optimizer and compiled train/eval steps that ``train`` uses (and the benchmarks time).
+
+    Steps run through ``strategy.run`` with the per-replica batch. With the profile's
+    ``fast_lstm`` the LSTM runs through ``textgen.fastlstm`` on the same variables.
+    """
+    strategy = strategy or tf.distribute.get_strategy()
+    tcfg, profile = cfg.training, cfg.profile
+    chars_per_step = cfg.data.batch_size * cfg.data.seq_len
+    with strategy.scope():
+        model = build_model(cfg.model, cfg.data.batch_size // strategy.num_replicas_in_sync, profile.precision)
+        optimizer: keras.optimizers.Optimizer = keras.optimizers.Adam(
+            learning_rate=tcfg.lr, global_clipnorm=tcfg.clip_norm
+        )
+        if profile.precision == "mixed_float16":
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        model.compile(optimizer=optimizer)  # callbacks reach the optimizer through model.optimizer
+        optimizer.build(model.trainable_variables)
+
+    def replica_train_step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+        # Dropout masks drawn from (seed, step): a resumed run draws what an uninterrupted one would.
+        seed = tf.stack([tf.constant(tcfg.seed, tf.int64), tf.cast(optimizer.iterations, tf.int64)])
+        with tf.GradientTape() as tape:
+            loss = loss_sum(model, profile, x, y, True, seed) / chars_per_step
+            scaled = optimizer.scale_loss(loss)
+        optimizer.apply(tape.gradient(scaled, model.trainable_variables), model.trainable_variables)
+        return loss
+
+    @tf.function(jit_compile=profile.jit_compile)
+    def train_step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+        return strategy.reduce("SUM", strategy.run(replica_train_step, args=(x, y)), axis=None)
+
+    return Trainer(model, optimizer, train_step, compile_eval_step(model, profile, strategy))
+
+
+# --- the loop ------------------------------------------------------------------------------
+
+
+def train(plan: TrainPlan, progress: TrainingProgress | None = None) -> TrainResult:
+    """Train ``plan.run`` until its epochs are done, validation stalls, its time budget ends, or Ctrl-C."""
+    cfg, run = plan.config, plan.run
+    keras.utils.set_random_seed(cfg.training.seed)
+    strategy = tf.distribute.get_strategy()
+    if cfg.data.batch_size % strategy.num_replicas_in_sync:
+        raise ConfigError(
+            f"--batch-size {cfg.data.batch_size} must divide evenly over {strategy.num_replicas_in_sync} replicas"
+        )
+    progress = progress or NoProgress()
+    trainer = build_trainer(cfg, strategy)
+    batches = make_dataset(plan.splits.train, cfg.data.batch_size, cfg.data.seq_len)
+    steps = int(batches.cardinality())
+    resume = plan.resume_state or {}
+    if resume:
+        run.load_weights(trainer.model, "last")
+        run.load_optimizer(trainer.optimizer)
+    clock = Clock(before=resume.get("seconds", 0.0), budget=cfg.training.time_budget)
+    checkpoint, callbacks = build_callbacks(plan, trainer, steps, clock)
+    start_epoch, start_batch = resume.get("epoch", 0), resume.get("batch", 0)
+
+    progress.start(plan, steps)
+    callbacks.on_train_begin()
+    if resume:
+        checkpoint.restore(resume, trainer.model)
+    stop_reason, epochs_done = StopReason.EPOCHS, start_epoch
+    last: EpochLog | None = None
+    with _stop_requests() as stop_requested, _end_on_error(callbacks, progress):
+        for epoch in range(start_epoch, cfg.training.epochs):
+            first = start_batch if epoch == start_epoch else 0
+            done, loss, seconds = run_epoch(trainer, batches, first, epoch, callbacks, progress, stop_requested, clock)
+            if stop_requested.is_set():
+                checkpoint.save_resume_point(epoch, first + done, clock.elapsed())
+                raise TrainingInterrupted(
+                    f"stopped at epoch {epoch + 1}, batch {first + done}/{steps}; saved {run.path}; {resume_hint(run)}"
+                )
+            val_loss = validate(trainer, plan.splits.val, cfg.data, callbacks, progress)
+            last = EpochLog(
+                epoch=epoch + 1,
+                loss=loss,
+                bpc=bits(loss),
+                val_loss=val_loss,
+                val_bpc=bits(val_loss),
+                chars_per_sec=done * cfg.data.batch_size * cfg.data.seq_len / max(seconds, 1e-9),
+                learning_rate=float(trainer.optimizer.learning_rate),
+                batches=done,
+                seconds=clock.elapsed(),
+                improved=val_loss < checkpoint.best_val_loss,
+                partial=first + done < steps,
+            )
+            callbacks.on_epoch_end(epoch, last.metrics())
+            progress.epoch_end(last)
+            epochs_done = epoch + 1
+            if clock.expired():  # during the epoch, or validation ran past it: start no epoch just to stop it
+                stop_reason = StopReason.TIME_BUDGET
+                if last.partial:  # resume where training stopped, not at the next epoch
+                    checkpoint.save_resume_point(epoch, first + done, clock.elapsed())
+            if stop_requested.is_set():  # Ctrl-C during validation: the epoch is saved
+                raise TrainingInterrupted(f"stopped after epoch {epoch + 1}; saved {run.path}; {resume_hint(run)}")
+            if trainer.model.stop_training:
+                stop_reason = StopReason.EARLY_STOPPING
+            if stop_reason is not StopReason.EPOCHS:
+                break
+        callbacks.on_train_end(last.metrics() if last else {})
+    progress.end()
+    checkpoint.mark_finished(stop_reason)
+    atomic_write_text(run.loss_curve_path, loss_chart(read_history(run.history_path)))
+    return TrainResult(
+        run=run.name,
+        path=run.path,
+        epochs=epochs_done,
+        best_val_loss=checkpoint.best_val_loss,
+        stop_reason=stop_reason,
+        seconds=clock.elapsed(),
+        chars_per_sec=last.chars_per_sec if last else 0.0,
+    )
+
+
+def run_epoch(
+    trainer: Trainer,
+    batches: tf.data.Dataset,
+    first: int,
+    epoch: int,
+    callbacks: keras.callbacks.CallbackList,
+    progress: TrainingProgress,
+    stop_requested: threading.Event,
+    clock: Clock,
+) -> tuple[int, float, float]:
+    """Train on the epoch's batches from ``first`` on, until they end, a stop is asked for, or time is up.
+
+    Returns the batches trained, their mean loss and the seconds they took.
+    """
+    callbacks.on_epoch_begin(epoch)
+    progress.epoch_begin(epoch, first)
+    started, total, done = time.monotonic(), 0.0, 0
+    for batch, (x, y) in enumerate(batches.skip(first), start=first):
+        callbacks.on_train_batch_begin(batch)
+        total += float(trainer.train_step(x, y))
+        done += 1
+        callbacks.on_train_batch_end(batch, {"loss": total / done, "bpc": bits(total / done)})
+        progress.batch_end(batch, total / done)
+        if stop_requested.is_set() or clock.expired():
+            break
+    return done, total / max(done, 1), time.monotonic() - started
+
+
+def validate(
+    trainer: Trainer,
+    ids: np.ndarray,
+    data: DataConfig,
+    callbacks: keras.callbacks.CallbackList,
+    progress: TrainingProgress,
+) -> float:
+    """Validation loss (nats/char) by ``textgen.scoring.score``, the routine ``textgen evaluate`` uses."""
+    callbacks.on_test_begin()
+    progress.validating()
+    nats, chars = score(trainer.eval_step, trainer.model, ids, data.batch_size, data.seq_len)
+    callbacks.on_test_end({"loss": nats / chars})
+    return nats / chars
+
+
+@dataclass
+class Clock:
+    """A run's training time across invocations, and this invocation's ``--time-budget``."""
+
+    before: float  # seconds trained by earlier invocations
+    budget: float | None
+    started: float = field(default_factory=time.monotonic)
+
+    def elapsed(self) -> float:
+        return self.before + time.monotonic() - self.started
+
+    def expired(self) -> bool:
+        return self.budget is not None and time.monotonic() - self.started >= self.budget
+
+
+# --- callbacks ------------------------------------------------------------------------------
+
+
+def build_callbacks(
+    plan: TrainPlan, trainer: Trainer, steps: int, clock: Clock
+) -> tuple[RunCheckpoint, keras.callbacks.CallbackList]:
+    """The run's checkpoint and the Keras callbacks the loop drives: state reset, learning-rate
+    schedule, early stopping, history and TensorBoard logs, checkpoint."""
+    tcfg, run = plan.config.training, plan.run
+    early_stopping = keras.callbacks.EarlyStopping(
+        monitor="val_loss", patience=tcfg.patience, restore_best_weights=True
+    )
+    stateful: dict[str, keras.callbacks.Callback] = {"early_stopping": early_stopping}
+    lr_schedule: keras.callbacks.Callback
+    if tcfg.lr_schedule == "plateau":
+        lr_schedule = keras.callbacks.ReduceLROnPlateau(
+            monitor="val_loss", factor=tcfg.lr_factor, patience=tcfg.lr_patience, min_lr=tcfg.lr / 64
+        )
+        stateful["lr_schedule"] = lr_schedule
+    else:
+
+        def schedule_progress(epoch: int, batch: int) -> float:
+            """How far through the schedule the run is: through its epochs, or through its time budget
+            if that is further on, so the anneal ends with whichever limit stops the run first."""
+            by_batches = (epoch * steps + batch) / (tcfg.epochs * steps)
+            if clock.budget:  # a resumed run anneals over what it has done plus its new budget
+                return max(by_batches, clock.elapsed() / (clock.before + clock.budget))
+            return by_batches
+
+        lr_schedule = CosineSchedule(trainer.optimizer, tcfg.lr, schedule_progress)
+    checkpoint = RunCheckpoint(run, trainer.optimizer, stateful)
+    callbacks = keras.callbacks.CallbackList(
+        [
+            ResetStatesCallback(),
+            lr_schedule,
+            early_stopping,
+            keras.callbacks.CSVLogger(str(run.history_path), append=plan.resume_state is not None),
+            keras.callbacks.TensorBoard(str(run.tensorboard_dir), write_graph=False),
+            checkpoint,
+        ],
+        model=trainer.model,
+        epochs=tcfg.epochs,
+        steps=steps,
+    )
+    return checkpoint, callbacks
 
 
 def cosine_lr(peak: float, progress: float) -> float:
@@ -159,257 +413,10 @@ class CosineSchedule(keras.callbacks.Callback):
 
 
 class ResetStatesCallback(keras.callbacks.Callback):
-    """Reset every stateful layer at the start of each epoch and before validation."""
+    """Zero every stateful layer at the start of each epoch (``score`` does so before validation)."""
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         reset_states(self.model)
-
-    def on_test_begin(self, logs: dict | None = None) -> None:
-        reset_states(self.model)
-
-
-@contextlib.contextmanager
-def _sigint_flag() -> Iterator[threading.Event]:
-    """An event set by the first Ctrl-C (a second one interrupts at once)."""
-    flag = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
-        yield flag
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        if flag.is_set():
-            raise KeyboardInterrupt
-        flag.set()
-
-    previous = signal.signal(signal.SIGINT, handler)
-    try:
-        yield flag
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-@dataclass
-class Trainer:
-    """A model with its optimizer and compiled steps; each step returns a summed or mean loss."""
-
-    model: keras.Model
-    optimizer: keras.optimizers.Optimizer
-    train_step: Callable[[tf.Tensor, tf.Tensor], tf.Tensor]  # (inputs, targets) -> mean loss, after one update
-    eval_step: Callable[[tf.Tensor, tf.Tensor], tf.Tensor]  # (inputs, targets) -> summed loss
-
-
-def build_trainer(cfg: RunConfig, strategy: tf.distribute.Strategy | None = None) -> Trainer:
-    """The model, optimizer and compiled train/eval steps that ``train`` uses (and the benchmark times).
-
-    Steps run through ``strategy.run`` with the per-replica batch. With the profile's
-    ``fast_lstm`` the LSTM runs through ``textgen.fastlstm`` on the same variables.
-    """
-    strategy = strategy or tf.distribute.get_strategy()
-    tcfg, profile = cfg.training, cfg.profile
-    chars_per_step = cfg.data.batch_size * cfg.data.seq_len
-    with strategy.scope():
-        model = build_model(cfg.model, cfg.data.batch_size // strategy.num_replicas_in_sync, profile.precision)
-        optimizer: keras.optimizers.Optimizer = keras.optimizers.Adam(
-            learning_rate=tcfg.lr, global_clipnorm=tcfg.clip_norm
-        )
-        if profile.precision == "mixed_float16":
-            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-        model.compile(optimizer=optimizer)  # callbacks reach the optimizer through model.optimizer
-        optimizer.build(model.trainable_variables)
-
-    def loss_sum(x: tf.Tensor, y: tf.Tensor, training: bool) -> tf.Tensor:
-        if profile.fast_lstm:
-            seed = tf.stack([tf.constant(tcfg.seed, tf.int64), tf.cast(optimizer.iterations, tf.int64)])
-            logits = stateful_logits(model, x, training, seed)
-        else:
-            logits = model(x, training=training)
-        return tf.reduce_sum(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
-
-    def replica_train_step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
-        with tf.GradientTape() as tape:
-            loss = loss_sum(x, y, True) / chars_per_step
-            scaled = optimizer.scale_loss(loss)
-        optimizer.apply(tape.gradient(scaled, model.trainable_variables), model.trainable_variables)
-        return loss
-
-    @tf.function(jit_compile=profile.jit_compile)
-    def train_step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
-        return strategy.reduce("SUM", strategy.run(replica_train_step, args=(x, y)), axis=None)
-
-    @tf.function(jit_compile=profile.jit_compile)
-    def eval_step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
-        return strategy.reduce("SUM", strategy.run(loss_sum, args=(x, y, False)), axis=None)
-
-    return Trainer(model, optimizer, train_step, eval_step)
-
-
-@contextlib.contextmanager
-def _end_callbacks_on_error(callback_list: keras.callbacks.CallbackList) -> Iterator[None]:
-    """On Ctrl-C or an error, still end the callbacks: a live progress display stops (and shows the
-    terminal's cursor again), the history and TensorBoard files are closed."""
-    try:
-        yield
-    except BaseException:
-        with contextlib.suppress(Exception):  # never hide the original error
-            callback_list.on_train_end({})
-        raise
-
-
-def train(plan: TrainPlan, callbacks: Sequence[keras.callbacks.Callback] = ()) -> TrainResult:
-    """Train ``plan.run`` to its epoch count, early stop, time budget or Ctrl-C.
-
-    ``callbacks`` (e.g. a progress display) see ``on_train_batch_end`` logs with
-    ``loss`` and ``bpc`` and ``on_epoch_end`` logs with ``val_loss``, ``val_bpc``,
-    ``chars_per_sec`` and ``learning_rate``; ``params`` holds ``steps``,
-    ``chars_per_step``, ``epochs``, ``initial_epoch`` and ``initial_batch``.
-    """
-    cfg, run = plan.config, plan.run
-    tcfg, dcfg = cfg.training, cfg.data
-    keras.utils.set_random_seed(tcfg.seed)
-    strategy = tf.distribute.get_strategy()
-    replicas = strategy.num_replicas_in_sync
-    if dcfg.batch_size % replicas:
-        raise ConfigError(f"--batch-size {dcfg.batch_size} must divide evenly over {replicas} replicas")
-
-    train_ds = make_dataset(plan.splits.train, dcfg.batch_size, dcfg.seq_len)
-    val_ds = make_dataset(plan.splits.val, dcfg.batch_size, dcfg.seq_len)
-    steps = int(train_ds.cardinality())
-    chars_per_step = dcfg.batch_size * dcfg.seq_len
-
-    trainer = build_trainer(cfg, strategy)
-    model, optimizer, train_step, eval_step = trainer.model, trainer.optimizer, trainer.train_step, trainer.eval_step
-
-    start_epoch, start_batch, elapsed_before = 0, 0, 0.0
-    resume = plan.resume_state
-    if resume:
-        run.load_weights(model, "last")
-        run.load_optimizer(optimizer)
-        start_epoch, start_batch, elapsed_before = resume["epoch"], resume["batch"], resume.get("seconds", 0.0)
-
-    started = time.monotonic()
-    deadline = started + tcfg.time_budget if tcfg.time_budget else math.inf  # per invocation
-
-    def elapsed() -> float:
-        return elapsed_before + time.monotonic() - started
-
-    def progress(epoch: int, batch: int) -> float:
-        """How far through its schedule the run is: through its epochs, or through its time budget
-        if that is further on, so the anneal ends with whichever limit stops the run first."""
-        by_batches = (epoch * steps + batch) / (tcfg.epochs * steps)
-        if tcfg.time_budget:  # a resumed run anneals over what it has done plus its new budget
-            return max(by_batches, elapsed() / (elapsed_before + tcfg.time_budget))
-        return by_batches
-
-    early_stopping = keras.callbacks.EarlyStopping(
-        monitor="val_loss", patience=tcfg.patience, restore_best_weights=True
-    )
-    stateful_callbacks: dict[str, keras.callbacks.Callback] = {"early_stopping": early_stopping}
-    if tcfg.lr_schedule == "plateau":
-        stateful_callbacks["lr_schedule"] = keras.callbacks.ReduceLROnPlateau(
-            monitor="val_loss", factor=tcfg.lr_factor, patience=tcfg.lr_patience, min_lr=tcfg.lr / 64
-        )
-        lr_schedule: keras.callbacks.Callback = stateful_callbacks["lr_schedule"]
-    else:
-        lr_schedule = CosineSchedule(optimizer, tcfg.lr, progress)
-    checkpoint = RunCheckpoint(run, optimizer, stateful_callbacks)
-    callback_list = keras.callbacks.CallbackList(
-        [
-            ResetStatesCallback(),
-            lr_schedule,
-            early_stopping,
-            keras.callbacks.CSVLogger(str(run.history_path), append=bool(resume)),
-            keras.callbacks.TensorBoard(str(run.tensorboard_dir), write_graph=False),
-            checkpoint,
-            *callbacks,
-        ],
-        model=model,
-        epochs=tcfg.epochs,
-        steps=steps,
-        chars_per_step=chars_per_step,
-        initial_epoch=start_epoch,
-        initial_batch=start_batch,
-        run_name=run.name,
-    )
-
-    stop_reason, epochs_done, logs = "epochs", start_epoch, {}
-    callback_list.on_train_begin()
-    if resume:
-        checkpoint.restore(resume, model)
-
-    with _sigint_flag() as interrupted, _end_callbacks_on_error(callback_list):
-        for epoch in range(start_epoch, tcfg.epochs):
-            callback_list.on_epoch_begin(epoch)
-            skip = start_batch if epoch == start_epoch else 0
-            epoch_started, loss_total, batches = time.monotonic(), 0.0, 0
-            for batch, (x, y) in enumerate(train_ds.skip(skip), start=skip):
-                callback_list.on_train_batch_begin(batch)
-                loss_total += float(train_step(x, y))
-                batches += 1
-                mean = loss_total / batches
-                callback_list.on_train_batch_end(batch, {"loss": mean, "bpc": bits(mean)})
-                if interrupted.is_set():
-                    checkpoint.save_resume_point(epoch, batch + 1, elapsed())
-                    raise TrainingInterrupted(
-                        f"stopped at epoch {epoch + 1}, batch {batch + 1}/{steps}; saved {run.path}; {resume_hint(run)}"
-                    )
-                if time.monotonic() >= deadline:
-                    stop_reason = "time_budget"
-                    break
-            train_seconds = time.monotonic() - epoch_started
-
-            callback_list.on_test_begin()
-            val_total, val_batches = 0.0, 0
-            for x, y in val_ds:
-                val_total += float(eval_step(x, y))
-                val_batches += 1
-            val_loss = val_total / (val_batches * chars_per_step)
-            callback_list.on_test_end({"loss": val_loss})
-            logs = {
-                "loss": loss_total / max(batches, 1),
-                "bpc": bits(loss_total / max(batches, 1)),
-                "val_loss": val_loss,
-                "val_bpc": bits(val_loss),
-                "chars_per_sec": batches * chars_per_step / max(train_seconds, 1e-9),
-                "learning_rate": float(optimizer.learning_rate),
-                "batches": batches,
-                "seconds": elapsed(),
-            }
-            callback_list.on_epoch_end(epoch, logs)
-            epochs_done = epoch + 1
-            if time.monotonic() >= deadline:  # validation ran past it: start no epoch just to stop it
-                stop_reason = "time_budget"
-            if stop_reason == "time_budget" and skip + batches < steps:
-                # Stopped mid-epoch: resume where training stopped, not at the next epoch.
-                checkpoint.save_resume_point(epoch, skip + batches, elapsed())
-            if interrupted.is_set():
-                raise TrainingInterrupted(f"stopped after epoch {epoch + 1}; saved {run.path}; {resume_hint(run)}")
-            if model.stop_training:
-                stop_reason = "early_stopping"
-            if stop_reason != "epochs":
-                break
-    callback_list.on_train_end(logs)
-    checkpoint.mark_finished(stop_reason)
-    atomic_write_text(run.loss_curve_path, loss_chart(read_history(run.history_path)))
-    return TrainResult(
-        run=run,
-        epochs_done=epochs_done,
-        best_val_loss=checkpoint.best_val_loss,
-        stop_reason=stop_reason,
-        seconds=elapsed(),
-        chars_per_sec=logs.get("chars_per_sec", 0.0),
-    )
-
-
-def _callback_state(callback: Any) -> dict[str, float]:
-    keys = ("wait", "best", "cooldown_counter")
-    # Keras' callbacks hold best=None until their first epoch end (Ctrl-C in epoch 1).
-    return {k: float(getattr(callback, k)) for k in keys if getattr(callback, k, None) is not None}
-
-
-def resume_hint(run: Run) -> str:
-    """How to continue ``run`` from the command line."""
-    where = "" if run.path.parent == DEFAULT_CHECKPOINT_DIR else f" --checkpoint-dir {run.path.parent}"
-    return f"continue with: textgen train --resume --run {run.name}{where}"
 
 
 class RunCheckpoint(keras.callbacks.Callback):
@@ -454,6 +461,49 @@ class RunCheckpoint(keras.callbacks.Callback):
         }
         self.run.save_resume_point(self.model, self.optimizer, state)
 
-    def mark_finished(self, reason: str) -> None:
+    def mark_finished(self, reason: StopReason) -> None:
         """Record why training stopped; the resume point stays usable for more epochs."""
-        self.run.update_state(finished=reason)
+        self.run.update_state(finished=reason.value)
+
+
+def _callback_state(callback: Any) -> dict[str, float]:
+    keys = ("wait", "best", "cooldown_counter")
+    # Keras' callbacks hold best=None until their first epoch end (Ctrl-C in epoch 1).
+    return {k: float(getattr(callback, k)) for k in keys if getattr(callback, k, None) is not None}
+
+
+# --- stopping cleanly --------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _stop_requests() -> Iterator[threading.Event]:
+    """An event set by the first Ctrl-C (a second one interrupts at once)."""
+    flag = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if flag.is_set():
+            raise KeyboardInterrupt
+        flag.set()
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
+def _end_on_error(callbacks: keras.callbacks.CallbackList, progress: TrainingProgress) -> Iterator[None]:
+    """On Ctrl-C or an error, still end the progress display (it shows the terminal's cursor again)
+    and the callbacks (the history and TensorBoard files are closed)."""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(Exception):  # never hide the original error
+            progress.end()
+        with contextlib.suppress(Exception):
+            callbacks.on_train_end({})
+        raise

@@ -1,14 +1,36 @@
-"""Rich rendering for the CLI: live training progress and per-epoch summaries."""
+"""Rendering for the CLI: live training progress, and every command's result as text or as JSON lines.
+
+JSON is built from the library's result dataclasses with ``asdict``, so the two forms cannot drift.
+Nothing here imports TensorFlow.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
-from typing import Any
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import keras
+from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from textgen.checkpoint import Run, resume_hint
+from textgen.results import EpochLog, Evaluation, RunSummary, TrainResult, bits
+
+if TYPE_CHECKING:
+    from textgen.config import SampleConfig
+    from textgen.sampling import Piece
+    from textgen.train import TrainPlan
+
+
+def json_line(record: Any, **extra: Any) -> str:
+    """One strict-JSON line: ``extra`` then the fields of the dataclass ``record`` (paths as strings)."""
+    return json.dumps({**extra, **dataclasses.asdict(record)}, default=str, ensure_ascii=False, allow_nan=False)
 
 
 def format_seconds(seconds: float) -> str:
@@ -20,11 +42,19 @@ def format_seconds(seconds: float) -> str:
     return f"{seconds:.1f}s"
 
 
-class TrainingDisplay(keras.callbacks.Callback):
-    """Live progress per epoch on a terminal; a summary line (or JSON line) per epoch."""
+def describe(values: dict[str, Any]) -> str:
+    """``key=value`` pairs on one line."""
+    return "  ".join(f"{k}={v}" for k, v in values.items())
+
+
+# --- train --------------------------------------------------------------------------------
+
+
+class TrainingDisplay:
+    """A ``textgen.train.TrainingProgress``: the plan, a live bar per epoch on a terminal, a line
+    (or a JSON line) per epoch."""
 
     def __init__(self, console: Console, as_json: bool = False) -> None:
-        super().__init__()
         self.console, self.as_json = console, as_json
         self.progress = Progress(
             TextColumn("[bold]epoch {task.fields[epoch]}"),
@@ -39,56 +69,173 @@ class TrainingDisplay(keras.callbacks.Callback):
             transient=True,
             disable=as_json or not console.is_terminal,
         )
-        self.best = float("inf")
+        self.epochs = self.steps = self.chars_per_step = self.first_batch = 0
+        self.task: Any = None
+        self.epoch_started = 0.0
 
-    def on_train_begin(self, logs: dict | None = None) -> None:
+    def start(self, plan: TrainPlan, steps: int) -> None:
+        cfg, splits = plan.config, plan.splits
+        self.epochs, self.steps = cfg.training.epochs, steps
+        self.chars_per_step = cfg.data.batch_size * cfg.data.seq_len
+        if not self.as_json:
+            where = f"resuming at epoch {plan.resume_state['epoch'] + 1}" if plan.resume_state else "new run"
+            training = {
+                **dataclasses.asdict(cfg.training),
+                "batch_size": cfg.data.batch_size,
+                "seq_len": cfg.data.seq_len,
+            }
+            for line in (
+                f"[bold]{escape(plan.run.name)}[/] ({where}) -> {escape(str(plan.run.path))}",
+                f"corpus   {escape(cfg.data.corpus)}: {len(splits.train):,} train / {len(splits.val):,} val / "
+                f"{len(splits.test):,} test chars, {splits.vocab.size} ids",
+                f"model    {describe(dataclasses.asdict(cfg.model))}",
+                f"training {describe(training)}",
+                f"device   {cfg.profile.name}: {cfg.profile.notes}",
+            ):
+                self.console.print(line)
         self.progress.start()
 
-    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-        first = epoch == self.params["initial_epoch"]
-        self.done_before = self.params["initial_batch"] if first else 0
-        self.epoch_started = time.monotonic()
+    def epoch_begin(self, epoch: int, first_batch: int) -> None:
+        self.first_batch, self.epoch_started = first_batch, time.monotonic()
         self.task = self.progress.add_task(
             "train",
-            total=self.params["steps"],
-            completed=self.done_before,
-            epoch=f"{epoch + 1}/{self.params['epochs']}",
+            total=self.steps,
+            completed=first_batch,
+            epoch=f"{epoch + 1}/{self.epochs}",
             rate=0.0,
             loss=float("nan"),
             bpc=float("nan"),
         )
 
-    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        logs = logs or {}
-        done = batch + 1 - self.done_before
-        rate = done * self.params["chars_per_step"] / max(time.monotonic() - self.epoch_started, 1e-9)
-        self.progress.update(self.task, completed=batch + 1, rate=rate, loss=logs["loss"], bpc=logs["bpc"])
+    def batch_end(self, batch: int, loss: float) -> None:
+        done = batch + 1 - self.first_batch
+        rate = done * self.chars_per_step / max(time.monotonic() - self.epoch_started, 1e-9)
+        self.progress.update(self.task, completed=batch + 1, rate=rate, loss=loss, bpc=bits(loss))
 
-    def on_test_begin(self, logs: dict | None = None) -> None:
+    def validating(self) -> None:
         self.progress.update(self.task, description="validating")
 
-    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        logs = dict(logs or {})
+    def epoch_end(self, log: EpochLog) -> None:
         self.progress.remove_task(self.task)
-        improved = logs["val_loss"] < self.best
-        self.best = min(self.best, logs["val_loss"])
         if self.as_json:
-            print(json.dumps({"event": "epoch", "epoch": epoch + 1, **logs}), flush=True)
+            print(json_line(log, event="epoch"), flush=True)
             return
-        partial = "" if logs["batches"] + self.done_before >= self.params["steps"] else " (partial)"
         self.console.print(
-            f"epoch {epoch + 1}/{self.params['epochs']}{partial}  "
-            f"loss {logs['loss']:.4f} ({logs['bpc']:.3f} bpc)  "
-            f"val {logs['val_loss']:.4f} ({logs['val_bpc']:.3f} bpc){'  [green]best[/]' if improved else ''}  "
-            f"{logs['chars_per_sec']:,.0f} chars/s  lr {logs['learning_rate']:.2g}  "
-            f"{format_seconds(logs['seconds'])} total",
+            f"epoch {log.epoch}/{self.epochs}{' (partial)' if log.partial else ''}  "
+            f"loss {log.loss:.4f} ({log.bpc:.3f} bpc)  "
+            f"val {log.val_loss:.4f} ({log.val_bpc:.3f} bpc){'  [green]best[/]' if log.improved else ''}  "
+            f"{log.chars_per_sec:,.0f} chars/s  lr {log.learning_rate:.2g}  {format_seconds(log.seconds)} total",
             highlight=False,
         )
 
-    def on_train_end(self, logs: dict | None = None) -> None:
+    def end(self) -> None:
         self.progress.stop()
 
 
-def describe(values: dict[str, Any]) -> str:
-    """``key=value`` pairs on one line."""
-    return "  ".join(f"{k}={v}" for k, v in values.items())
+def show_train_result(console: Console, result: TrainResult, as_json: bool) -> None:
+    if as_json:
+        print(json_line(result, event="done"), flush=True)
+        return
+    run = Run(result.path)
+    console.print(
+        f"done ({result.stop_reason.label}) after {result.epochs} epochs in {format_seconds(result.seconds)}: "
+        f"best validation {result.best_val_loss:.4f} nats/char ({result.best_val_bpc:.3f} bits/char), "
+        f"last epoch {result.chars_per_sec:,.0f} chars/s",
+        highlight=False,
+    )
+    console.print(run.loss_curve_path.read_text(encoding="utf-8"), markup=False, end="")
+    console.print(f"saved to {run.path}; {resume_hint(run)}", markup=False)
+
+
+# --- sample, repl ---------------------------------------------------------------------------
+
+
+def warn_unknown(err_console: Console, unknown: list[str], what: str = "prime characters") -> None:
+    if unknown:
+        chars = " ".join(repr(c) for c in unknown)
+        err_console.print(f"[yellow]warning:[/] skipping {what} the model has never seen: {escape(chars)}")
+
+
+def stream_sample(console: Console, prime: str, pieces: Iterator[Piece]) -> None:
+    """One sample as it is generated: the prime in bold, then each piece as it arrives."""
+    console.print(prime, style="bold", end="", markup=False)
+    for piece in pieces:
+        console.out(piece.texts[0], end="", highlight=False)
+    console.out("")
+
+
+def show_samples(
+    console: Console, texts: Iterable[str], prime: str, settings: SampleConfig, as_json: bool, **record: Any
+) -> None:
+    """Finished samples: plain text (numbered when there are several), or one JSON line each."""
+    for i, text in enumerate(texts):
+        if as_json:
+            print(json_line(settings, **record, index=i, prime=prime, text=text))
+        else:
+            if settings.num > 1:
+                console.out(f"{chr(10) if i else ''}--- sample {i + 1}/{settings.num} (seed {settings.seed}) ---")
+            console.out(prime + text, highlight=False)
+
+
+# --- evaluate, runs ----------------------------------------------------------------------------
+
+
+def show_evaluation(console: Console, err_console: Console, result: Evaluation, as_json: bool) -> None:
+    if as_json:
+        print(json_line(result))
+    else:
+        console.print(
+            f"{result.run} on the {result.source}: {result.nats_per_char:.4f} nats/char, "
+            f"{result.bits_per_char:.4f} bits/char, perplexity {result.perplexity:.3f} "
+            f"({result.chars:,} characters scored as {result.streams} contiguous streams of "
+            f"{result.seq_len}-character batches, state carried throughout, as in training's validation)",
+            markup=False,
+            highlight=False,
+        )
+    if result.unknown_chars:
+        err_console.print(
+            f"[yellow]warning:[/] {result.unknown_chars:,} characters are not in the run's vocabulary; "
+            "they were scored as unknown"
+        )
+
+
+def show_runs(console: Console, runs: list[RunSummary], checkpoint_dir: Path, as_json: bool) -> None:
+    if as_json:
+        for summary in runs:
+            print(json_line(summary))
+        return
+    if not runs:
+        console.print(f"no runs in {checkpoint_dir}/; train one: textgen train 2600-0.txt --device cpu", markup=False)
+        return
+    table = Table(
+        "run",
+        "corpus",
+        "model",
+        "epochs",
+        "best val\nbits/char",
+        "trained",
+        "status",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+    )
+    for r in runs:
+        table.add_row(
+            escape(r.run),
+            escape(r.corpus),
+            r.model,
+            epochs_cell(r.epochs, r.batches_into_epoch, r.steps),
+            f"{r.best_val_bpc:.3f}" if r.best_val_bpc is not None else "-",
+            f"{r.seconds / 60:.1f} min",
+            r.status,
+        )
+    console.print(table)
+
+
+def epochs_cell(epochs: int, batches_into_epoch: int, steps: int) -> str:
+    """Epochs trained, with the fraction of one cut short (e.g. 5.2); "0 + 89 batches" before the first ends."""
+    if not batches_into_epoch:
+        return str(epochs)
+    if not epochs:
+        return f"0 + {batches_into_epoch} batches"
+    return f"{epochs + batches_into_epoch / ((steps - batches_into_epoch) / epochs):.1f}"

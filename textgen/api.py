@@ -1,0 +1,86 @@
+"""The library's entry points, one per command: each checks what it can before TensorFlow is imported
+(~3.5 s), then imports it quietly under the device profile and does the job.
+
+The CLI makes one call here per command and renders what comes back; a Python program can do the same.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from textgen.checkpoint import Run, find_run
+from textgen.config import DataConfig, ModelConfig, TrainConfig
+from textgen.device import apply_profile, configure_for_inference, import_tensorflow, resolve_profile
+
+if TYPE_CHECKING:
+    from textgen.results import Evaluation, TrainResult
+    from textgen.sampling import Generator
+    from textgen.train import TrainingProgress
+
+
+def train(
+    corpus: str | None,
+    *,
+    device: str,
+    checkpoint_dir: Path,
+    run_name: str | None,
+    resume: bool = False,
+    download: bool = False,
+    keep_boilerplate: bool = False,
+    data: dict[str, Any],
+    model: dict[str, Any],
+    training: dict[str, Any],
+    progress: TrainingProgress | None = None,
+) -> TrainResult:
+    """Plan a new run (or reload one with ``resume``) and train it; ``data``, ``model`` and
+    ``training`` hold the settings the user gave (``None`` for the rest)."""
+    _check_settings(data, model, training)
+    import_tensorflow()
+    profile = resolve_profile(device)
+    apply_profile(profile)
+    from textgen import train as training_loop
+
+    plan = training_loop.plan_training(
+        corpus,
+        profile,
+        checkpoint_dir=checkpoint_dir,
+        run_name=run_name,
+        resume=resume,
+        download=download,
+        keep_boilerplate=keep_boilerplate,
+        data=data,
+        model=model,
+        training=training,
+    )
+    return training_loop.train(plan, progress)
+
+
+def open_generator(checkpoint_dir: Path, run_name: str | None, which: str = "best") -> tuple[Generator, Run]:
+    """The sampler of a run (the latest if ``run_name`` is None) with its ``best`` or ``last`` weights."""
+    run = find_run(checkpoint_dir, run_name)
+    import_tensorflow()
+    configure_for_inference()
+    from textgen.sampling import Generator
+
+    return Generator.from_run(run, which), run
+
+
+def evaluate(
+    checkpoint_dir: Path, run_name: str | None, split: str = "test", file: str | None = None, which: str = "best"
+) -> Evaluation:
+    """Cross-entropy of a run on its ``split`` or on a text ``file`` (see ``textgen.evaluate``)."""
+    run = find_run(checkpoint_dir, run_name)
+    import_tensorflow()
+    configure_for_inference()
+    from textgen.evaluate import evaluate_run
+
+    return evaluate_run(run, split=split, file=file, which=which)
+
+
+def _check_settings(data: dict[str, Any], model: dict[str, Any], training: dict[str, Any]) -> None:
+    """Validate the given settings by building the configs (the values, not the corpus) before TensorFlow loads."""
+    given = [{k: v for k, v in d.items() if v is not None} for d in (data, model, training)]
+    DataConfig(corpus="", **given[0])
+    ModelConfig(vocab_size=1, **given[1])
+    TrainConfig(**given[2])

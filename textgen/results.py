@@ -1,0 +1,116 @@
+"""What the library's jobs return: plain dataclasses that the CLI renders as text, or as JSON with ``asdict``."""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+LN2 = math.log(2.0)
+
+
+def bits(nats: float) -> float:
+    """Nats per character -> bits per character."""
+    return nats / LN2
+
+
+class StopReason(str, enum.Enum):
+    """Why a training run ended; the value is what ``state.json`` records as ``finished``."""
+
+    EPOCHS = "epochs"
+    EARLY_STOPPING = "early_stopping"
+    TIME_BUDGET = "time_budget"
+
+    @property
+    def label(self) -> str:
+        return _STOP_LABELS[self]
+
+
+_STOP_LABELS = {
+    StopReason.EPOCHS: "all epochs done",
+    StopReason.EARLY_STOPPING: "early-stopped",
+    StopReason.TIME_BUDGET: "time budget spent",
+}
+
+
+@dataclass(frozen=True)
+class EpochLog:
+    """One epoch of training (or the part of it a time budget or Ctrl-C left)."""
+
+    epoch: int  # 1-based
+    loss: float  # mean training cross-entropy, nats/char
+    bpc: float
+    val_loss: float
+    val_bpc: float
+    chars_per_sec: float  # training speed, validation excluded
+    learning_rate: float  # at the epoch's end
+    batches: int  # trained in this epoch by this invocation
+    seconds: float  # trained so far by the run, all invocations
+    improved: bool  # the best validation loss so far
+    partial: bool  # cut short by a time budget
+
+    def metrics(self) -> dict[str, Any]:
+        """The numbers Keras' callbacks log (history.csv, TensorBoard, early stopping)."""
+        return {k: getattr(self, k) for k in METRICS}
+
+
+METRICS = ("loss", "bpc", "val_loss", "val_bpc", "chars_per_sec", "learning_rate", "batches", "seconds")
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """How a training run ended."""
+
+    run: str
+    path: Path
+    epochs: int  # epochs trained so far, all invocations
+    best_val_loss: float
+    stop_reason: StopReason
+    seconds: float
+    chars_per_sec: float  # training speed of the last epoch
+    best_val_bpc: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "best_val_bpc", bits(self.best_val_loss))
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Mean cross-entropy of a run on held-out text, scored as contiguous stateful streams."""
+
+    run: str
+    source: str
+    nats_per_char: float
+    chars: int  # characters scored
+    unknown_chars: int  # characters outside the vocabulary (scored as the unknown id)
+    streams: int  # contiguous streams read in parallel, each from zero states
+    seq_len: int  # characters per stream per batch; the state carries across batches
+    bits_per_char: float = field(init=False)
+    perplexity: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "bits_per_char", bits(self.nats_per_char))
+        object.__setattr__(self, "perplexity", math.exp(self.nats_per_char))
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One run as ``textgen runs`` lists it."""
+
+    run: str
+    corpus: str
+    model: str  # e.g. 1x512 d0.1
+    epochs: int  # complete ones
+    batches_into_epoch: int  # of the one a time budget or Ctrl-C cut
+    steps: int
+    best_val_bpc: float | None
+    seconds: float
+    finished: StopReason | None  # None: stopped by Ctrl-C, or still training; resumable either way
+    device: str
+    config: dict[str, Any]
+
+    @property
+    def status(self) -> str:
+        return self.finished.label if self.finished else "resumable"
