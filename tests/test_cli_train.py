@@ -79,7 +79,10 @@ def test_bad_flag_values(workdir: Path, flags: list[str], fragment: str) -> None
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
-        (["train", "x.txt", "--device", "tpu"], "invalid value for '--device': 'tpu' is not one of 'auto', 'cpu', 'gpu'"),
+        (
+            ["train", "x.txt", "--device", "tpu"],
+            "invalid value for '--device': 'tpu' is not one of 'auto', 'cpu', 'gpu'",
+        ),
         (["train", "x.txt", "--lr-schedule", "step"], "invalid value for '--lr-schedule': 'step' is not one of"),
         (["train", "x.txt", "--units", "many"], "invalid value for '--units'"),
         (["evaluate", "--split", "train"], "invalid value for '--split': 'train' is not one of 'test', 'val'"),

@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 from helpers import TINY_DATA, TINY_MODEL, read_history, steps_per_epoch, write_corpus
 
-from textgen.checkpoint import Run
+from textgen.checkpoint import Run, resume_hint
 from textgen.device import CPU
 from textgen.errors import CheckpointError, ConfigError, TrainingInterrupted
-from textgen.checkpoint import resume_hint
 from textgen.train import NoProgress, TrainPlan, cosine_lr, plan_training, train
 
 
