@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -32,15 +32,25 @@ class OneLineErrors(TyperGroup):
     """Typer's command group, with click's usage errors (a bad choice, a missing value) on one line
     like textgen's own, instead of a usage block and an error panel."""
 
-    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
+        call = {"args": args, "prog_name": prog_name, "complete_var": complete_var, **extra}
         if not standalone_mode:
-            return super().main(*args, standalone_mode=False, **kwargs)
+            return super().main(**call, standalone_mode=False, windows_expand_args=windows_expand_args)
         try:
-            code = super().main(*args, standalone_mode=False, **kwargs)  # typer.Exit's code, or None
+            code = super().main(**call, standalone_mode=False, windows_expand_args=windows_expand_args)  # Exit's code
         except ClickException as exc:
             if type(exc).__name__ != "NoArgsIsHelpError":  # that one has printed the help already
                 message = exc.format_message().replace("Value error, ", "").rstrip(".")
-                where = f"; see {exc.ctx.command_path} --help" if getattr(exc, "ctx", None) else ""
+                ctx = getattr(exc, "ctx", None)
+                where = f"; see {ctx.command_path} --help" if ctx else ""
                 err_console.print(f"[red]error:[/] {escape(message[:1].lower() + message[1:])}{where}")
             sys.exit(exc.exit_code)
         sys.exit(code if isinstance(code, int) else 0)
@@ -92,8 +102,8 @@ SeedOption = Annotated[int | None, typer.Option(help="Seed for reproducible text
 
 def _option(help: str, panel: str, default: Any = None, *decls: str) -> Any:
     """A ``train`` option in its ``--help`` panel; ``default`` is what applies when it is not given."""
-    shown = {} if default is None else {"show_default": str(default)}
-    return typer.Option(*decls, help=help, rich_help_panel=panel, **shown)
+    shown: bool | str = True if default is None else str(default)
+    return typer.Option(*decls, help=help, rich_help_panel=panel, show_default=shown)
 
 
 TRAIN_EXAMPLES = """

@@ -111,7 +111,7 @@ def strip_gutenberg_boilerplate(text: str) -> str:
     return text
 
 
-def read_corpus(path: Path, strip_boilerplate: bool = True) -> str:
+def read_corpus(path: str | Path, strip_boilerplate: bool = True) -> str:
     """The cleaned text of a corpus file."""
     try:
         data = Path(path).read_bytes()

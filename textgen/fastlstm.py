@@ -33,7 +33,9 @@ def lstm_recurrence(
     steps = tf.shape(x_projection)[0]
     dtype = x_projection.dtype
 
-    def forward(t, h, c, hs, cs, gates):
+    def forward(
+        t: tf.Tensor, h: tf.Tensor, c: tf.Tensor, hs: tf.TensorArray, cs: tf.TensorArray, gates: tf.TensorArray
+    ) -> tuple[Any, ...]:
         h, c, activated = lstm_cell(x_projection[t] + tf.matmul(h, recurrent), c)
         return t + 1, h, c, hs.write(t, h), cs.write(t, c), gates.write(t, tf.concat(activated, axis=-1))
 
@@ -43,13 +45,13 @@ def lstm_recurrence(
     )
     hs, cs, gates = hs.stack(), cs.stack(), gates.stack()
 
-    def grad(d_hs: tf.Tensor, d_h_last: tf.Tensor | None, d_c_last: tf.Tensor | None):
+    def grad(d_hs: tf.Tensor, d_h_last: tf.Tensor | None, d_c_last: tf.Tensor | None) -> tuple[tf.Tensor, ...]:
         d_h_next = tf.zeros_like(h0) if d_h_last is None else d_h_last
         d_c_next = tf.zeros_like(c0) if d_c_last is None else d_c_last
         c_prev = tf.concat([c0[None], cs[:-1]], axis=0)
         recurrent_t = tf.transpose(recurrent)
 
-        def backward(t, d_h_next, d_c_next, dz):
+        def backward(t: tf.Tensor, d_h_next: tf.Tensor, d_c_next: tf.Tensor, dz: tf.TensorArray) -> tuple[Any, ...]:
             i, f, g, o = tf.split(gates[t], 4, axis=-1)
             tanh_c = tf.tanh(cs[t])
             d_h = d_hs[t] + d_h_next

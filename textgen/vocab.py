@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -20,6 +20,10 @@ class Vocabulary:
     """A sorted character set; character ``chars[i]`` has id ``i + 1``."""
 
     chars: tuple[str, ...]
+    # Lookup tables derived from chars in __post_init__.
+    _codes: np.ndarray = field(init=False, repr=False, compare=False)
+    _decode_table: np.ndarray = field(init=False, repr=False, compare=False)
+    _encode_table: np.ndarray = field(init=False, repr=False, compare=False)
 
     @classmethod
     def from_text(cls, text: str) -> Vocabulary:
