@@ -228,13 +228,13 @@ def train(plan: TrainPlan, progress: TrainingProgress | None = None) -> TrainRes
     checkpoint, callbacks = build_callbacks(plan, trainer, steps, clock)
     start_epoch, start_batch = resume.get("epoch", 0), resume.get("batch", 0)
 
-    progress.start(plan, steps)
-    callbacks.on_train_begin()
-    if resume:
-        checkpoint.restore(resume, trainer.model)
     stop_reason, epochs_done = StopReason.EPOCHS, start_epoch
     last: EpochLog | None = None
     with _stop_requests() as stop_requested, _end_on_error(callbacks, progress):
+        progress.start(plan, steps)
+        callbacks.on_train_begin()
+        if resume:
+            checkpoint.restore(resume, trainer.model)
         for epoch in range(start_epoch, cfg.training.epochs):
             first = start_batch if epoch == start_epoch else 0
             done, loss, seconds = run_epoch(trainer, batches, first, epoch, callbacks, progress, stop_requested, clock)

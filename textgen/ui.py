@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -29,8 +30,19 @@ if TYPE_CHECKING:
 
 
 def json_line(record: Any, **extra: Any) -> str:
-    """One strict-JSON line: ``extra`` then the fields of the dataclass ``record`` (paths as strings)."""
-    return json.dumps({**extra, **dataclasses.asdict(record)}, default=str, ensure_ascii=False, allow_nan=False)
+    """One strict-JSON line: ``extra`` then the fields of the dataclass ``record``; paths as strings,
+    and a loss that is NaN or infinite (a diverged run) as null, which strict JSON has instead."""
+    return json.dumps(
+        _finite({**extra, **dataclasses.asdict(record)}), default=str, ensure_ascii=False, allow_nan=False
+    )
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    return value
 
 
 def format_seconds(seconds: float) -> str:

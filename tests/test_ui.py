@@ -1,0 +1,59 @@
+"""ui: JSON lines are strict and come from the result dataclasses; stop reasons have one label, used everywhere."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from textgen import ui
+from textgen.results import EpochLog, RunSummary, StopReason, TrainResult
+
+
+def strict(line: str) -> dict:
+    def refuse(name: str) -> None:
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(line, parse_constant=refuse)
+
+
+def test_json_lines_are_strict_json_even_for_a_diverged_run() -> None:
+    log = EpochLog(1, math.nan, math.nan, math.inf, math.inf, 10.0, 1e-3, 5, 2.0, False, True)
+    record = strict(ui.json_line(log, event="epoch"))
+    assert record["event"] == "epoch" and record["epoch"] == 1
+    assert record["loss"] is None and record["val_loss"] is None
+    assert record["partial"] is True
+
+
+def test_json_is_every_field_of_the_result(tmp_path: Path) -> None:
+    result = TrainResult("r", tmp_path / "r", 3, 1.5, StopReason.TIME_BUDGET, 12.0, 900.0)
+    record = strict(ui.json_line(result, event="done"))
+    assert record == {
+        "event": "done",
+        "run": "r",
+        "path": str(tmp_path / "r"),
+        "epochs": 3,
+        "best_val_loss": 1.5,
+        "stop_reason": "time_budget",
+        "seconds": 12.0,
+        "chars_per_sec": 900.0,
+        "best_val_bpc": pytest.approx(1.5 / math.log(2)),
+    }
+
+
+@pytest.mark.parametrize("reason", list(StopReason))
+def test_train_and_runs_show_a_stop_reason_with_the_same_label(tmp_path: Path, reason: StopReason) -> None:
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "loss_curve.txt").write_text("chart\n")
+    out = io.StringIO()
+    console = Console(file=out, width=200)
+    ui.show_train_result(console, TrainResult("r", tmp_path / "r", 3, 1.5, reason, 12.0, 900.0), as_json=False)
+    assert f"done ({reason.label}) after 3 epochs" in out.getvalue()
+    summary = RunSummary("r", "c.txt", "1x32", 3, 0, 30, 2.1, 60.0, reason, "cpu", {})
+    ui.show_runs(console, [summary], tmp_path, as_json=False)
+    assert out.getvalue().splitlines()[-1].rstrip().endswith(reason.label)
+    assert len({r.label for r in StopReason}) == len(StopReason)
