@@ -12,21 +12,15 @@ loop cannot avoid (forward ``h @ R`` and backward ``dz @ R^T``, 100 each per bat
 from __future__ import annotations
 
 import argparse
-import os
-import time
+from collections.abc import Callable
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+from common import REF, REF_VOCAB_SIZE, ref_run_config, timed
 
 
-def timed(fn, seconds: float) -> float:
-    """Milliseconds per call of ``fn`` over ``seconds``, after two warm-up calls."""
-    fn()
-    fn()
-    calls, started = 0, time.perf_counter()
-    while time.perf_counter() - started < seconds:
-        fn()
-        calls += 1
-    return (time.perf_counter() - started) / calls * 1000
+def ms_per_call(call: Callable[[], object], seconds: float) -> float:
+    """Milliseconds per call of ``call`` over ``seconds``, after two warm-up calls."""
+    calls, elapsed = timed(call, seconds, warmup=2)
+    return elapsed / calls * 1000
 
 
 def main() -> None:
@@ -35,24 +29,18 @@ def main() -> None:
     parser.add_argument("--trace", help="write a TensorBoard profiler trace of 5 fast steps here")
     args = parser.parse_args()
 
-    from textgen.device import CPU, apply_profile
+    from textgen.device import CPU, apply_profile, import_tensorflow
 
+    import_tensorflow()
     apply_profile(CPU)
     import keras
     import tensorflow as tf
 
-    from textgen.config import DataConfig, ModelConfig, RunConfig, TrainConfig
     from textgen.fastlstm import stateful_logits
     from textgen.train import build_trainer
 
-    batch, seq, units, vocab = 64, 100, 512, 105
-    cfg = RunConfig(
-        DataConfig(corpus="", batch_size=batch, seq_len=seq),
-        ModelConfig(vocab_size=vocab, units=units, layers=1, dropout=0.0),
-        TrainConfig(),
-        CPU,
-    )
-    trainer = build_trainer(cfg)
+    batch, seq, units, vocab = REF["batch_size"], REF["seq_len"], REF["units"], REF_VOCAB_SIZE
+    trainer = build_trainer(ref_run_config("", vocab, CPU))
     model = trainer.model
     x = tf.random.uniform((batch, seq), 0, vocab, dtype=tf.int32)
     y = tf.random.uniform((batch, seq), 0, vocab, dtype=tf.int32)
@@ -85,14 +73,14 @@ def main() -> None:
         return state[0, 0] + grad[0, 0]
 
     rows = [
-        ("fast LSTM: forward + loss", timed(lambda: forward[True]().numpy(), args.seconds)),
-        ("fast LSTM: forward + gradients", timed(lambda: backward[True]().numpy(), args.seconds)),
-        ("fast LSTM: full train step", timed(lambda: trainer.train_step(x, y).numpy(), args.seconds)),
-        ("Keras LSTM: forward + loss", timed(lambda: forward[False]().numpy(), args.seconds)),
-        ("Keras LSTM: forward + gradients", timed(lambda: backward[False]().numpy(), args.seconds)),
+        ("fast LSTM: forward + loss", ms_per_call(lambda: forward[True]().numpy(), args.seconds)),
+        ("fast LSTM: forward + gradients", ms_per_call(lambda: backward[True]().numpy(), args.seconds)),
+        ("fast LSTM: full train step", ms_per_call(lambda: trainer.train_step(x, y).numpy(), args.seconds)),
+        ("Keras LSTM: forward + loss", ms_per_call(lambda: forward[False]().numpy(), args.seconds)),
+        ("Keras LSTM: forward + gradients", ms_per_call(lambda: backward[False]().numpy(), args.seconds)),
         (
             "200 recurrent matmuls alone (64x512 @ 512x2048 and back)",
-            timed(lambda: recurrent_matmuls().numpy(), args.seconds),
+            ms_per_call(lambda: recurrent_matmuls().numpy(), args.seconds),
         ),
     ]
     step = rows[2][1]

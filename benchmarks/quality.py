@@ -21,6 +21,8 @@ import subprocess
 import sys
 import tempfile
 
+from common import REF_CORPUS
+
 
 def textgen(*args: str) -> list[dict]:
     """Run a textgen command with --json; its JSON lines (stops the benchmark if it fails)."""
@@ -80,7 +82,7 @@ def ranking(reports: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--time-budget", default="10m", help="training wall-clock budget per recipe (default 10m)")
-    parser.add_argument("--corpus", default="2600-0.txt")
+    parser.add_argument("--corpus", default=REF_CORPUS)
     parser.add_argument("--checkpoint-dir", help="keep the runs here (default: a temporary directory)")
     parser.add_argument("--recipe", action="append", help="textgen train flags in one string; repeat to compare")
     parser.add_argument("--json", action="store_true", help="print one JSON object per recipe")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import os
 import statistics
@@ -29,28 +30,22 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from common import timed
+
 TARGETS = {"textgen_b1_vs_naive_b1": 10.0, "textgen_b64_vs_naive_b1": 50.0, "first_char_loaded_ms": 100.0}
 
 
 def first_char_ms(call: Callable[[], object], repeats: int = 10) -> float:
     """Median milliseconds of ``call`` (after one warm-up call)."""
     call()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
+    return 1000 * statistics.median(timed(call, 0.0, warmup=0)[1] for _ in range(repeats))
 
 
 def throughput(generate: Callable[[int, int], object], batch: int, length: int, seconds: float) -> dict:
     """``generate(length, seed)`` repeated for ``seconds`` after a short warm-up call."""
     generate(min(length, 20), 0)
-    calls, start = 0, time.perf_counter()
-    while calls == 0 or time.perf_counter() - start < seconds:
-        generate(length, calls + 1)
-        calls += 1
-    elapsed = time.perf_counter() - start
+    seeds = itertools.count(1)  # the n-th timed call draws with seed n
+    calls, elapsed = timed(lambda: generate(length, next(seeds)), seconds, warmup=0)
     steps = calls * length
     return {
         "batch": batch,
@@ -119,11 +114,9 @@ def check_same_model(training_model, naive: NaiveSampler, prompt_ids) -> None:
 def measure(args: argparse.Namespace) -> dict:
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
-    from textgen.cli import _quiet_tensorflow
+    from textgen.device import configure_for_inference, import_tensorflow
 
-    _quiet_tensorflow()  # as the CLI does: no C++ start-up chatter
-    from textgen.device import configure_for_inference
-
+    import_tensorflow()  # as the CLI does: no C++ start-up chatter
     profile = configure_for_inference()  # as textgen sample and repl do; both samplers share the pools
     import keras
     import numpy as np

@@ -26,8 +26,13 @@ import resource
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import TypeVar
 
-REF = {"batch_size": 64, "seq_len": 100, "embedding_dim": 64, "units": 512, "layers": 1, "dropout": 0.0}
+from common import REF, ref_run_config, reference_splits, timed
+
+T = TypeVar("T")
+
 # Candidate textgen configurations: (name, fast_lstm, intra-op threads, inter-op threads, XLA).
 CANDIDATES = [
     ("keras-lstm, TF default threads", False, 0, 0, False),
@@ -56,57 +61,54 @@ def flops_per_char(vocab: int) -> float:
 # --- measurements, each run in its own process -------------------------------------------
 
 
-def _corpus_ids():
-    from textgen.corpus import read_corpus, resolve_corpus
-    from textgen.data import split_ids
-    from textgen.vocab import Vocabulary
+def cycling(items: Iterable[T]) -> Callable[[], T]:
+    """A function returning the next of ``items`` at each call, starting them over when they run out.
 
-    path = resolve_corpus("2600-0.txt")
-    text = read_corpus(path)
-    vocab = Vocabulary.from_text(text)
-    train, _, _ = split_ids(vocab.encode(text), 0.05, 0.05)
-    return str(path), vocab, train
+    The first call starts the first pass.
+    """
+    iterator: Iterator[T] | None = None
 
-
-def _timed(step, batches, seconds: float, warmup: int = 3) -> tuple[int, float]:
-    """Run ``step`` on ``batches`` (cycled) for ``seconds`` after ``warmup`` calls; (steps, elapsed)."""
-    iterator = iter(batches)
-
-    def next_batch():
+    def next_item() -> T:
         nonlocal iterator
-        try:
-            return next(iterator)
-        except StopIteration:
-            iterator = iter(batches)
-            return next(iterator)
+        if iterator is not None:
+            try:
+                return next(iterator)
+            except StopIteration:
+                pass
+        iterator = iter(items)
+        return next(iterator)
 
-    for _ in range(warmup):
-        float(step(*next_batch()))
-    done, started = 0, time.perf_counter()
-    while time.perf_counter() - started < seconds:
-        float(step(*next_batch()))
-        done += 1
-    return done, time.perf_counter() - started
+    return next_item
 
 
 def measure_textgen(seconds: float, fast_lstm: bool, intra: int, inter: int, jit: bool) -> dict:
-    from textgen.config import DataConfig, DeviceProfile, ModelConfig, RunConfig, TrainConfig
+    from textgen.config import DeviceProfile
     from textgen.device import apply_profile
 
-    profile = DeviceProfile("bench", "float32", REF["batch_size"], intra, inter, jit, fast_lstm)
+    profile = DeviceProfile(
+        name="bench",
+        precision="float32",
+        batch_size=REF["batch_size"],
+        intra_op_threads=intra,
+        inter_op_threads=inter,
+        jit_compile=jit,
+        fast_lstm=fast_lstm,
+    )
     apply_profile(profile)
     from textgen.data import make_dataset
     from textgen.train import build_trainer
 
-    corpus, vocab, train = _corpus_ids()
-    data = DataConfig(corpus=corpus, batch_size=REF["batch_size"], seq_len=REF["seq_len"])
-    model = ModelConfig(
-        vocab_size=vocab.size,
-        **{k: REF[k] for k in ("embedding_dim", "units", "layers", "dropout")},
-    )
-    trainer = build_trainer(RunConfig(data, model, TrainConfig(), profile))
-    steps, elapsed = _timed(trainer.train_step, make_dataset(train, data.batch_size, data.seq_len), seconds)
-    return {"chars_per_sec": steps * data.batch_size * data.seq_len / elapsed, "steps": steps, "vocab": vocab.size}
+    corpus, splits = reference_splits()
+    cfg = ref_run_config(str(corpus), splits.vocab.size, profile)
+    data = cfg.data
+    trainer = build_trainer(cfg)
+    next_batch = cycling(make_dataset(splits.train, data.batch_size, data.seq_len))
+    steps, elapsed = timed(lambda: float(trainer.train_step(*next_batch())), seconds, warmup=3)
+    return {
+        "chars_per_sec": steps * data.batch_size * data.seq_len / elapsed,
+        "steps": steps,
+        "vocab": splits.vocab.size,
+    }
 
 
 def measure_baseline(seconds: float) -> dict:
@@ -114,7 +116,8 @@ def measure_baseline(seconds: float) -> dict:
     import keras
     import tensorflow as tf
 
-    _, vocab, train = _corpus_ids()
+    _, splits = reference_splits()
+    vocab, train = splits.vocab, splits.train
     seq, batch = REF["seq_len"], REF["batch_size"]
     windows = tf.data.Dataset.from_tensor_slices(train).batch(seq + 1, drop_remainder=True)
     dataset = (
@@ -152,14 +155,11 @@ def measure_pipeline(seconds: float) -> dict:
     """textgen's tf.data pipeline alone: how fast it can feed batches."""
     from textgen.data import make_dataset
 
-    _, _, train = _corpus_ids()
-    dataset = make_dataset(train, REF["batch_size"], REF["seq_len"]).repeat()
-    chars, started = 0, time.perf_counter()
-    for x, _ in dataset:
-        chars += int(x.shape[0]) * int(x.shape[1])
-        if time.perf_counter() - started >= seconds:
-            break
-    return {"chars_per_sec": chars / (time.perf_counter() - started)}
+    _, splits = reference_splits()
+    batch, seq = REF["batch_size"], REF["seq_len"]
+    next_batch = cycling(make_dataset(splits.train, batch, seq).repeat())  # the first timed call makes its iterator
+    batches, elapsed = timed(next_batch, seconds, warmup=0)  # stream_layout: every batch is batch x seq
+    return {"chars_per_sec": batches * batch * seq / elapsed}
 
 
 def measure_matmul(seconds: float) -> dict:
@@ -177,12 +177,14 @@ def measure_matmul(seconds: float) -> dict:
             x = tf.tanh(tf.matmul(tf.matmul(x, w), back))  # 2 matmuls of the step's size
         return x
 
-    calls, elapsed = _timed(lambda: chain(a)[0, 0], [()] * 1, seconds)
+    calls, elapsed = timed(lambda: float(chain(a)[0, 0]), seconds, warmup=3)
     return {"gflops": calls * 50 * 2 * b * u * 4 * u / elapsed / 1e9}
 
 
 def _child(kind: str, seconds: float, candidate: int) -> None:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    from textgen.device import import_tensorflow
+
+    import_tensorflow()
     if kind == "textgen":
         result = measure_textgen(seconds, *CANDIDATES[candidate][1:])
     else:
