@@ -21,7 +21,7 @@ from textgen import api, ui
 from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, run_summaries
 from textgen.config import DataConfig, LRSchedule, ModelConfig, SampleConfig, Split, TrainConfig, parse_duration
 from textgen.device import Device
-from textgen.errors import TextgenError, TrainingInterrupted
+from textgen.errors import TextgenError
 from textgen.repl import GREETING, Session, read_lines
 
 console = Console(highlight=False, soft_wrap=True)
@@ -48,10 +48,7 @@ class OneLineErrors(TyperGroup):
             code = super().main(**call, standalone_mode=False, windows_expand_args=windows_expand_args)  # Exit's code
         except ClickException as exc:
             if type(exc).__name__ != "NoArgsIsHelpError":  # that one has printed the help already
-                message = exc.format_message().replace("Value error, ", "").rstrip(".")
-                ctx = getattr(exc, "ctx", None)
-                where = f"; see {ctx.command_path} --help" if ctx else ""
-                err_console.print(f"[red]error:[/] {escape(message[:1].lower() + message[1:])}{where}")
+                ui.show_usage_error(err_console, exc.format_message(), getattr(exc, "ctx", None))
             sys.exit(exc.exit_code)
         sys.exit(code if isinstance(code, int) else 0)
 
@@ -79,10 +76,7 @@ def _errors() -> Iterator[None]:
     try:
         yield
     except TextgenError as exc:
-        message = escape(str(exc))  # messages hold paths and '.[gpu]', not console markup
-        err_console.print(
-            f"[yellow]{message}[/]" if isinstance(exc, TrainingInterrupted) else f"[red]error:[/] {message}"
-        )
+        ui.show_error(err_console, exc)
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/]")

@@ -21,6 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from textgen.checkpoint import Run, resume_hint
+from textgen.errors import TextgenError, TrainingInterrupted
 from textgen.results import EpochLog, Evaluation, RunSummary, TrainResult, bits
 
 if TYPE_CHECKING:
@@ -57,6 +58,22 @@ def format_seconds(seconds: float) -> str:
 def describe(values: dict[str, Any]) -> str:
     """``key=value`` pairs on one line."""
     return "  ".join(f"{k}={v}" for k, v in values.items())
+
+
+# --- errors -------------------------------------------------------------------------------
+
+
+def show_error(err_console: Console, exc: TextgenError) -> None:
+    """A library error on one line: what is wrong and what to do (a stopped run: how to resume)."""
+    message = escape(str(exc))  # messages hold paths and '.[gpu]', not console markup
+    err_console.print(f"[yellow]{message}[/]" if isinstance(exc, TrainingInterrupted) else f"[red]error:[/] {message}")
+
+
+def show_usage_error(err_console: Console, message: str, ctx: Any) -> None:
+    """One of click's usage errors (a bad choice, an unknown option) on one line, with where to find help."""
+    message = message.replace("Value error, ", "").rstrip(".")  # typer words choices as pydantic errors
+    where = f"; see {ctx.command_path} --help" if ctx is not None else ""
+    err_console.print(f"[red]error:[/] {escape(message[:1].lower() + message[1:])}{where}")
 
 
 # --- train --------------------------------------------------------------------------------
