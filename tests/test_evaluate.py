@@ -143,6 +143,13 @@ def test_runs_shows_an_epoch_cut_short(trained_run, tmp_path: Path, monkeypatch:
     assert row[-2:] == ["budget", "spent"]
 
 
+def test_runs_names_a_state_with_an_unknown_stop_reason(trained_run, tmp_path: Path) -> None:
+    run_dir = shutil.copytree(trained_run.run.path, tmp_path / "checkpoints" / "odd")
+    state = json.loads((run_dir / "state.json").read_text())
+    (run_dir / "state.json").write_text(json.dumps({**state, "finished": "bogus"}))
+    assert_one_line_error(invoke("runs", "--checkpoint-dir", str(run_dir.parent)), "state.json is corrupt", "bogus")
+
+
 @pytest.mark.parametrize(
     ("epochs", "batches", "steps", "cell"),
     [(4, 0, 1804, "4"), (5, 89, 5 * 451 + 89, "5.2"), (0, 89, 89, "0 + 89 batches")],

@@ -180,6 +180,26 @@ def test_interrupt_saves_a_resume_point_mid_epoch(tmp_path: Path, tiny_corpus: P
     assert run.load_state()["step"] == 2 * spe
 
 
+def test_interrupt_in_the_last_batch_of_an_epoch_finishes_the_epoch(tmp_path: Path, tiny_corpus: Path) -> None:
+    """Stopping after the epoch's last batch validates and saves the epoch, instead of a resume point that
+    would make the resumed run train an empty epoch."""
+    plan = new_plan(tmp_path, tiny_corpus, epochs=3)
+    spe = steps_per_epoch(len(plan.splits.train), TINY_DATA["batch_size"], TINY_DATA["seq_len"])
+
+    class CtrlCAtTheLastBatch(NoProgress):
+        def batch_end(self, batch: int, loss: float) -> None:
+            if batch == spe - 1:
+                signal.raise_signal(signal.SIGINT)
+
+    with pytest.raises(TrainingInterrupted, match="stopped after epoch 1;"):
+        train(plan, CtrlCAtTheLastBatch())
+    state = plan.run.load_state()
+    assert (state["epoch"], state["batch"], state["step"]) == (1, 0, spe)
+    rows = read_history(plan.run.path)
+    assert [row["batches"] for row in rows] == [spe]
+    assert rows[0]["loss"] > 0
+
+
 def test_resume_hint() -> None:
     assert resume_hint(Run(Path("checkpoints") / "wp")) == "continue with: textgen train --resume --run wp"
     assert resume_hint(Run(Path("/tmp/ck") / "wp")).endswith("--run wp --checkpoint-dir /tmp/ck")

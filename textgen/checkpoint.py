@@ -203,6 +203,8 @@ def _summary(run: Run) -> RunSummary:
     state = run.load_state() if run.has_state() else {}
     best = state.get("best_val_loss")
     finished = state.get("finished")
+    if finished is not None and finished not in {r.value for r in StopReason}:
+        raise CheckpointError(f"{run.state_path} is corrupt (finished={finished!r}); train again")
     return RunSummary(
         run=run.name,
         corpus=Path(cfg.data.corpus).name,

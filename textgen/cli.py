@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.markup import escape
-from typer._click.exceptions import ClickException
+from typer._click.exceptions import ClickException, NoArgsIsHelpError
 from typer.core import TyperGroup
 
 from textgen import api, ui
@@ -47,7 +47,7 @@ class OneLineErrors(TyperGroup):
         try:
             code = super().main(**call, standalone_mode=False, windows_expand_args=windows_expand_args)  # Exit's code
         except ClickException as exc:
-            if type(exc).__name__ != "NoArgsIsHelpError":  # that one has printed the help already
+            if not isinstance(exc, NoArgsIsHelpError):  # that one has printed the help already
                 ui.show_usage_error(err_console, exc.format_message(), getattr(exc, "ctx", None))
             sys.exit(exc.exit_code)
         sys.exit(code if isinstance(code, int) else 0)

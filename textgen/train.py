@@ -189,7 +189,8 @@ def build_trainer(cfg: RunConfig, strategy: tf.distribute.Strategy | None = None
         optimizer.build(model.trainable_variables)
 
     def replica_train_step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
-        # Dropout masks drawn from (seed, step): a resumed run draws what an uninterrupted one would.
+        # The fast LSTM draws its dropout masks from (seed, step): a resumed run draws what an uninterrupted one
+        # would. (Keras' own LSTM, on the GPU profile, ignores it.)
         seed = tf.stack([tf.constant(tcfg.seed, tf.int64), tf.cast(optimizer.iterations, tf.int64)])
         with tf.GradientTape() as tape:
             loss = loss_sum(model, profile, x, y, True, seed) / chars_per_step
@@ -238,7 +239,7 @@ def train(plan: TrainPlan, progress: TrainingProgress | None = None) -> TrainRes
         for epoch in range(start_epoch, cfg.training.epochs):
             first = start_batch if epoch == start_epoch else 0
             done, loss, seconds = run_epoch(trainer, batches, first, epoch, callbacks, progress, stop_requested, clock)
-            if stop_requested.is_set():
+            if stop_requested.is_set() and first + done < steps:  # after the last batch: end the epoch first
                 checkpoint.save_resume_point(epoch, first + done, clock.elapsed())
                 raise TrainingInterrupted(
                     f"stopped at epoch {epoch + 1}, batch {first + done}/{steps}; saved {run.path}; {resume_hint(run)}"
@@ -270,7 +271,7 @@ def train(plan: TrainPlan, progress: TrainingProgress | None = None) -> TrainRes
                 stop_reason = StopReason.EARLY_STOPPING
             if stop_reason is not StopReason.EPOCHS:
                 break
-        callbacks.on_train_end(last.metrics() if last else {})
+    callbacks.on_train_end(last.metrics() if last else {})
     progress.end()
     checkpoint.mark_finished(stop_reason)
     atomic_write_text(run.loss_curve_path, loss_chart(read_history(run.history_path)))
@@ -297,7 +298,7 @@ def run_epoch(
 ) -> tuple[int, float, float]:
     """Train on the epoch's batches from ``first`` on, until they end, a stop is asked for, or time is up.
 
-    Returns the batches trained, their mean loss and the seconds they took.
+    Returns the batches trained, their mean loss (NaN if none) and the seconds they took.
     """
     callbacks.on_epoch_begin(epoch)
     progress.epoch_begin(epoch, first)
@@ -310,7 +311,7 @@ def run_epoch(
         progress.batch_end(batch, total / done)
         if stop_requested.is_set() or clock.expired():
             break
-    return done, total / max(done, 1), time.monotonic() - started
+    return done, total / done if done else math.nan, time.monotonic() - started
 
 
 def validate(

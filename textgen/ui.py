@@ -92,6 +92,7 @@ class TrainingDisplay:
             TextColumn("{task.fields[rate]:>7,.0f} chars/s"),
             TextColumn("loss {task.fields[loss]:.3f} ({task.fields[bpc]:.3f} bpc)"),
             TimeElapsedColumn(),
+            TextColumn("{task.description}"),
             TextColumn("eta"),
             TimeRemainingColumn(),
             console=console,
@@ -127,7 +128,7 @@ class TrainingDisplay:
     def epoch_begin(self, epoch: int, first_batch: int) -> None:
         self.first_batch, self.epoch_started = first_batch, time.monotonic()
         self.task = self.progress.add_task(
-            "train",
+            "",
             total=self.steps,
             completed=first_batch,
             epoch=f"{epoch + 1}/{self.epochs}",
@@ -212,15 +213,15 @@ def show_samples(
 def show_evaluation(console: Console, err_console: Console, result: Evaluation, as_json: bool) -> None:
     if as_json:
         print(json_line(result))
-    else:
-        console.print(
-            f"{result.run} on the {result.source}: {result.nats_per_char:.4f} nats/char, "
-            f"{result.bits_per_char:.4f} bits/char, perplexity {result.perplexity:.3f} "
-            f"({result.chars:,} characters scored as {result.streams} contiguous streams of "
-            f"{result.seq_len}-character batches, state carried throughout, as in training's validation)",
-            markup=False,
-            highlight=False,
-        )
+        return
+    console.print(
+        f"{result.run} on the {result.source}: {result.nats_per_char:.4f} nats/char, "
+        f"{result.bits_per_char:.4f} bits/char, perplexity {result.perplexity:.3f} "
+        f"({result.chars:,} characters scored as {result.streams} contiguous streams of "
+        f"{result.seq_len}-character batches, state carried throughout, as in training's validation)",
+        markup=False,
+        highlight=False,
+    )
     if result.unknown_chars:
         err_console.print(
             f"[yellow]warning:[/] {result.unknown_chars:,} characters are not in the run's vocabulary; "
