@@ -2,15 +2,35 @@
 
 from __future__ import annotations
 
+import codecs
+import contextlib
+import hashlib
 import io
 import os
+import socket
+import threading
+import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
-from textgen.corpus import gutenberg_number, read_corpus, resolve_corpus
+from textgen import corpus
+from textgen.corpus import (
+    HEAD_BYTES,
+    available_memory,
+    fingerprint,
+    gutenberg_number,
+    read_corpus,
+    resolve_corpus,
+    resolve_encoding,
+)
 from textgen.errors import CorpusError
 
 GUTENBERG = (
@@ -126,16 +146,6 @@ def test_download_failure_is_one_line(in_tmp: Path, monkeypatch: pytest.MonkeyPa
     assert not (in_tmp / "corpora" / "2600-0.txt").exists()
 
 
-def test_download_saves_into_local_corpora(in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    payload = GUTENBERG.replace("\n", "\r\n").encode("utf-8-sig")
-    monkeypatch.setattr(urllib.request, "urlopen", lambda url, *a, **k: io.BytesIO(payload))
-    path = resolve_corpus("2600-0.txt", download=True)
-    assert path == Path("corpora") / "2600-0.txt"
-    assert (in_tmp / "corpora" / "2600-0.txt").read_bytes() == payload
-    assert [p.name for p in (in_tmp / "corpora").iterdir()] == ["2600-0.txt"]  # no temporary files left
-    assert read_corpus(path) == BODY
-
-
 def test_download_of_a_non_gutenberg_name_is_not_attempted(in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def fail(*args: object, **kwargs: object) -> None:
         raise AssertionError("no download expected")
@@ -220,7 +230,7 @@ def test_invalid_utf8(tmp_path: Path) -> None:
         read_corpus(path)
     message = str(info.value)
     assert "latin1.txt is not valid UTF-8 (bad byte at offset 1)" in message
-    assert "iconv" in message
+    assert "--encoding auto" in message
 
 
 def test_missing_file(tmp_path: Path) -> None:
@@ -236,5 +246,411 @@ def test_utf8_text_is_read_exactly(tmp_path: Path) -> None:
 def test_utf16_file_is_named_as_such(tmp_path: Path) -> None:
     path = tmp_path / "utf16.txt"
     path.write_bytes("War and Peace\n".encode("utf-16"))
-    with pytest.raises(CorpusError, match=r"is UTF-16 text; convert it to UTF-8"):
+    with pytest.raises(CorpusError, match=r"is UTF-16 text; pass --encoding utf-16, or convert it to UTF-8"):
         read_corpus(path)
+
+
+# --- download_gutenberg against a local server ---------------------------------
+
+PAYLOAD = GUTENBERG.replace("\n", "\r\n").encode("utf-8-sig")
+SMALL_CAP = 1000  # the size cap the tests set, so "too big" needs only a few kB
+
+
+class BookHandler(BaseHTTPRequestHandler):
+    """GET /<route>/<number>: book, big, big-unsized, truncated, chunked-cut, slow, stall, hangup; else 404."""
+
+    def do_GET(self) -> None:
+        route = self.path.split("/")[1].replace("-", "_")
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the client gave up, as some cases expect
+            getattr(self, f"serve_{route}", self.serve_missing)()
+
+    def start(self, length: int | None) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        if length is not None:
+            self.send_header("Content-Length", str(length))
+        self.end_headers()
+
+    def serve_book(self) -> None:
+        self.start(len(PAYLOAD))
+        self.wfile.write(PAYLOAD)
+
+    def serve_big(self) -> None:
+        self.start(5 * SMALL_CAP)
+        self.wfile.write(b"x" * 5 * SMALL_CAP)
+
+    def serve_big_unsized(self) -> None:  # no Content-Length: the body runs to the connection's end
+        self.start(None)
+        self.wfile.write(b"x" * 5 * SMALL_CAP)
+
+    def serve_truncated(self) -> None:
+        self.start(1000)
+        self.wfile.write(b"only ten b")
+
+    def serve_chunked_cut(self) -> None:  # chunked encoding, closed before the last chunk
+        self.send_response(200)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.wfile.write(b"a\r\n0123456789\r\n")
+
+    def serve_slow(self) -> None:  # a byte every 50 ms: never idle long enough for a socket timeout
+        self.start(200)
+        for _ in range(200):
+            self.wfile.write(b"x")
+            time.sleep(0.05)
+
+    def serve_stall(self) -> None:
+        self.start(100)
+        time.sleep(3)
+
+    def serve_hangup(self) -> None:
+        pass  # closes the connection without a response
+
+    def serve_missing(self) -> None:
+        self.send_error(404)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), BookHandler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@pytest.fixture
+def serve(server: str, in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
+    """Point the downloader at routes of the local server, with no proxy in between."""
+    monkeypatch.setenv("no_proxy", "*")
+    monkeypatch.setattr(corpus, "GUTENBERG_MAX_BYTES", SMALL_CAP * 2)
+
+    def point(*routes: str) -> None:
+        monkeypatch.setattr(corpus, "_GUTENBERG_URLS", tuple(f"{server}/{route}/{{n}}" for route in routes))
+
+    return point
+
+
+def download_error(in_tmp: Path) -> str:
+    """The one-line message of a failed download of book #2600; nothing may be left behind."""
+    with pytest.raises(CorpusError) as info:
+        resolve_corpus("2600-0.txt", download=True)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith("could not download Project Gutenberg book #2600 (")
+    assert "offline? Put the file in corpora/" in message and "TEXTGEN_CORPUS_PATH" in message
+    assert not (in_tmp / "corpora").exists()
+    return message
+
+
+def test_download_saves_into_local_corpora(in_tmp: Path, serve: Callable[..., None]) -> None:
+    serve("book")
+    path = resolve_corpus("2600-0.txt", download=True)
+    assert path == Path("corpora") / "2600-0.txt"
+    assert (in_tmp / "corpora" / "2600-0.txt").read_bytes() == PAYLOAD
+    assert [p.name for p in (in_tmp / "corpora").iterdir()] == ["2600-0.txt"]  # no temporary files left
+    assert read_corpus(path) == BODY
+
+
+def test_download_falls_back_to_the_next_url(in_tmp: Path, serve: Callable[..., None]) -> None:
+    serve("missing", "book")
+    assert (in_tmp / resolve_corpus("2600-0.txt", download=True)).read_bytes() == PAYLOAD
+
+
+@pytest.mark.parametrize(
+    ("route", "why"),
+    [
+        ("missing", "HTTP 404 Not Found"),
+        ("big", "too big: 5,000 bytes, the limit is 2,000"),
+        ("big-unsized", "too big: over 2,000 bytes"),
+        ("truncated", "truncated: got 10 of 1,000 bytes"),
+        ("chunked-cut", "truncated: the connection closed after 10 bytes"),
+        ("hangup", "bad HTTP response (RemoteDisconnected"),
+    ],
+)
+def test_download_failures(in_tmp: Path, server: str, serve: Callable[..., None], route: str, why: str) -> None:
+    serve(route, route)
+    message = download_error(in_tmp)
+    assert message.count(f"{server}/{route}/2600: {why}") == 2  # each URL tried, each with its reason
+
+
+def test_a_slow_download_stops_at_the_deadline(
+    in_tmp: Path, server: str, serve: Callable[..., None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(corpus, "DOWNLOAD_DEADLINE_S", 1.0)
+    serve("slow", "book")
+    started = time.monotonic()
+    message = download_error(in_tmp)
+    assert time.monotonic() - started < 2.5
+    assert f"{server}/slow/2600: too slow:" in message and "bytes in when the 1 s deadline passed" in message
+    assert f"{server}/book/2600: not tried, the 1 s download deadline had passed" in message
+
+
+def test_a_stalled_download_times_out(
+    in_tmp: Path, server: str, serve: Callable[..., None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(corpus, "DOWNLOAD_READ_TIMEOUT_S", 0.3)
+    serve("stall")
+    assert f"{server}/stall/2600: timed out" in download_error(in_tmp)
+
+
+def test_a_refused_connection(in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again: nothing listens there
+    monkeypatch.setenv("no_proxy", "*")
+    monkeypatch.setattr(corpus, "_GUTENBERG_URLS", (f"http://127.0.0.1:{port}/{{n}}",))
+    assert f"http://127.0.0.1:{port}/2600: Connection refused" in download_error(in_tmp)
+
+
+def test_a_bad_url(in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(corpus, "_GUTENBERG_URLS", ("nonsense/{n}",))
+    assert "nonsense/2600: bad URL (unknown url type" in download_error(in_tmp)
+
+
+# --- encodings -----------------------------------------------------------------------
+
+# The characters cp1252 puts at bytes 0x80-0x9F, where Latin-1 has C1 control codes.
+CP1252_EXTRAS = "".join(bytes([b]).decode("cp1252") for b in range(0x80, 0xA0) if b not in b"\x81\x8d\x8f\x90\x9d")
+ASCII = "".join(map(chr, range(1, 128))).replace("\r", "")
+# Every character cp1252 can encode, less NUL (binary) and CR (line endings are normalised).
+CP1252_CHARS = "".join(bytes([b]).decode("cp1252", errors="ignore") for b in range(1, 256)).replace("\r", "")
+
+
+def write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def test_windows_1252_curly_quotes_and_dashes(tmp_path: Path) -> None:
+    text = "“Quoted,” she said — it’s 5 € in the café.\n"
+    path = write(tmp_path / "win.txt", text.encode("cp1252"))
+    assert resolve_encoding(path) == "cp1252"
+    assert read_corpus(path, encoding="auto") == text
+
+
+@pytest.mark.parametrize("byte", [0x81, 0x8D, 0x8F, 0x90, 0x9D])
+def test_latin1_with_a_byte_cp1252_leaves_undefined(tmp_path: Path, byte: int) -> None:
+    path = write(tmp_path / "latin.txt", "café ".encode("latin-1") + bytes([byte]) + b" \x93fin\n")
+    assert resolve_encoding(path) == "latin-1"
+    assert read_corpus(path, encoding="auto") == f"café {chr(byte)} \x93fin\n"
+
+
+@pytest.mark.parametrize("bom", [b"", codecs.BOM_UTF8], ids=["plain", "bom"])
+def test_utf8_is_detected(tmp_path: Path, bom: bytes) -> None:
+    text = "Пьер — «Ну, князь» déjà 😀\n"
+    path = write(tmp_path / "utf8.txt", bom + text.encode())
+    assert resolve_encoding(path) == "utf-8"
+    assert read_corpus(path, encoding="auto") == text
+
+
+def test_ascii_and_empty_files_are_utf8(tmp_path: Path) -> None:
+    assert resolve_encoding(write(tmp_path / "ascii.txt", b"plain\n")) == "utf-8"
+    assert resolve_encoding(write(tmp_path / "empty.txt", b"")) == "utf-8"
+
+
+def test_detection_reads_in_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(corpus, "READ_CHUNK_BYTES", 1)  # every multi-byte character is split across reads
+    assert resolve_encoding(write(tmp_path / "utf8.txt", "déjà 😀 “x”\n".encode())) == "utf-8"
+    assert resolve_encoding(write(tmp_path / "win.txt", "“x” — y\n".encode("cp1252"))) == "cp1252"
+    assert resolve_encoding(write(tmp_path / "cut.txt", "déjà 😀".encode()[:-1])) == "cp1252"  # cut off mid-character
+
+
+@pytest.mark.parametrize(("codec", "label"), [("utf-16", "UTF-16"), ("utf-16-be", "UTF-16"), ("utf-32", "UTF-32")])
+def test_utf16_and_utf32_are_refused_under_auto_with_the_flag_to_use(tmp_path: Path, codec: str, label: str) -> None:
+    data = "War and Peace\n".encode(codec)
+    if codec == "utf-16-be":
+        data = codecs.BOM_UTF16_BE + data
+    path = write(tmp_path / "wide.txt", data)
+    with pytest.raises(CorpusError) as info:
+        resolve_encoding(path)
+    message = str(info.value)
+    assert f"wide.txt is {label} text; pass --encoding {label.lower()}, or convert it to UTF-8" in message
+    assert f"iconv -f {label.lower()} -t utf-8" in message
+
+
+@pytest.mark.parametrize("codec", ["utf-16", "utf-32"])
+def test_utf16_and_utf32_are_read_when_named(tmp_path: Path, codec: str) -> None:
+    path = write(tmp_path / "wide.txt", "War — and\r\nPeace 😀\n".encode(codec))
+    assert resolve_encoding(path, codec) == codec
+    assert read_corpus(path, encoding=codec) == "War — and\nPeace 😀\n"
+
+
+@pytest.mark.parametrize(
+    ("name", "codec"),
+    [
+        ("utf-8", "utf-8"),
+        ("UTF8", "utf-8"),
+        ("latin1", "iso8859-1"),
+        ("Windows-1252", "cp1252"),
+        ("utf-8-sig", "utf-8-sig"),
+    ],
+)
+def test_named_encodings_are_normalised(tmp_path: Path, name: str, codec: str) -> None:
+    assert resolve_encoding(write(tmp_path / "a.txt", b"abc\n"), name) == codec
+
+
+def test_auto_is_not_case_sensitive(tmp_path: Path) -> None:
+    assert resolve_encoding(write(tmp_path / "a.txt", "“x”".encode("cp1252")), "AUTO") == "cp1252"
+
+
+@pytest.mark.parametrize("name", ["klingon", "base64", "rot13", ""])
+def test_unknown_encoding(tmp_path: Path, name: str) -> None:
+    path = write(tmp_path / "a.txt", b"abc\n")
+    with pytest.raises(CorpusError) as info:
+        read_corpus(path, encoding=name)
+    assert str(info.value).startswith(f"unknown --encoding {name!r}; use auto, or a text encoding Python knows")
+
+
+def test_a_named_encoding_that_does_not_fit(tmp_path: Path) -> None:
+    path = write(tmp_path / "latin.txt", "café ".encode("latin-1") + b"\x81\n")
+    with pytest.raises(CorpusError) as info:
+        read_corpus(path, encoding="cp1252")
+    message = str(info.value)
+    assert "latin.txt is not valid cp1252 (bad byte at offset 5)" in message
+    assert "--encoding auto" in message
+
+
+def test_bad_byte_offset_counts_the_bom(tmp_path: Path) -> None:
+    path = write(tmp_path / "bom.txt", codecs.BOM_UTF8 + b"ab\xff\n")
+    with pytest.raises(CorpusError, match=r"is not valid UTF-8 \(bad byte at offset 5\)"):
+        read_corpus(path, encoding="utf-8")
+
+
+def test_latin1_file_is_read_under_auto(tmp_path: Path) -> None:
+    text = "café crème brûlée\n" * 50  # the CLI test's "latin-1" corpus
+    assert read_corpus(write(tmp_path / "book.txt", text.encode("latin-1")), encoding="auto") == text
+
+
+def test_binary_files_are_refused_under_a_named_ascii_based_codec(tmp_path: Path) -> None:
+    path = write(tmp_path / "model.bin", b"\x89HDF\r\n\x1a\n\x00\x00\x00\x00")
+    for name in ("auto", "latin-1", "cp1252"):
+        with pytest.raises(CorpusError, match="looks like a binary file"):
+            read_corpus(path, encoding=name)
+
+
+class CountingFileIO(io.FileIO):
+    """A raw file that counts the bytes read from it, into ``total``."""
+
+    total = 0
+
+    def readinto(self, buffer: Any) -> int | None:
+        n = super().readinto(buffer)
+        CountingFileIO.total += n or 0
+        return n
+
+    def readall(self) -> bytes:
+        data = super().readall()
+        CountingFileIO.total += len(data)
+        return data
+
+
+def test_binary_check_reads_only_the_head(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "huge.bin"
+    path.touch()
+    os.truncate(path, 1 << 30)  # 1 GiB of NUL bytes, sparse: nothing written to disk
+    monkeypatch.setattr(CountingFileIO, "total", 0)
+    monkeypatch.setattr(corpus, "open", lambda p, mode: io.BufferedReader(CountingFileIO(p, mode)), raising=False)
+    monkeypatch.setattr(corpus, "available_memory", lambda: 1 << 50)  # the memory check would stop it first
+    with pytest.raises(CorpusError, match=r"huge\.bin looks like a binary file"):
+        read_corpus(path, encoding="auto")
+    assert 0 < CountingFileIO.total <= HEAD_BYTES + io.DEFAULT_BUFFER_SIZE
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.text(CP1252_CHARS, min_size=1))
+def test_cp1252_text_is_detected_unless_it_is_also_valid_utf8(tmp_path: Path, text: str) -> None:
+    data = text.encode("cp1252")
+    assume(text.strip() and not data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)))
+    path = write(tmp_path / "any.txt", data)
+    try:
+        data.decode("utf-8")
+        expected = "utf-8"  # e.g. "Ã€" is C3 80 in cp1252: UTF-8 for "À", and detected as such
+    except UnicodeDecodeError:
+        expected = "cp1252"
+    assert resolve_encoding(path) == expected
+    if expected == "cp1252":
+        assert read_corpus(path, strip_boilerplate=False, encoding="auto") == text
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    st.tuples(
+        st.text(ASCII),  # no byte that could start a UTF-8 sequence, so a lone 0x80-0x9F byte is invalid UTF-8
+        st.sampled_from(CP1252_EXTRAS),
+        st.text(ASCII + CP1252_EXTRAS),
+    ).map("".join)
+)
+def test_ascii_with_cp1252_punctuation_is_always_cp1252(tmp_path: Path, text: str) -> None:
+    path = write(tmp_path / "any.txt", text.encode("cp1252"))
+    assert resolve_encoding(path) == "cp1252"
+    assert read_corpus(path, strip_boilerplate=False, encoding="auto") == text
+
+
+# --- memory ------------------------------------------------------------------------
+
+
+def test_a_corpus_too_big_for_memory_is_refused_before_reading(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(tmp_path / "big.txt", b"\xff" * 100)  # not UTF-8 either: the size is checked first
+    monkeypatch.setattr(corpus, "available_memory", lambda: 1000)
+    with pytest.raises(CorpusError) as info:
+        read_corpus(path)
+    message = str(info.value)
+    assert "\n" not in message
+    assert "big.txt is too big to train on: it is 100 bytes, training needs about 2.3 KiB" in message
+    assert "(24 bytes per character) and 1000 bytes of memory is available" in message
+    assert "streaming larger corpora is planned, for now split the text, or use a machine with more memory" in message
+
+
+def test_a_corpus_that_fits_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(corpus, "available_memory", lambda: 2400)
+    assert read_corpus(write(tmp_path / "ok.txt", b"x" * 99 + b"\n")) == "x" * 99 + "\n"
+
+
+def test_available_memory() -> None:
+    assert available_memory() > 0
+
+
+def test_available_memory_falls_back_to_physical_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_proc(*args: object, **kwargs: object) -> None:
+        raise FileNotFoundError("/proc/meminfo")
+
+    monkeypatch.setattr(corpus, "open", no_proc, raising=False)
+    assert available_memory() == os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+# --- fingerprint ---------------------------------------------------------------------
+
+
+def test_fingerprint_is_the_size_and_a_hash_of_the_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = GUTENBERG.encode() * 10
+    path = write(tmp_path / "book.txt", data)
+    expected = (len(data), hashlib.blake2b(data, digest_size=16).hexdigest())
+    assert fingerprint(path) == expected
+    monkeypatch.setattr(corpus, "READ_CHUNK_BYTES", 7)  # chunked reading gives the same hash
+    assert fingerprint(path) == expected
+
+
+def test_fingerprint_changes_with_any_edit(tmp_path: Path) -> None:
+    data = GUTENBERG.encode()
+    path = write(tmp_path / "book.txt", data)
+    before = fingerprint(path)
+    assert fingerprint(path) == before  # stable
+    write(path, data[:100] + b"w" + data[101:])  # one byte, same size
+    after = fingerprint(path)
+    assert after[0] == before[0] and after[1] != before[1]
+    write(path, data)
+    assert fingerprint(path) == before
+    write(path, data.replace(b"\n", b"\r\n"))  # the same text once read, but other bytes
+    assert fingerprint(path) != before
+
+
+def test_fingerprint_of_a_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(CorpusError, match=r"cannot read .*nope\.txt"):
+        fingerprint(tmp_path / "nope.txt")

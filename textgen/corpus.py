@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import codecs
+import contextlib
+import hashlib
+import http.client
 import os
 import re
+import sys
+import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from textgen.errors import CorpusError
 from textgen.files import atomic_path
@@ -20,6 +28,19 @@ _GUTENBERG_URLS = (
 )
 _START = re.compile(r"^\*\*\* ?START OF.*$", re.MULTILINE)
 _END = re.compile(r"^\*\*\* ?END OF.*$", re.MULTILINE)
+
+READ_CHUNK_BYTES = 1 << 20  # files and downloads are read this much at a time: memory stays bounded
+HEAD_BYTES = 64 << 10  # how much of a file the binary / UTF-16 checks look at
+
+# Memory training holds per corpus character: the str (1 byte per character for Latin-1
+# text, up to 4), the int32 ids (4), the int32 input and target arrays cut from them (8)
+# and tf.data's cached copy of those (8): about 24. A file's size in bytes is at least its
+# number of characters, so size * 24 errs on the side of refusing.
+BYTES_PER_CORPUS_CHAR = 24
+
+GUTENBERG_MAX_BYTES = 64 << 20  # the largest books are about 15 MB; a much bigger answer is not a book
+DOWNLOAD_DEADLINE_S = 120.0  # for all the URLs together, so a trickling server cannot stall a run
+DOWNLOAD_READ_TIMEOUT_S = 30.0  # for connecting and for each read
 
 
 def search_dirs() -> list[Path]:
@@ -61,20 +82,31 @@ def resolve_corpus(name: str, download: bool = False) -> Path:
     return download_gutenberg(number, LOCAL_CORPORA / path.name, looked)
 
 
+# --- downloading ---------------------------------------------------------------
+
+
+class _FetchError(Exception):
+    """Why one URL gave no book, as a short phrase."""
+
+
 def download_gutenberg(number: int, dest: Path, looked: str = "") -> Path:
-    """Fetch Project Gutenberg book ``number`` to ``dest`` (atomically)."""
+    """Fetch Project Gutenberg book ``number`` to ``dest``, trying each of ``_GUTENBERG_URLS``.
+
+    All attempts together get ``DOWNLOAD_DEADLINE_S``; a body over ``GUTENBERG_MAX_BYTES``
+    or cut short is a failure. Nothing partial is ever left at ``dest``.
+    """
+    deadline = time.monotonic() + DOWNLOAD_DEADLINE_S
     errors = []
-    for url in _GUTENBERG_URLS:
-        url = url.format(n=number)
+    for template in _GUTENBERG_URLS:
+        url = template.format(n=number)
         try:
-            with urllib.request.urlopen(url, timeout=30) as response:
-                data = response.read()
-        except (urllib.error.URLError, OSError) as exc:
-            errors.append(f"{url}: {getattr(exc, 'reason', exc)}")
+            body = _fetch(url, deadline)
+        except _FetchError as exc:
+            errors.append(f"{url}: {exc}")
             continue
         dest.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(dest) as tmp:
-            tmp.write_bytes(data)
+            tmp.write_bytes(body)
         return dest
     where = f" (looked in {looked})" if looked else ""
     raise CorpusError(
@@ -83,21 +115,261 @@ def download_gutenberg(number: int, dest: Path, looked: str = "") -> Path:
     )
 
 
-def decode_corpus(data: bytes, name: str = "corpus") -> str:
-    """UTF-8 text from bytes: BOM stripped, line endings normalised to \\n."""
-    if data[:2] in (b"\xff\xfe", b"\xfe\xff"):
-        raise CorpusError(f"{name} is UTF-16 text; convert it to UTF-8, e.g. iconv -f utf-16 -t utf-8")
-    if b"\x00" in data[:65536]:
-        raise CorpusError(f"{name} looks like a binary file (it contains NUL bytes); give a plain-text file")
+def _fetch(url: str, deadline: float) -> bytearray:
+    """The body at ``url``, or a _FetchError saying why not."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise _FetchError(f"not tried, the {DOWNLOAD_DEADLINE_S:g} s download deadline had passed")
     try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
+        with urllib.request.urlopen(url, timeout=min(DOWNLOAD_READ_TIMEOUT_S, remaining)) as response:
+            return _read_body(response, deadline)
+    except urllib.error.HTTPError as exc:
+        exc.close()  # an HTTPError holds the response open
+        raise _FetchError(f"HTTP {exc.code} {exc.reason}") from None
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
+        raise _FetchError(_why(exc)) from None
+
+
+def _read_body(response: http.client.HTTPResponse, deadline: float) -> bytearray:
+    """``response``'s body read in chunks, checking its size and the deadline as it comes."""
+    expected = _content_length(response)
+    if expected is not None and expected > GUTENBERG_MAX_BYTES:
+        raise _FetchError(f"too big: {expected:,} bytes, the limit is {GUTENBERG_MAX_BYTES:,}")
+    body = bytearray()
+    try:
+        # read1, not read: read(n) waits for all n bytes, so a trickle would never reach the deadline check.
+        while chunk := response.read1(READ_CHUNK_BYTES):
+            body += chunk
+            if len(body) > GUTENBERG_MAX_BYTES:
+                raise _FetchError(f"too big: over {GUTENBERG_MAX_BYTES:,} bytes")
+            if time.monotonic() > deadline:
+                raise _FetchError(
+                    f"too slow: {len(body):,} bytes in when the {DOWNLOAD_DEADLINE_S:g} s deadline passed"
+                )
+    except http.client.IncompleteRead:
+        raise _FetchError(f"truncated: the connection closed after {len(body):,} bytes") from None
+    if expected is not None and len(body) < expected:
+        raise _FetchError(f"truncated: got {len(body):,} of {expected:,} bytes")
+    return body
+
+
+def _content_length(response: http.client.HTTPResponse) -> int | None:
+    """The announced body size, if the server gave a usable one."""
+    try:
+        return int(response.headers.get("Content-Length", ""))
+    except ValueError:
+        return None
+
+
+def _why(exc: BaseException) -> str:
+    """A network failure as a short one-line phrase."""
+    if isinstance(exc, urllib.error.URLError):
+        reason = exc.reason
+        return _why(reason) if isinstance(reason, BaseException) else _one_line(str(reason))
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    if isinstance(exc, http.client.HTTPException):
+        return _one_line(f"bad HTTP response ({type(exc).__name__}: {exc})")
+    if isinstance(exc, ValueError):
+        return _one_line(f"bad URL ({exc})")
+    if isinstance(exc, OSError) and exc.strerror:
+        return _one_line(exc.strerror)
+    return _one_line(str(exc) or type(exc).__name__)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+# --- encodings -------------------------------------------------------------------
+
+# UTF-32 first: its little-endian BOM begins with UTF-16's.
+_BOMS = (
+    (codecs.BOM_UTF32_LE, "UTF-32"),
+    (codecs.BOM_UTF32_BE, "UTF-32"),
+    (codecs.BOM_UTF16_LE, "UTF-16"),
+    (codecs.BOM_UTF16_BE, "UTF-16"),
+)
+_ASCII_PROBE = b"Az09 .,\n"
+
+
+def resolve_encoding(path: Path, requested: str = "auto") -> str:
+    """The codec to decode ``path`` with: ``requested`` checked, or for "auto" detected.
+
+    "auto" gives utf-8 if the bytes are valid UTF-8 (a BOM is fine), else cp1252 if they
+    are valid Windows-1252, else latin-1, which decodes any bytes. Binary files (NUL bytes)
+    and UTF-16/32 text (a BOM) are refused, also for an explicit ASCII-based codec; only
+    the first ``HEAD_BYTES`` are read for that. An explicit codec comes back under Python's
+    normalised name (latin1 -> iso8859-1, windows-1252 -> cp1252).
+    """
+    path = Path(path)
+    if requested.strip().lower() != "auto":
+        codec = _codec(requested)
+        if _ascii_based(codec):
+            _check_head(path)
+        return codec
+    _check_head(path)
+    # cp1252 before latin-1: bytes 0x80-0x9F are C1 control codes in Latin-1, which no real
+    # text uses, while cp1252 maps them to punctuation (curly quotes, dashes, the euro sign).
+    # Where no such byte occurs the two agree, so trying cp1252 first costs nothing.
+    for codec in ("utf-8", "cp1252"):
+        if _decodes_as(path, codec):
+            return codec
+    return "latin-1"
+
+
+def _codec(name: str) -> str:
+    """Python's name for the text codec ``name``, or a CorpusError naming --encoding."""
+    try:
+        codec = codecs.lookup(name).name
+        _ASCII_PROBE.decode(codec, errors="replace")  # LookupError for codecs not for text (base64, rot13)
+    except LookupError:
         raise CorpusError(
-            f"{name} is not valid UTF-8 (bad byte at offset {exc.start}); convert it, e.g. iconv -f latin1 -t utf-8"
+            f"unknown --encoding {name!r}; use auto, or a text encoding Python knows, "
+            f"e.g. utf-8, cp1252, latin-1, utf-16"
         ) from None
+    return codec
+
+
+def _ascii_based(codec: str) -> bool:
+    """Whether ``codec`` reads ASCII bytes as ASCII, so NUL bytes or a UTF-16 BOM mean the wrong file."""
+    return _ASCII_PROBE.decode(codec, errors="replace") == _ASCII_PROBE.decode("ascii")
+
+
+def _check_head(path: Path) -> None:
+    """Refuse UTF-16/32 text and binary files, judging by the first ``HEAD_BYTES``."""
+    with _opened(path) as fh:
+        head = fh.read(HEAD_BYTES)
+    for bom, label in _BOMS:
+        if head.startswith(bom):
+            raise CorpusError(
+                f"{path} is {label} text; pass --encoding {label.lower()}, or convert it to UTF-8, "
+                f"e.g. iconv -f {label.lower()} -t utf-8"
+            )
+    if b"\x00" in head:
+        raise CorpusError(f"{path} looks like a binary file (it contains NUL bytes); give a plain-text file")
+
+
+def _decodes_as(path: Path, codec: str) -> bool:
+    """Whether all of ``path`` is valid ``codec``, read a chunk at a time."""
+    decoder = codecs.getincrementaldecoder(codec)()
+    try:
+        with _opened(path) as fh:
+            while chunk := fh.read(READ_CHUNK_BYTES):
+                decoder.decode(chunk)
+        decoder.decode(b"", final=True)  # a multi-byte character cut off at the end
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+# --- memory ------------------------------------------------------------------------
+
+
+def available_memory() -> int:
+    """Bytes of memory free for new use: MemAvailable, else physical memory, else unlimited."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # reported in kB
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return sys.maxsize  # unknown: do not refuse a corpus on a guess
+
+
+def _check_fits_in_memory(path: Path, size: int) -> None:
+    """Refuse, before reading it, a corpus training could not hold in memory."""
+    needed, available = size * BYTES_PER_CORPUS_CHAR, available_memory()
+    if needed > available:
+        raise CorpusError(
+            f"{path} is too big to train on: it is {_human(size)}, training needs about {_human(needed)} "
+            f"({BYTES_PER_CORPUS_CHAR} bytes per character) and {_human(available)} of memory is available; "
+            f"streaming larger corpora is planned, for now split the text, or use a machine with more memory"
+        )
+
+
+def _human(n: int) -> str:
+    """A byte count for people: 512 bytes, 1.5 MiB, 3.0 GiB."""
+    units = ("bytes", "KiB", "MiB", "GiB", "TiB")
+    value, power = float(n), 0
+    while value >= 1024 and power < len(units) - 1:
+        value, power = value / 1024, power + 1
+    return f"{n} bytes" if power == 0 else f"{value:.1f} {units[power]}"
+
+
+# --- reading -----------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _opened(path: Path) -> Iterator[BinaryIO]:
+    """``path`` open for reading; an OS error, on opening or reading, becomes a CorpusError."""
+    try:
+        with open(path, "rb") as fh:
+            yield fh
+    except IsADirectoryError:
+        raise CorpusError(f"{path} is a directory; give the path of a plain-text file") from None
+    except OSError as exc:
+        raise CorpusError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def fingerprint(path: Path) -> tuple[int, str]:
+    """The size of ``path`` in bytes and a BLAKE2b hash of its bytes, read a chunk at a time.
+
+    It identifies the bytes of the file, not the text in it: any edit changes it, even one
+    that decodes to the same corpus (a BOM, line endings, the boilerplate).
+    """
+    digest, size = hashlib.blake2b(digest_size=16), 0
+    with _opened(path) as fh:
+        while chunk := fh.read(READ_CHUNK_BYTES):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def read_corpus(path: str | Path, strip_boilerplate: bool = True, encoding: str = "utf-8") -> str:
+    """The cleaned text of a corpus file, decoded with ``encoding`` (a codec name, or "auto").
+
+    Refused up front if training could not hold it in memory. Line endings become \\n and,
+    with ``strip_boilerplate``, only the text between Project Gutenberg's markers is kept.
+    """
+    path = Path(path)
+    with _opened(path) as fh:
+        size = os.fstat(fh.fileno()).st_size
+    _check_fits_in_memory(path, size)
+    codec = resolve_encoding(path, encoding)
+    with _opened(path) as fh:
+        data = fh.read()
+    text = _decode(data, codec, str(path))
+    del data  # freed before the line-ending pass copies the text
     if not text.strip():
-        raise CorpusError(f"{name} is empty; give a plain-text file with some text in it")
-    return text.replace("\r\n", "\n").replace("\r", "\n")
+        raise CorpusError(f"{path} is empty; give a plain-text file with some text in it")
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    if strip_boilerplate:
+        text = strip_gutenberg_boilerplate(text)
+        if not text.strip():
+            raise CorpusError(f"{path} has no text between its Project Gutenberg markers; try --keep-boilerplate")
+    return text
+
+
+def _decode(data: bytes, codec: str, name: str) -> str:
+    """``data`` as text in ``codec`` (for utf-8 without its BOM), or a CorpusError naming the bad byte."""
+    if codec == "utf-8":
+        codec = "utf-8-sig"
+    try:
+        return data.decode(codec)
+    except UnicodeDecodeError as exc:
+        # utf-8-sig counts from after the BOM it dropped; the offset given is in the file.
+        dropped = len(codecs.BOM_UTF8) if codec == "utf-8-sig" and data.startswith(codecs.BOM_UTF8) else 0
+        offset = exc.start + dropped
+        label = "UTF-8" if codec == "utf-8-sig" else codec
+        raise CorpusError(
+            f"{name} is not valid {label} (bad byte at offset {offset}); pass --encoding auto to detect "
+            f"UTF-8, Windows-1252 or Latin-1, or name the file's encoding with --encoding"
+        ) from None
 
 
 def strip_gutenberg_boilerplate(text: str) -> str:
@@ -108,20 +380,4 @@ def strip_gutenberg_boilerplate(text: str) -> str:
     end = _END.search(text)
     if end:
         text = text[: end.start()]
-    return text
-
-
-def read_corpus(path: str | Path, strip_boilerplate: bool = True) -> str:
-    """The cleaned text of a corpus file."""
-    try:
-        data = Path(path).read_bytes()
-    except IsADirectoryError:
-        raise CorpusError(f"{path} is a directory; give the path of a plain-text file") from None
-    except OSError as exc:
-        raise CorpusError(f"cannot read {path}: {exc.strerror}") from None
-    text = decode_corpus(data, str(path))
-    if strip_boilerplate:
-        text = strip_gutenberg_boilerplate(text)
-        if not text.strip():
-            raise CorpusError(f"{path} has no text between its Project Gutenberg markers; try --keep-boilerplate")
     return text
