@@ -11,7 +11,7 @@ import keras
 import numpy as np
 import pytest
 
-from textgen.checkpoint import Run, check_run_name, ensure_writable, find_run, list_runs, new_run_name
+from textgen.checkpoint import Run, check_run_name, ensure_writable, find_run, list_runs, reserve_run
 from textgen.config import RunConfig
 from textgen.data import make_dataset
 from textgen.errors import CheckpointError, ConfigError
@@ -175,16 +175,23 @@ def test_find_run_picks_the_most_recently_updated(tmp_path: Path, trained_run) -
     assert find_run(tmp_path, "old").path == old.path
 
 
-def test_new_run_name(tmp_path: Path) -> None:
-    assert new_run_name(tmp_path, "2600-0") == "2600-0"
-    (tmp_path / "2600-0").mkdir()
+def test_new_run_names_are_reserved_by_creating_the_directory(tmp_path: Path) -> None:
+    def reserved(stem: str) -> str:
+        run, lock = reserve_run(tmp_path, None, stem)
+        lock.release()
+        return run.name
+
+    assert reserved("2600-0") == "2600-0"
     (tmp_path / "2600-0-2").mkdir()
-    assert new_run_name(tmp_path, "2600-0") == "2600-0-3"
-    assert new_run_name(tmp_path, "my book (draft)") == "my-book-draft"
-    assert new_run_name(tmp_path, "...") == "run"
+    assert reserved("2600-0") == "2600-0-3"  # 2600-0 is taken by the first reservation
+    assert reserved("my book (draft)") == "my-book-draft"
+    assert reserved("...") == "run"
+    (tmp_path / "afile").write_text("not a run")
+    with pytest.raises(ConfigError, match="exists and is not a run directory"):
+        reserve_run(tmp_path, "afile", "x")
 
 
-@pytest.mark.parametrize("name", ["../escape", "a/b", ".hidden", "", "sp ace"])
+@pytest.mark.parametrize("name", ["../escape", "a/b", ".hidden", "", "sp ace", "x" * 101])
 def test_check_run_name_rejects(name: str) -> None:
     with pytest.raises(ConfigError, match="--run"):
         check_run_name(name)

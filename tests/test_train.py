@@ -69,6 +69,7 @@ def test_run_directory_contents(trained_run) -> None:
         "history.csv",
         "loss_curve.txt",
         "tensorboard",
+        ".lock",
     }
     assert expected | {state["last_weights"], state["optimizer"]} == names  # and no stale or temporary files
     assert state["last_weights"].startswith("last-") and state["last_weights"].endswith(".weights.h5")
@@ -191,7 +192,7 @@ def test_interrupt_in_the_last_batch_of_an_epoch_finishes_the_epoch(tmp_path: Pa
             if batch == spe - 1:
                 signal.raise_signal(signal.SIGINT)
 
-    with pytest.raises(TrainingInterrupted, match="stopped after epoch 1;"):
+    with pytest.raises(TrainingInterrupted, match=r"stopped after epoch 1 \(SIGINT\);"):
         train(plan, CtrlCAtTheLastBatch())
     state = plan.run.load_state()
     assert (state["epoch"], state["batch"], state["step"]) == (1, 0, spe)
@@ -292,10 +293,16 @@ def test_resume_without_a_name_picks_the_latest_run(trained_run) -> None:
     assert plan.run.path == trained_run.run.path
 
 
-def test_resume_of_a_run_without_a_resume_point(tmp_path: Path, tiny_corpus: Path) -> None:
-    new_plan(tmp_path, tiny_corpus)  # creates the run directory, trains nothing
-    with pytest.raises(ConfigError, match="no resume point yet"):
-        resume_plan(tmp_path)
+def test_resume_of_a_run_without_a_resume_point_starts_it_cleanly(tmp_path: Path, tiny_corpus: Path) -> None:
+    plan = new_plan(tmp_path, tiny_corpus, epochs=1)  # creates the run directory, trains nothing
+    plan.lock.release()  # as if the process had died before its first save
+    (plan.run.path / "best.weights.h5").write_bytes(b"left by the dead attempt")
+    with pytest.raises(CheckpointError, match="no trained run"):
+        plan_training(None, CPU, checkpoint_dir=tmp_path / "checkpoints", resume=True)  # never the latest
+    resumed = resume_plan(tmp_path)
+    assert resumed.resume_state is None and not (plan.run.path / "best.weights.h5").exists()
+    assert train(resumed).epochs == 1
+    assert plan.run.is_usable()
 
 
 def test_new_run_with_an_existing_name(trained_run) -> None:

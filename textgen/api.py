@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from textgen.checkpoint import Run, find_run
 from textgen.config import DataConfig, ModelConfig, TrainConfig
 from textgen.device import apply_profile, configure_for_inference, import_tensorflow, resolve_profile
+from textgen.errors import ConfigError
 
 if TYPE_CHECKING:
     from textgen.results import Evaluation, TrainResult
@@ -28,6 +29,7 @@ def train(
     resume: bool = False,
     download: bool = False,
     keep_boilerplate: bool = False,
+    encoding: str = "auto",
     data: dict[str, Any],
     model: dict[str, Any],
     training: dict[str, Any],
@@ -36,9 +38,15 @@ def train(
     """Plan a new run (or reload one with ``resume``) and train it; ``data``, ``model`` and
     ``training`` hold the settings the user gave (``None`` for the rest)."""
     _check_settings(data, model, training)
+    if resume and device != "auto":
+        saved = find_run(checkpoint_dir, run_name).load_config().profile.name
+        if saved != device:
+            raise ConfigError(
+                f"run {run_name or 'the latest'!r} was trained with the {saved} profile; a resumed run keeps it: "
+                f"use --device {saved}, or auto"
+            )
     import_tensorflow()
     profile = resolve_profile(device)
-    apply_profile(profile)
     from textgen import train as training_loop
 
     plan = training_loop.plan_training(
@@ -49,10 +57,12 @@ def train(
         resume=resume,
         download=download,
         keep_boilerplate=keep_boilerplate,
+        encoding=encoding,
         data=data,
         model=model,
         training=training,
     )
+    apply_profile(plan.config.profile)  # a resumed run keeps the profile it was trained with
     return training_loop.train(plan, progress)
 
 
@@ -67,7 +77,12 @@ def open_generator(checkpoint_dir: Path, run_name: str | None, which: str = "bes
 
 
 def evaluate(
-    checkpoint_dir: Path, run_name: str | None, split: str = "test", file: str | None = None, which: str = "best"
+    checkpoint_dir: Path,
+    run_name: str | None,
+    split: str = "test",
+    file: str | None = None,
+    which: str = "best",
+    encoding: str = "auto",
 ) -> Evaluation:
     """Cross-entropy of a run on its ``split`` or on a text ``file`` (see ``textgen.evaluate``)."""
     run = find_run(checkpoint_dir, run_name)
@@ -75,7 +90,7 @@ def evaluate(
     configure_for_inference()
     from textgen.evaluate import evaluate_run
 
-    return evaluate_run(run, split=split, file=file, which=which)
+    return evaluate_run(run, split=split, file=file, which=which, encoding=encoding)
 
 
 def _check_settings(data: dict[str, Any], model: dict[str, Any], training: dict[str, Any]) -> None:

@@ -4,42 +4,52 @@ Layout of ``checkpoints/<run>/``::
 
     config.json        RunConfig (data, model, training, profile)
     vocab.json         the character vocabulary
-    best.weights.h5    weights with the lowest validation loss so far
+    best.weights.h5    weights with the lowest validation loss so far (the loss is stored in the file)
     last-*.weights.h5  weights at the resume point named by state.json
     optimizer-*.npz    optimizer variables at that point
-    state.json         the commit record: resume point, callback states, best loss
-    history.csv        one row per epoch
+    state.json         the commit record: resume point, callback states, best loss, history
+    history.csv        one row per epoch, rewritten from state.json after each commit
+    .lock              locked (flock) by the process training the run
     loss_curve.txt     train and validation bits/char per epoch, as a text chart
     tensorboard/       TensorBoard logs
 
 ``state.json`` is replaced last, in one rename, and names the files of its resume
-point, so a crash at any moment leaves the previous consistent state in place.
+point, so a crash at any moment leaves the previous consistent state in place; what an
+interrupted save left behind (temporary files, unnamed resume files) is removed by the
+next process that locks the run.
 """
 
 from __future__ import annotations
 
+import contextlib
+import csv
+import fcntl
+import io
 import json
 import math
 import os
 import re
 import warnings
+import weakref
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from textgen.config import RunConfig
-from textgen.errors import CheckpointError, ConfigError
-from textgen.files import atomic_path, atomic_write_text
-from textgen.results import RunSummary, StopReason, bits
+from textgen.config import DataConfig, RunConfig
+from textgen.corpus import fingerprint
+from textgen.errors import CheckpointError, ConfigError, CorpusError
+from textgen.files import TEMPORARY, atomic_path, atomic_write_text
+from textgen.results import METRICS, RunSummary, StopReason, bits
 from textgen.vocab import Vocabulary
 
 if TYPE_CHECKING:
     import keras
 
 DEFAULT_CHECKPOINT_DIR = Path("checkpoints")
-_RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")  # 100 characters: far below any filesystem's limit
 
 
 class Run:
@@ -63,41 +73,94 @@ class Run:
     # --- writing -----------------------------------------------------------
 
     def create(self, cfg: RunConfig, vocab: Vocabulary) -> None:
-        """Make the directory and write the config and vocabulary."""
-        try:
-            self.path.mkdir(parents=True, exist_ok=True)
+        """Write the config and vocabulary into the (reserved) directory."""
+        with self._saving("the run's config"):
             atomic_write_text(self.config_path, json.dumps(cfg.to_dict(), indent=2) + "\n")
             atomic_write_text(self.vocab_path, vocab.to_json() + "\n")
-        except OSError as exc:
-            raise CheckpointError(
-                f"cannot write to {self.path}: {exc.strerror}; choose another place with --checkpoint-dir"
-            ) from None
 
-    def save_best(self, model: keras.Model) -> None:
-        """Replace the best weights atomically."""
-        with atomic_path(self.best_weights_path) as tmp:
+    def save_best(self, model: keras.Model, val_loss: float) -> None:
+        """Replace the best weights atomically; the file carries its validation loss, so a run killed
+        before its next commit still knows how good its best weights are."""
+        import h5py
+
+        with self._saving("the best weights"), atomic_path(self.best_weights_path) as tmp:
             model.save_weights(tmp)
+            with h5py.File(tmp, "a") as fh:
+                fh.attrs["textgen_val_loss"] = val_loss
+
+    def best_weights_loss(self) -> float:
+        """The validation loss stored in the best weights file (inf if there is none)."""
+        import h5py
+
+        try:
+            with h5py.File(self.best_weights_path, "r") as fh:
+                return float(fh.attrs.get("textgen_val_loss", math.inf))
+        except OSError:
+            return math.inf
 
     def save_resume_point(
         self, model: keras.Model, optimizer: keras.optimizers.Optimizer, state: dict[str, Any]
     ) -> None:
-        """Write weights and optimizer state for ``state`` (which must hold epoch and batch), then commit."""
+        """Write weights and optimizer state for ``state`` (which must hold epoch and batch), then commit
+        it by replacing state.json; history.csv is then rewritten from the committed history."""
         tag = f"e{state['epoch']:04d}-b{state['batch']:06d}"
         weights_name, optimizer_name = f"last-{tag}.weights.h5", f"optimizer-{tag}.npz"
-        with atomic_path(self.path / weights_name) as tmp:
-            model.save_weights(tmp)
-        with atomic_path(self.path / optimizer_name) as tmp, open(tmp, "wb") as fh:
-            np.savez(fh, *[np.asarray(v) for v in optimizer.variables])
-        state = {**state, "last_weights": weights_name, "optimizer": optimizer_name}
-        atomic_write_text(self.state_path, json.dumps(state, indent=2) + "\n")
-        for stale in [*self.path.glob("last-*.weights.h5"), *self.path.glob("optimizer-*.npz")]:
-            if stale.name not in (weights_name, optimizer_name):
-                stale.unlink(missing_ok=True)
+        with self._saving("a resume point"):
+            with atomic_path(self.path / weights_name) as tmp:
+                model.save_weights(tmp)
+            with atomic_path(self.path / optimizer_name) as tmp, open(tmp, "wb") as fh:
+                np.savez(fh, *[np.asarray(v) for v in optimizer.variables])
+            state = {**state, "last_weights": weights_name, "optimizer": optimizer_name}
+            atomic_write_text(self.state_path, json.dumps(state, indent=2) + "\n")
+            self._write_history(state.get("history", []))
+        self._remove_unreferenced(state)
+
+    def start_over(self) -> None:
+        """Remove what an attempt that never committed a resume point left, keeping config and vocabulary."""
+        with self._saving("the run"):
+            for path in (self.best_weights_path, self.history_path, self.loss_curve_path, self.state_path):
+                path.unlink(missing_ok=True)
+            self._remove_unreferenced({})
 
     def update_state(self, **changes: Any) -> None:
         """Change fields of state.json atomically."""
         state = {**self.load_state(), **changes}
-        atomic_write_text(self.state_path, json.dumps(state, indent=2) + "\n")
+        with self._saving("state.json"):
+            atomic_write_text(self.state_path, json.dumps(state, indent=2) + "\n")
+
+    def _write_history(self, rows: list[dict[str, Any]]) -> None:
+        out = io.StringIO()
+        writer = csv.DictWriter(out, ["epoch", *sorted(METRICS)], lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        atomic_write_text(self.history_path, out.getvalue())
+
+    def _remove_unreferenced(self, state: dict[str, Any]) -> None:
+        """Delete what no commit refers to: older resume files, and temporary files of interrupted saves."""
+        keep = {state.get("last_weights"), state.get("optimizer")}
+        for path in self.path.iterdir():
+            stale = path.name.startswith(("last-", "optimizer-")) and path.name not in keep
+            if stale or TEMPORARY.match(path.name):
+                path.unlink(missing_ok=True)
+
+    @contextlib.contextmanager
+    def _saving(self, what: str) -> Iterator[None]:
+        """A failed write (disk full, permissions, a vanished directory) as one line; the atomic writes have
+        left the previous resume point as it was."""
+        try:
+            yield
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            raise CheckpointError(
+                f"could not save {what} in {self.path}: {reason}; the last resume point is intact. "
+                f"Free space or fix permissions, then {resume_hint(self)}"
+            ) from None
+
+    def lock(self) -> RunLock:
+        """Lock the run for this process (one writer per run); tidy up after an interrupted save."""
+        lock = RunLock(self)
+        self._remove_unreferenced(self.load_state() if self.is_usable() else {})
+        return lock
 
     # --- reading -----------------------------------------------------------
 
@@ -109,11 +172,18 @@ class Run:
 
     def load_vocab(self) -> Vocabulary:
         try:
-            return Vocabulary.from_json(self.vocab_path.read_text(encoding="utf-8"))
+            vocab = Vocabulary.from_json(self.vocab_path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise CheckpointError(f"{self.vocab_path} is missing: the run is incomplete; train again") from None
         except (ValueError, KeyError, TypeError) as exc:
             raise CheckpointError(f"{self.vocab_path} is corrupt ({exc}); train again") from None
+        expected = self.load_config().model.vocab_size
+        if vocab.size != expected:
+            raise CheckpointError(
+                f"{self.vocab_path} has {vocab.size} ids but config.json's model has {expected}: "
+                "the files are from different runs; train again"
+            )
+        return vocab
 
     def load_state(self) -> dict[str, Any]:
         state = self._read_json(self.state_path)
@@ -124,6 +194,16 @@ class Run:
 
     def has_state(self) -> bool:
         return self.state_path.is_file()
+
+    def is_usable(self) -> bool:
+        """Whether the run has committed a resume point whose files are all there (sample, evaluate and
+        resume can use it); a run killed before its first save has not."""
+        try:
+            self.load_vocab()  # and the config, which it is checked against
+            state = self.load_state()
+        except CheckpointError:
+            return False
+        return all((self.path / state[key]).is_file() for key in ("last_weights", "optimizer"))
 
     def weights_path(self, which: str = "best") -> Path:
         """The weights file for ``best`` or ``last``."""
@@ -175,6 +255,79 @@ class Run:
         return data
 
 
+class RunLock:
+    """An exclusive ``flock`` on a run's ``.lock`` file, held by the one process that trains the run.
+
+    The kernel releases it when the process exits, however it exits (kill -9 included), so there is
+    never a stale lock to clean up by hand. Reading a run (sample, evaluate, runs) takes no lock.
+    """
+
+    def __init__(self, run: Run) -> None:
+        try:
+            fd = os.open(run.path / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise CheckpointError(
+                f"cannot write to {run.path}: {exc.strerror}; choose another place with --checkpoint-dir"
+            ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise CheckpointError(
+                f"run {run.name!r} is being trained by process {holder}; wait for it, stop it, or pick another --run"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._release = weakref.finalize(self, os.close, fd)  # closing the file releases the lock
+
+    def release(self) -> None:
+        self._release()
+
+
+def reserve_run(checkpoint_dir: Path, name: str | None, stem: str) -> tuple[Run, RunLock]:
+    """A new run directory, created exclusively and locked: two processes never get the same one.
+
+    ``name`` (``--run``) is used as given; otherwise ``stem`` made safe, with -2, -3, ... if taken.
+    An existing empty directory of that name is taken over.
+    """
+    if name is not None:
+        candidates: Iterator[str] = iter([check_run_name(name)])
+    else:
+        base = re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-.")[:90] or "run"
+        candidates = (base if n == 1 else f"{base}-{n}" for n in range(1, 1_000_000))
+    for candidate in candidates:
+        run = Run(Path(checkpoint_dir) / candidate)
+        try:
+            run.path.mkdir()
+        except FileExistsError:
+            if name is None:
+                continue
+            if not run.path.is_dir():
+                raise ConfigError(f"{run.path} exists and is not a run directory; pick another --run") from None
+            lock = RunLock(run)
+            if any(p.name != ".lock" for p in run.path.iterdir()):
+                lock.release()
+                raise ConfigError(
+                    f"run {name!r} already exists in {checkpoint_dir}/; add --resume to continue it or pick another --run"
+                ) from None
+            return run, lock
+        except OSError as exc:
+            raise CheckpointError(
+                f"cannot write to {checkpoint_dir}: {exc.strerror}; choose another place with --checkpoint-dir"
+            ) from None
+        return run, RunLock(run)
+    raise ConfigError(f"no free run name for {stem!r} in {checkpoint_dir}/; pick one with --run")
+
+
+def discard_reserved(run: Run, lock: RunLock) -> None:
+    """Remove a reserved run directory that never got its config (planning failed), and unlock it."""
+    (run.path / ".lock").unlink(missing_ok=True)
+    lock.release()
+    with contextlib.suppress(OSError):
+        run.path.rmdir()  # only if nothing else was written there
+
+
 def _one_line(exc: Exception, limit: int = 300) -> str:
     """An exception's message on one line, cut to ``limit`` characters (Keras' can hold whole arrays)."""
     text = " ".join(str(exc).split()) or type(exc).__name__
@@ -182,20 +335,28 @@ def _one_line(exc: Exception, limit: int = 300) -> str:
 
 
 def list_runs(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR) -> list[Run]:
-    """Runs under ``checkpoint_dir``, most recently updated first."""
+    """Runs under ``checkpoint_dir`` (directories with a config.json), most recently updated first."""
     if not Path(checkpoint_dir).is_dir():
         return []
     runs = [Run(p) for p in Path(checkpoint_dir).iterdir() if (p / "config.json").is_file()]
 
     def updated(run: Run) -> float:
-        return max(p.stat().st_mtime for p in (run.config_path, run.state_path) if p.exists())
+        times = [p.stat().st_mtime for p in (run.config_path, run.state_path) if p.exists()]
+        return max(times, default=0.0)
 
     return sorted(runs, key=updated, reverse=True)
 
 
 def run_summaries(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR) -> list[RunSummary]:
-    """Every run under ``checkpoint_dir``, most recently updated first, as ``textgen runs`` lists them."""
-    return [_summary(run) for run in list_runs(checkpoint_dir)]
+    """Every run under ``checkpoint_dir``, most recently updated first, as ``textgen runs`` lists them;
+    a damaged run is listed with what is wrong, and never hides the others."""
+    summaries = []
+    for run in list_runs(checkpoint_dir):
+        try:
+            summaries.append(_summary(run))
+        except CheckpointError as exc:
+            summaries.append(RunSummary(run.name, problem=str(exc)))
+    return summaries
 
 
 def _summary(run: Run) -> RunSummary:
@@ -215,13 +376,15 @@ def _summary(run: Run) -> RunSummary:
         best_val_bpc=bits(best) if best is not None and math.isfinite(best) else None,
         seconds=state.get("seconds", 0.0),
         finished=StopReason(finished) if finished else None,
+        usable=run.is_usable(),
         device=cfg.profile.name,
         config=cfg.to_dict(),
     )
 
 
 def find_run(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR, name: str | None = None) -> Run:
-    """The run called ``name``, or the most recently updated one."""
+    """The run called ``name``, or the most recently updated *usable* one (a run killed before its first
+    save is never picked by default)."""
     if name is not None:
         run = Run(Path(checkpoint_dir) / name)
         if not run.config_path.is_file():
@@ -229,21 +392,29 @@ def find_run(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR, name: str | None = N
             raise CheckpointError(f"no run {name!r} in {checkpoint_dir}/ (runs: {known})")
         return run
     runs = list_runs(checkpoint_dir)
-    if not runs:
+    usable = next((run for run in runs if run.is_usable()), None)
+    if usable is None:
+        unusable = f" ({', '.join(r.name for r in runs)} never saved a resume point, or are damaged: see textgen runs)"
         raise CheckpointError(
-            f"no trained run in {checkpoint_dir}/; train one first: textgen train 2600-0.txt --device cpu"
+            f"no trained run in {checkpoint_dir}/{unusable if runs else ''}; "
+            "train one first: textgen train 2600-0.txt --device cpu"
         )
-    return runs[0]
+    return usable
 
 
-def new_run_name(checkpoint_dir: Path, stem: str) -> str:
-    """``stem`` made safe for a directory name, with -2, -3, ... if it is taken."""
-    base = re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-.") or "run"
-    name, n = base, 1
-    while (Path(checkpoint_dir) / name).exists():
-        n += 1
-        name = f"{base}-{n}"
-    return name
+def check_corpus_unchanged(run: Run, data: DataConfig) -> None:
+    """Refuse a corpus whose bytes changed since the run started: its splits would not be the run's."""
+    path = Path(data.corpus)
+    if not path.is_file():
+        raise CorpusError(f"the corpus of run {run.name!r}, {path}, is gone; put it back to continue the run")
+    if data.corpus_hash is None:  # a run from before fingerprints
+        return
+    size, digest = fingerprint(path)
+    if (size, digest) != (data.corpus_size, data.corpus_hash):
+        raise CorpusError(
+            f"{path} changed since run {run.name!r} started ({data.corpus_size:,} bytes then, {size:,} now); "
+            "its splits would differ. Restore the original text, or start a new run on the new one"
+        )
 
 
 def resume_hint(run: Run) -> str:
@@ -255,7 +426,9 @@ def resume_hint(run: Run) -> str:
 def check_run_name(name: str) -> str:
     """``name`` if it is a valid run directory name."""
     if not _RUN_NAME.match(name):
-        raise ConfigError(f"--run must be letters, digits, '.', '_' or '-' (got {name!r})")
+        raise ConfigError(
+            f"--run must be 1 to 100 letters, digits, '.', '_' or '-', starting with a letter or digit (got {name!r})"
+        )
     return name
 
 

@@ -94,6 +94,9 @@ TopPOption = Annotated[float, typer.Option(help="Sample from the smallest set wi
 SeedOption = Annotated[int | None, typer.Option(help="Seed for reproducible text", show_default="random")]
 
 
+ENCODING_HELP = "The text's encoding: auto tries UTF-8, then Windows-1252, then Latin-1; or a codec name such as utf-16"
+
+
 def _option(help: str, panel: str, default: Any = None, *decls: str) -> Any:
     """A ``train`` option in its ``--help`` panel; ``default`` is what applies when it is not given."""
     shown: bool | str = True if default is None else str(default)
@@ -133,6 +136,7 @@ def train(
     keep_boilerplate: Annotated[
         bool, _option("Keep Project Gutenberg's license header and footer", "Data", None, "--keep-boilerplate")
     ] = False,
+    encoding: Annotated[str, _option(ENCODING_HELP, "Data")] = "auto",
     units: Annotated[int | None, _option("LSTM units per layer", "Model", MODEL.units)] = None,
     layers: Annotated[int | None, _option("Stacked LSTM layers", "Model", MODEL.layers)] = None,
     embedding_dim: Annotated[int | None, _option("Character embedding size", "Model", MODEL.embedding_dim)] = None,
@@ -163,6 +167,9 @@ def train(
     resume: Annotated[
         bool, _option("Continue a run (the latest, or --run) where it stopped", "Run", None, "--resume")
     ] = False,
+    save_every: Annotated[
+        str | None, _option("Save a resume point this often within an epoch, e.g. 5m", "Run", "5m")
+    ] = None,
     as_json: Annotated[bool, _option("One JSON object per epoch and one at the end", "Run", None, "--json")] = False,
 ) -> None:
     """Train a character-level LSTM on a text file, saving checkpoints as it goes."""
@@ -175,6 +182,7 @@ def train(
             resume=resume,
             download=download,
             keep_boilerplate=keep_boilerplate,
+            encoding=encoding,
             data={"batch_size": batch_size, "seq_len": seq_len},
             model={"units": units, "layers": layers, "embedding_dim": embedding_dim, "dropout": dropout},
             training={
@@ -184,6 +192,7 @@ def train(
                 "clip_norm": clip_norm,
                 "seed": seed,
                 "time_budget": parse_duration(time_budget) if time_budget else None,
+                "save_every": parse_duration(save_every, "--save-every") if save_every else None,
             },
             progress=ui.TrainingDisplay(console, as_json=as_json),
         )
@@ -282,11 +291,12 @@ def evaluate(
     checkpoint_dir: CheckpointDirOption = DEFAULT_CHECKPOINT_DIR,
     split: Annotated[Split, typer.Option(help="Held-out split of the run's corpus")] = Split.test,
     last: LastOption = False,
+    encoding: Annotated[str, typer.Option(help=ENCODING_HELP + " (for FILE)")] = "auto",
     as_json: JsonOption = False,
 ) -> None:
     """Cross-entropy of a run on held-out text: nats/char, bits/char and perplexity."""
     with _errors():
-        result = api.evaluate(checkpoint_dir, run, split.value, file, "last" if last else "best")
+        result = api.evaluate(checkpoint_dir, run, split.value, file, "last" if last else "best", encoding)
         ui.show_evaluation(console, err_console, result, as_json)
 
 

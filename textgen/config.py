@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
+import os
 import re
 import secrets
 from typing import Any, TypeVar
@@ -30,11 +32,24 @@ def _require(ok: bool, field_name: str, rule: str, value: Any) -> None:
         raise ConfigError(f"{flag(field_name)} must be {rule} (got {value!r})")
 
 
+INT32_MAX = 2**31 - 1  # the sampler's and the data pipeline's integers are int32
+
+
 def _positive_int(cfg: Any, *names: str) -> None:
     for name in names:
         value = getattr(cfg, name)
-        ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
-        _require(ok, name, "a positive integer", value)
+        ok = isinstance(value, int) and not isinstance(value, bool) and 0 < value <= INT32_MAX
+        _require(ok, name, f"a positive integer up to {INT32_MAX:,}", value)
+
+
+def _finite(value: Any) -> bool:
+    """A real number, not NaN or infinite (a float flag can be given as nan or inf)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def physical_memory() -> int:
+    """Bytes of RAM on this machine."""
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,12 +62,15 @@ class DataConfig:
     seq_len: int = 100
     val_fraction: float = 0.05
     test_fraction: float = 0.05
+    encoding: str = "utf-8"  # the codec the corpus was decoded with (resolved from --encoding)
+    corpus_size: int | None = None  # bytes; with corpus_hash, the corpus's fingerprint (None in older runs)
+    corpus_hash: str | None = None
 
     def __post_init__(self) -> None:
         _positive_int(self, "batch_size", "seq_len")
         for name in ("val_fraction", "test_fraction"):
             value = getattr(self, name)
-            _require(0 < value < 0.5, name, "between 0 and 0.5", value)
+            _require(_finite(value) and 0 < value < 0.5, name, "between 0 and 0.5", value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +89,24 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         _positive_int(self, "vocab_size", "embedding_dim", "units", "layers")
-        _require(0.0 <= self.dropout < 1.0, "dropout", "in [0, 1)", self.dropout)
+        _require(_finite(self.dropout) and 0.0 <= self.dropout < 1.0, "dropout", "in [0, 1)", self.dropout)
+        # Weights, gradients and Adam's two moments: 16 bytes a parameter, with room to spare.
+        need = 16 * self.parameters
+        if need > physical_memory() // 2:
+            raise ConfigError(
+                f"--units {self.units} --layers {self.layers} --embedding-dim {self.embedding_dim} make "
+                f"{self.parameters:,} parameters, ~{need / 2**30:.0f} GiB to train, more than this machine's "
+                f"{physical_memory() / 2**30:.0f} GiB can hold; use a smaller model"
+            )
+
+    @property
+    def parameters(self) -> int:
+        """Trainable parameters: embedding, each LSTM (4 gates), the output layer."""
+        lstm = sum(
+            4 * self.units * ((self.embedding_dim if i == 0 else self.units) + self.units + 1)
+            for i in range(self.layers)
+        )
+        return self.vocab_size * self.embedding_dim + lstm + (self.units + 1) * self.vocab_size
 
 
 class LRSchedule(str, enum.Enum):
@@ -105,15 +140,23 @@ class TrainConfig:
     lr_patience: int = 1  # epochs without improvement before the learning rate is cut
     lr_factor: float = 0.5
     lr_schedule: str = "cosine"  # one of LR_SCHEDULES
+    save_every: float = 300.0  # seconds of training between mid-epoch resume points
 
     def __post_init__(self) -> None:
         _positive_int(self, "epochs")
         _require(self.lr_schedule in LR_SCHEDULES, "lr_schedule", " or ".join(LR_SCHEDULES), self.lr_schedule)
-        _require(self.lr > 0, "lr", "positive", self.lr)
-        _require(self.clip_norm > 0, "clip_norm", "positive", self.clip_norm)
-        _require(self.seed >= 0, "seed", "a non-negative integer", self.seed)
-        budget_ok = self.time_budget is None or self.time_budget > 0
+        _require(_finite(self.lr) and self.lr > 0, "lr", "a positive number", self.lr)
+        _require(_finite(self.clip_norm) and self.clip_norm > 0, "clip_norm", "a positive number", self.clip_norm)
+        seed_ok = isinstance(self.seed, int) and 0 <= self.seed <= INT32_MAX
+        _require(seed_ok, "seed", f"an integer in [0, {INT32_MAX}]", self.seed)
+        budget_ok = self.time_budget is None or (_finite(self.time_budget) and self.time_budget > 0)
         _require(budget_ok, "time_budget", "a positive duration like 90s, 30m or 1h30m", self.time_budget)
+        _require(
+            _finite(self.save_every) and self.save_every > 0,
+            "save_every",
+            "a positive duration like 5m",
+            self.save_every,
+        )
         _require(self.patience > 0, "patience", "a positive integer", self.patience)
         _require(self.lr_patience > 0, "lr_patience", "a positive integer", self.lr_patience)
         _require(0 < self.lr_factor < 1, "lr_factor", "between 0 and 1", self.lr_factor)
@@ -141,15 +184,15 @@ def replace(cfg: T, **changes: Any) -> T:
 _DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?$")
 
 
-def parse_duration(text: str) -> float:
+def parse_duration(text: str, flag_name: str = "--time-budget") -> float:
     """Seconds in ``90``, ``90s``, ``30m``, ``1h``, ``1h30m``, ``2.5h``."""
     match = _DURATION.match(text.strip().lower())
     if not text.strip() or not match or not any(match.groups()):
-        raise ConfigError(f"--time-budget must be a duration like 90s, 30m or 1h30m (got {text!r})")
+        raise ConfigError(f"{flag_name} must be a duration like 90s, 30m or 1h30m (got {text!r})")
     hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
     total = hours * 3600 + minutes * 60 + seconds
     if total <= 0:
-        raise ConfigError(f"--time-budget must be positive (got {text!r})")
+        raise ConfigError(f"{flag_name} must be positive (got {text!r})")
     return total
 
 
@@ -203,13 +246,22 @@ class SampleConfig:
 
     def __post_init__(self) -> None:
         _positive_int(self, "length", "num")
-        _require(self.temperature >= 0, "temperature", "0 (greedy) or more", self.temperature)
-        ok = isinstance(self.top_k, int) and self.top_k >= 0
+        total, most = self.length * self.num, max_generated_chars()
+        _require(total <= most, "length", f"such that --length x --num is at most {most:,} characters here", total)
+        temperature_ok = _finite(self.temperature) and (self.temperature == 0 or 1e-3 <= self.temperature <= 1e3)
+        _require(temperature_ok, "temperature", "0 (greedy) or between 0.001 and 1000", self.temperature)
+        ok = isinstance(self.top_k, int) and 0 <= self.top_k <= INT32_MAX
         _require(ok, "top_k", "0 (off) or a positive integer", self.top_k)
-        _require(0 < self.top_p <= 1, "top_p", "in (0, 1]", self.top_p)
+        _require(_finite(self.top_p) and 0 < self.top_p <= 1, "top_p", "in (0, 1]", self.top_p)
         seed_ok = self.seed is None or 0 <= self.seed < 2**31
         _require(seed_ok, "seed", "an integer in [0, 2**31)", self.seed)
 
     def seeded(self) -> SampleConfig:
         """This config with a fresh random seed if it has none, so the output can be reproduced."""
         return self if self.seed is not None else dataclasses.replace(self, seed=secrets.randbelow(2**31))
+
+
+def max_generated_chars() -> int:
+    """How many characters one sample or REPL call may generate in total: about 32 bytes each (ids,
+    decoded pieces, the joined text) within an eighth of this machine's memory."""
+    return min(INT32_MAX, physical_memory() // 8 // 32)

@@ -41,7 +41,7 @@ def split_ids(ids: np.ndarray, val_fraction: float, test_fraction: float) -> tup
 
 def load_splits(cfg: DataConfig, vocab: Vocabulary | None = None) -> Splits:
     """Read the corpus, encode it (with ``vocab``, or a new one built from the whole text), split it."""
-    text = read_corpus(cfg.corpus, strip_boilerplate=cfg.strip_boilerplate)
+    text = read_corpus(cfg.corpus, strip_boilerplate=cfg.strip_boilerplate, encoding=cfg.encoding)
     vocab = vocab or Vocabulary.from_text(text)
     train, val, test = split_ids(vocab.encode(text), cfg.val_fraction, cfg.test_fraction)
     for name, part in (("training", train), ("validation", val)):

@@ -62,7 +62,6 @@ def import_tensorflow() -> None:
     Some of it is printed before TF_CPP_MIN_LOG_LEVEL is read, so stderr is muted during the
     import unless the user set TF_CPP_MIN_LOG_LEVEL themselves.
     """
-    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     if "tensorflow" in sys.modules or "TF_CPP_MIN_LOG_LEVEL" in os.environ:
         import keras
 

@@ -24,6 +24,12 @@ class DeviceError(TextgenError):
 
 
 class TrainingInterrupted(TextgenError):
-    """Training stopped on Ctrl-C after saving a resumable checkpoint."""
+    """Training stopped on a signal (Ctrl-C, SIGTERM, SIGHUP) after saving a resumable checkpoint."""
 
-    exit_code = 130
+    def __init__(self, message: str, exit_code: int = 130) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code  # 128 + the signal's number, as a shell reports a process it stopped
+
+
+class TrainingDiverged(TextgenError):
+    """The training loss became NaN or infinite; nothing after the last resume point was saved."""

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import numpy as np
 
-from textgen.checkpoint import Run
+from textgen.checkpoint import Run, check_corpus_unchanged
 from textgen.config import SPLITS
-from textgen.corpus import read_corpus, resolve_corpus
+from textgen.corpus import read_corpus, resolve_corpus, resolve_encoding
 from textgen.data import fit_layout, load_splits
 from textgen.errors import ConfigError, CorpusError
 from textgen.model import build_model
@@ -17,7 +17,9 @@ from textgen.scoring import compile_eval_step, score
 from textgen.vocab import UNKNOWN_ID
 
 
-def evaluate_run(run: Run, split: str = "test", file: str | None = None, which: str = "best") -> Evaluation:
+def evaluate_run(
+    run: Run, split: str = "test", file: str | None = None, which: str = "best", encoding: str = "auto"
+) -> Evaluation:
     """Score ``run`` on its ``split`` (the contiguous split training used) or on a text ``file``.
 
     The text is read as training's validation reads it (``textgen.scoring``): the run's batch of
@@ -26,7 +28,8 @@ def evaluate_run(run: Run, split: str = "test", file: str | None = None, which: 
     """
     cfg, vocab = run.load_config(), run.load_vocab()
     if file is not None:
-        text = read_corpus(resolve_corpus(file), strip_boilerplate=cfg.data.strip_boilerplate)
+        path = resolve_corpus(file)
+        text = read_corpus(path, cfg.data.strip_boilerplate, resolve_encoding(path, encoding))
         ids, source = vocab.encode(text), file
     else:
         if split not in SPLITS:
@@ -35,6 +38,7 @@ def evaluate_run(run: Run, split: str = "test", file: str | None = None, which: 
             raise CorpusError(
                 f"the run's corpus {cfg.data.corpus} is gone; give the text to score as an argument: textgen evaluate FILE"
             )
+        check_corpus_unchanged(run, cfg.data)
         ids = getattr(load_splits(cfg.data, vocab), split)
         source = f"{split} split of {Path(cfg.data.corpus).name}"
     if len(ids) < 2:

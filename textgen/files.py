@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,8 +25,20 @@ def atomic_path(path: Path) -> Iterator[Path]:
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+        fsync_directory(path.parent)  # the rename itself survives a power cut only once the directory is synced
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def fsync_directory(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+TEMPORARY = re.compile(r"^\..+\.\d+-[0-9a-f]{8}(\.[^/]*)?$")  # the names atomic_path writes to
 
 
 def atomic_write_text(path: Path, text: str) -> None:

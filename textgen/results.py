@@ -97,20 +97,26 @@ class Evaluation:
 
 @dataclass(frozen=True)
 class RunSummary:
-    """One run as ``textgen runs`` lists it."""
+    """One run as ``textgen runs`` lists it (a damaged one has only its name and ``problem``)."""
 
     run: str
-    corpus: str
-    model: str  # e.g. 1x512 d0.1
-    epochs: int  # complete ones
-    batches_into_epoch: int  # of the one a time budget or Ctrl-C cut
-    steps: int
-    best_val_bpc: float | None
-    seconds: float
-    finished: StopReason | None  # None: stopped by Ctrl-C, or still training; resumable either way
-    device: str
-    config: dict[str, Any]
+    corpus: str = ""
+    model: str = ""  # e.g. 1x512 d0.1
+    epochs: int = 0  # complete ones
+    batches_into_epoch: int = 0  # of the one a time budget or Ctrl-C cut
+    steps: int = 0
+    best_val_bpc: float | None = None
+    seconds: float = 0.0
+    finished: StopReason | None = None  # None: stopped by a signal, or still training; resumable either way
+    usable: bool = False  # has a committed resume point (killed before its first save: no)
+    device: str = ""
+    config: dict[str, Any] = field(default_factory=dict)
+    problem: str | None = None  # why the run's files cannot be read
 
     @property
     def status(self) -> str:
+        if self.problem:
+            return "damaged"
+        if not self.usable:
+            return "incomplete"
         return self.finished.label if self.finished else "resumable"

@@ -33,11 +33,20 @@ import numpy as np
 import tensorflow as tf
 
 from textgen import config as cfgmod
-from textgen.checkpoint import Run, check_run_name, ensure_writable, find_run, new_run_name, resume_hint
+from textgen.checkpoint import (
+    Run,
+    RunLock,
+    check_corpus_unchanged,
+    discard_reserved,
+    ensure_writable,
+    find_run,
+    reserve_run,
+    resume_hint,
+)
 from textgen.config import DataConfig, DeviceProfile, ModelConfig, RunConfig, TrainConfig
-from textgen.corpus import resolve_corpus
+from textgen.corpus import fingerprint, resolve_corpus, resolve_encoding
 from textgen.data import Splits, load_splits, make_dataset
-from textgen.errors import ConfigError, TrainingInterrupted
+from textgen.errors import ConfigError, TrainingDiverged, TrainingInterrupted
 from textgen.files import atomic_write_text
 from textgen.model import build_model, reset_states
 from textgen.plot import loss_chart, read_history
@@ -53,6 +62,7 @@ class TrainPlan:
     config: RunConfig
     splits: Splits
     resume_state: dict[str, Any] | None = None
+    lock: RunLock | None = None  # held from planning until ``train`` returns: one writer per run
 
 
 class TrainingProgress(Protocol):
@@ -89,53 +99,69 @@ def plan_training(
     resume: bool = False,
     download: bool = False,
     keep_boilerplate: bool = False,
+    encoding: str = "auto",
     data: dict[str, Any] | None = None,
     model: dict[str, Any] | None = None,
     training: dict[str, Any] | None = None,
 ) -> TrainPlan:
-    """Resolve the corpus and configs for a new run, or reload a run to resume.
+    """Resolve the corpus and configs for a new run, or reload a run to resume; either way the run is
+    locked for this process until ``train`` returns.
 
-    ``data``, ``model`` and ``training`` hold only the settings the user gave
-    (``None`` values are ignored). On resume, only epochs and time budget may change.
+    ``data``, ``model`` and ``training`` hold only the settings the user gave (``None`` values are
+    ignored). On resume, only epochs, time budget and save interval may change.
     """
     data, model, training = (
         {k: v for k, v in d.items() if v is not None} for d in (data or {}, model or {}, training or {})
     )
     ensure_writable(checkpoint_dir)
     if resume:
-        return _plan_resume(corpus, checkpoint_dir, run_name, {**data, **model}, training)
+        run = find_run(checkpoint_dir, run_name)
+        lock = run.lock()  # before anything is read: a second trainer of the run stops here, at once
+        try:
+            return _plan_resume(run, lock, corpus, encoding, {**data, **model}, training)
+        except BaseException:
+            lock.release()
+            raise
     if corpus is None:
         raise ConfigError("give a corpus to train on, e.g. textgen train 2600-0.txt")
     path = resolve_corpus(corpus, download=download)
-    name = check_run_name(run_name) if run_name else new_run_name(checkpoint_dir, path.stem)
-    run = Run(Path(checkpoint_dir) / name)
-    if run.path.exists() and any(run.path.iterdir()):  # checked before the corpus is read and encoded
-        raise ConfigError(
-            f"run {name!r} already exists in {checkpoint_dir}/; add --resume to continue it or pick another --run"
+    run, lock = reserve_run(checkpoint_dir, run_name, path.stem)  # before the corpus is read and encoded
+    try:
+        size, digest = fingerprint(path)
+        data_cfg = DataConfig(
+            corpus=str(path.resolve()),
+            strip_boilerplate=not keep_boilerplate,
+            encoding=resolve_encoding(path, encoding),
+            corpus_size=size,
+            corpus_hash=digest,
+            **{"batch_size": profile.batch_size, **data},
         )
-    data_cfg = DataConfig(
-        corpus=str(path.resolve()),
-        strip_boilerplate=not keep_boilerplate,
-        **{"batch_size": profile.batch_size, **data},
-    )
-    splits = load_splits(data_cfg)
-    config = RunConfig(data_cfg, ModelConfig(vocab_size=splits.vocab.size, **model), TrainConfig(**training), profile)
-    run.create(config, splits.vocab)
-    return TrainPlan(run, config, splits)
+        splits = load_splits(data_cfg)
+        model_cfg = ModelConfig(vocab_size=splits.vocab.size, **model)
+        config = RunConfig(data_cfg, model_cfg, TrainConfig(**training), profile)
+        run.create(config, splits.vocab)
+    except BaseException:
+        discard_reserved(run, lock)
+        raise
+    return TrainPlan(run, config, splits, lock=lock)
 
 
 def _plan_resume(
-    corpus: str | None, checkpoint_dir: Path, run_name: str | None, given: dict[str, Any], training: dict[str, Any]
+    run: Run, lock: RunLock, corpus: str | None, encoding: str, given: dict[str, Any], training: dict[str, Any]
 ) -> TrainPlan:
-    """Reload a run to continue it; only its epochs and time budget may change."""
-    run = find_run(checkpoint_dir, run_name)
+    """Reload a locked run to continue it; only its epochs, time budget and save interval may change.
+
+    A run that never committed a resume point (killed before its first save) starts again from scratch.
+    """
     saved = run.load_config()
     if corpus is not None and resolve_corpus(corpus).resolve() != Path(saved.data.corpus).resolve():
         raise ConfigError(
             f"run {run.name!r} trains on {saved.data.corpus}, not {corpus}; "
             "drop the corpus to resume it, or start a new run without --resume"
         )
-    given = {**given, **{k: v for k, v in training.items() if k not in {"epochs", "time_budget"}}}
+    if encoding != "auto" and encoding != saved.data.encoding:
+        given = {**given, "encoding": encoding}
+    given = {**given, **{k: v for k, v in training.items() if k not in {"epochs", "time_budget", "save_every"}}}
     saved_values = {**asdict(saved.data), **asdict(saved.model), **asdict(saved.training)}
     changed = sorted(k for k, v in given.items() if v != saved_values[k])
     if changed:
@@ -144,16 +170,19 @@ def _plan_resume(
         raise ConfigError(
             f"{flags} cannot change when resuming run {run.name!r} (it has {was}); drop them or start a new run"
         )
+    check_corpus_unchanged(run, saved.data)
     config = RunConfig(saved.data, saved.model, cfgmod.replace(saved.training, **training), saved.profile)
-    if not run.has_state():
-        raise ConfigError(f"run {run.name!r} has no resume point yet; start it again without --resume")
+    splits = load_splits(config.data, run.load_vocab())
+    if not run.is_usable():
+        run.start_over()
+        return TrainPlan(run, config, splits, lock=lock)
     state = run.load_state()
     if state["epoch"] >= config.training.epochs:
         raise ConfigError(
             f"run {run.name!r} has done all {config.training.epochs} epochs; "
             f"add --epochs {state['epoch'] + 10} (or more) to train it further"
         )
-    return TrainPlan(run, config, load_splits(config.data, run.load_vocab()), state)
+    return TrainPlan(run, config, splits, state, lock)
 
 
 # --- the model and its compiled steps -----------------------------------------------------
@@ -209,7 +238,16 @@ def build_trainer(cfg: RunConfig, strategy: tf.distribute.Strategy | None = None
 
 
 def train(plan: TrainPlan, progress: TrainingProgress | None = None) -> TrainResult:
-    """Train ``plan.run`` until its epochs are done, validation stalls, its time budget ends, or Ctrl-C."""
+    """Train ``plan.run`` until its epochs are done, validation stalls, its time budget ends, or a stop
+    signal (Ctrl-C, SIGTERM, SIGHUP); the run's lock is released when it returns."""
+    try:
+        return _train(plan, progress or NoProgress())
+    finally:
+        if plan.lock is not None:
+            plan.lock.release()
+
+
+def _train(plan: TrainPlan, progress: TrainingProgress) -> TrainResult:
     cfg, run = plan.config, plan.run
     keras.utils.set_random_seed(cfg.training.seed)
     strategy = tf.distribute.get_strategy()
@@ -217,7 +255,6 @@ def train(plan: TrainPlan, progress: TrainingProgress | None = None) -> TrainRes
         raise ConfigError(
             f"--batch-size {cfg.data.batch_size} must divide evenly over {strategy.num_replicas_in_sync} replicas"
         )
-    progress = progress or NoProgress()
     trainer = build_trainer(cfg, strategy)
     batches = make_dataset(plan.splits.train, cfg.data.batch_size, cfg.data.seq_len)
     steps = int(batches.cardinality())
@@ -229,20 +266,27 @@ def train(plan: TrainPlan, progress: TrainingProgress | None = None) -> TrainRes
     checkpoint, callbacks = build_callbacks(plan, trainer, steps, clock)
     start_epoch, start_batch = resume.get("epoch", 0), resume.get("batch", 0)
 
+    def save_if_due(epoch: int, batch: int) -> None:
+        if time.monotonic() - checkpoint.saved_at >= cfg.training.save_every:
+            checkpoint.save_resume_point(epoch, batch, clock.elapsed())
+
     stop_reason, epochs_done = StopReason.EPOCHS, start_epoch
     last: EpochLog | None = None
-    with _stop_requests() as stop_requested, _end_on_error(callbacks, progress):
+    with _stop_requests() as stop, _end_on_error(callbacks, progress):
         progress.start(plan, steps)
         callbacks.on_train_begin()
-        if resume:
-            checkpoint.restore(resume, trainer.model)
+        checkpoint.restore(resume, trainer.model)
         for epoch in range(start_epoch, cfg.training.epochs):
             first = start_batch if epoch == start_epoch else 0
-            done, loss, seconds = run_epoch(trainer, batches, first, epoch, callbacks, progress, stop_requested, clock)
-            if stop_requested.is_set() and first + done < steps:  # after the last batch: end the epoch first
+            done, loss, seconds = run_epoch(
+                trainer, batches, first, epoch, callbacks, progress, stop, clock, save_if_due
+            )
+            if stop.requested and first + done < steps:  # after the last batch: end the epoch first
                 checkpoint.save_resume_point(epoch, first + done, clock.elapsed())
                 raise TrainingInterrupted(
-                    f"stopped at epoch {epoch + 1}, batch {first + done}/{steps}; saved {run.path}; {resume_hint(run)}"
+                    f"stopped at epoch {epoch + 1}, batch {first + done}/{steps} ({stop.requested}); "
+                    f"saved {run.path}; {resume_hint(run)}",
+                    exit_code=stop.exit_code,
                 )
             val_loss = validate(trainer, plan.splits.val, cfg.data, callbacks, progress)
             last = EpochLog(
@@ -265,10 +309,14 @@ def train(plan: TrainPlan, progress: TrainingProgress | None = None) -> TrainRes
                 stop_reason = StopReason.TIME_BUDGET
                 if last.partial:  # resume where training stopped, not at the next epoch
                     checkpoint.save_resume_point(epoch, first + done, clock.elapsed())
-            if stop_requested.is_set():  # Ctrl-C during validation: the epoch is saved
-                raise TrainingInterrupted(f"stopped after epoch {epoch + 1}; saved {run.path}; {resume_hint(run)}")
             if trainer.model.stop_training:
                 stop_reason = StopReason.EARLY_STOPPING
+            more = stop_reason is StopReason.EPOCHS and epoch + 1 < cfg.training.epochs
+            if stop.requested and more:  # a stop during validation: the epoch is saved; a last epoch just ends
+                raise TrainingInterrupted(
+                    f"stopped after epoch {epoch + 1} ({stop.requested}); saved {run.path}; {resume_hint(run)}",
+                    exit_code=stop.exit_code,
+                )
             if stop_reason is not StopReason.EPOCHS:
                 break
     callbacks.on_train_end(last.metrics() if last else {})
@@ -293,10 +341,12 @@ def run_epoch(
     epoch: int,
     callbacks: keras.callbacks.CallbackList,
     progress: TrainingProgress,
-    stop_requested: threading.Event,
+    stop: StopRequests,
     clock: Clock,
+    save_if_due: Callable[[int, int], None],
 ) -> tuple[int, float, float]:
-    """Train on the epoch's batches from ``first`` on, until they end, a stop is asked for, or time is up.
+    """Train on the epoch's batches from ``first`` on, until they end, a stop is asked for, or time is up;
+    a mid-epoch resume point is saved whenever ``--save-every`` has passed.
 
     Returns the batches trained, their mean loss (NaN if none) and the seconds they took.
     """
@@ -305,12 +355,19 @@ def run_epoch(
     started, total, done = time.monotonic(), 0.0, 0
     for batch, (x, y) in enumerate(batches.skip(first), start=first):
         callbacks.on_train_batch_begin(batch)
-        total += float(trainer.train_step(x, y))
+        loss = float(trainer.train_step(x, y))
+        if not math.isfinite(loss):  # the update already happened: save nothing from here on
+            raise TrainingDiverged(
+                f"training diverged: the loss became {loss} at epoch {epoch + 1}, batch {batch + 1}; nothing after "
+                "the last resume point was saved. Start a new run with a lower --lr or --clip-norm"
+            )
+        total += loss
         done += 1
         callbacks.on_train_batch_end(batch, {"loss": total / done, "bpc": bits(total / done)})
         progress.batch_end(batch, total / done)
-        if stop_requested.is_set() or clock.expired():
+        if stop.requested or clock.expired():
             break
+        save_if_due(epoch, batch + 1)
     return done, total / done if done else math.nan, time.monotonic() - started
 
 
@@ -351,7 +408,7 @@ def build_callbacks(
     plan: TrainPlan, trainer: Trainer, steps: int, clock: Clock
 ) -> tuple[RunCheckpoint, keras.callbacks.CallbackList]:
     """The run's checkpoint and the Keras callbacks the loop drives: state reset, learning-rate
-    schedule, early stopping, history and TensorBoard logs, checkpoint."""
+    schedule, early stopping, TensorBoard logs, and the checkpoint (which also writes the history)."""
     tcfg, run = plan.config.training, plan.run
     early_stopping = keras.callbacks.EarlyStopping(
         monitor="val_loss", patience=tcfg.patience, restore_best_weights=True
@@ -380,7 +437,6 @@ def build_callbacks(
             ResetStatesCallback(),
             lr_schedule,
             early_stopping,
-            keras.callbacks.CSVLogger(str(run.history_path), append=plan.resume_state is not None),
             keras.callbacks.TensorBoard(str(run.tensorboard_dir), write_graph=False),
             checkpoint,
         ],
@@ -427,10 +483,18 @@ class RunCheckpoint(keras.callbacks.Callback):
         super().__init__()
         self.run, self.optimizer, self.stateful_callbacks = run, optimizer, stateful_callbacks
         self.best_val_loss = math.inf
+        self.history: list[dict[str, Any]] = []  # one row per epoch, committed with every resume point
+        self.saved_at = time.monotonic()
 
     def restore(self, state: dict[str, Any], model: keras.Model) -> None:
-        """Continue from a saved state: best loss, schedule counters, early stopping's best weights."""
-        self.best_val_loss = state.get("best_val_loss", math.inf)
+        """Continue from a saved state (empty for a new run): best loss, history, schedule counters, early
+        stopping's best weights."""
+        if not state:
+            return
+        # The best weights file carries its own loss: if a kill came between replacing it and the next
+        # commit, it is better than the state says, and a worse epoch must not replace it.
+        self.best_val_loss = min(state.get("best_val_loss", math.inf), self.run.best_weights_loss())
+        self.history = state["history"] if "history" in state else _csv_rows(self.run.history_path)
         for name, values in state.get("callbacks", {}).items():
             for key, value in values.items():
                 setattr(self.stateful_callbacks[name], key, value)
@@ -446,7 +510,8 @@ class RunCheckpoint(keras.callbacks.Callback):
         logs = logs or {}
         if logs["val_loss"] < self.best_val_loss:
             self.best_val_loss = logs["val_loss"]
-            self.run.save_best(self.model)
+            self.run.save_best(self.model, self.best_val_loss)
+        self.history.append({"epoch": epoch, **logs})
         self.save_resume_point(epoch + 1, 0, logs["seconds"])
 
     def save_resume_point(self, epoch: int, batch: int, seconds: float) -> None:
@@ -459,12 +524,23 @@ class RunCheckpoint(keras.callbacks.Callback):
             "best_val_loss": self.best_val_loss,
             "callbacks": {name: _callback_state(cb) for name, cb in self.stateful_callbacks.items()},
             "finished": None,
+            "history": self.history,
         }
         self.run.save_resume_point(self.model, self.optimizer, state)
+        self.saved_at = time.monotonic()
 
     def mark_finished(self, reason: StopReason) -> None:
         """Record why training stopped; the resume point stays usable for more epochs."""
         self.run.update_state(finished=reason.value)
+
+
+def _csv_rows(path: Path) -> list[dict[str, Any]]:
+    """History rows of a run from before they were kept in state.json."""
+    columns = read_history(path)
+    return [
+        {"epoch": int(e), **{k: columns[k][i] for k in columns if k != "epoch"}}
+        for i, e in enumerate(columns.get("epoch", []))
+    ]
 
 
 def _callback_state(callback: Any) -> dict[str, float]:
@@ -476,24 +552,36 @@ def _callback_state(callback: Any) -> dict[str, float]:
 # --- stopping cleanly --------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _stop_requests() -> Iterator[threading.Event]:
-    """An event set by the first Ctrl-C (a second one interrupts at once)."""
-    flag = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
-        yield flag
-        return
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
-    def handler(signum: int, frame: Any) -> None:
-        if flag.is_set():
+
+@dataclass
+class StopRequests:
+    """The first stop signal received (the loop finishes its batch, saves and stops)."""
+
+    requested: str | None = None  # e.g. "SIGTERM"
+    exit_code: int = 130
+
+    def handle(self, signum: int, frame: Any) -> None:
+        if self.requested:  # a second signal: stop now (the last commit stays intact)
             raise KeyboardInterrupt
-        flag.set()
+        self.requested, self.exit_code = signal.Signals(signum).name, 128 + signum
 
-    previous = signal.signal(signal.SIGINT, handler)
+
+@contextlib.contextmanager
+def _stop_requests() -> Iterator[StopRequests]:
+    """Ctrl-C, SIGTERM (``kill``, ``timeout``, a job scheduler) and SIGHUP (a closed terminal) all ask the
+    loop to stop cleanly; a second one interrupts at once."""
+    stop = StopRequests()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    previous = {signum: signal.signal(signum, stop.handle) for signum in STOP_SIGNALS}
     try:
-        yield flag
+        yield stop
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 @contextlib.contextmanager

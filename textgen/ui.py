@@ -116,11 +116,11 @@ class TrainingDisplay:
             }
             for line in (
                 f"[bold]{escape(plan.run.name)}[/] ({where}) -> {escape(str(plan.run.path))}",
-                f"corpus   {escape(cfg.data.corpus)}: {len(splits.train):,} train / {len(splits.val):,} val / "
+                f"corpus   {escape(cfg.data.corpus)} ({cfg.data.encoding}): {len(splits.train):,} train / {len(splits.val):,} val / "
                 f"{len(splits.test):,} test chars, {splits.vocab.size} ids",
                 f"model    {describe(dataclasses.asdict(cfg.model))}",
                 f"training {describe(training)}",
-                f"device   {cfg.profile.name}: {cfg.profile.notes}",
+                f"device   {cfg.profile.name}: {cfg.profile.notes}{' (the run keeps its profile)' if plan.resume_state else ''}",
             ):
                 self.console.print(line)
         self.progress.start()
@@ -260,6 +260,9 @@ def show_runs(console: Console, runs: list[RunSummary], checkpoint_dir: Path, as
             r.status,
         )
     console.print(table)
+    for r in runs:
+        if r.problem:
+            console.print(f"{r.run}: {r.problem}", markup=False, highlight=False)
 
 
 def epochs_cell(epochs: int, batches_into_epoch: int, steps: int) -> str:

@@ -1,0 +1,468 @@
+"""Whatever happens to a run, it is where it was or further on, never damaged; every bad input is one line.
+
+One section per guarantee: one writer per run, stop signals, kill -9 and periodic resume points,
+runs that died early, failing saves, corpus fingerprints and device profiles, bounded values,
+user text as data, hostile inputs.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import TINY_DATA, TINY_MODEL, assert_one_line_error, invoke, read_history, subprocess_env, write_corpus
+
+from textgen.checkpoint import Run, find_run, run_summaries
+from textgen.device import CPU
+from textgen.errors import CheckpointError, CorpusError, TrainingDiverged
+from textgen.train import plan_training, train
+
+TINY_FLAGS = ["--device", "cpu", "--units", "32", "--embedding-dim", "8", "--batch-size", "4", "--seq-len", "16"]
+
+
+def start_training(cwd: Path, *args: str) -> tuple[subprocess.Popen, Path]:
+    """``textgen train`` in a subprocess, its output going to a file (read with ``wait_for``)."""
+    out = cwd / f"out-{time.monotonic_ns()}.txt"
+    with open(out, "w") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "textgen", "train", *args],
+            cwd=cwd,
+            env=subprocess_env(),
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+        )
+    return proc, out
+
+
+def wait_for(path: Path, text: str, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and text in path.read_text(errors="replace"):
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"the process ended (exit {proc.returncode}) before {text!r}:\n{path.read_text()}")
+        time.sleep(0.05)
+    proc.kill()
+    pytest.fail(f"no {text!r} within {timeout}s:\n{path.read_text()}")
+
+
+def assert_consistent(run: Run) -> dict:
+    """The run's committed state names files that exist; its history has one row per epoch, in order."""
+    state = run.load_state()
+    assert (run.path / state["last_weights"]).is_file() and (run.path / state["optimizer"]).is_file()
+    rows = read_history(run.path) if run.history_path.exists() else []
+    assert [int(r["epoch"]) for r in rows] == list(range(state["epoch"])), "history rows duplicated or missing"
+    assert [r["epoch"] for r in state["history"]] == list(range(state["epoch"]))
+    if rows:
+        # The best weights may come from an epoch a kill cut before its commit: never worse than the history.
+        assert state["best_val_loss"] <= min(r["val_loss"] for r in rows) + 1e-9
+        assert run.best_weights_loss() <= state["best_val_loss"] + 1e-9  # saved before a commit that failed
+    assert not [p.name for p in run.path.iterdir() if p.name.startswith(".") and p.name != ".lock"]
+    return state
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    return write_corpus(tmp_path / "tiny.txt", 6000)  # ~27,000 characters: a few seconds an epoch
+
+
+# --- 1. one writer per run ----------------------------------------------------------------------
+
+
+def test_a_run_has_one_writer_and_any_number_of_readers(trained_run, tmp_path: Path) -> None:
+    run = trained_run.copy_to(tmp_path / "ck")
+    lock = run.lock()
+    try:
+        with pytest.raises(CheckpointError, match=f"being trained by process {os.getpid()}"):
+            run.lock()
+        with pytest.raises(CheckpointError, match=f"process {os.getpid()}"):
+            plan_training(
+                None, CPU, checkpoint_dir=tmp_path / "ck", run_name=run.name, resume=True, training={"epochs": 9}
+            )
+        out = invoke("sample", "--checkpoint-dir", str(tmp_path / "ck"), "--length", "20", "--seed", "1")
+        assert out.exit_code == 0, out.stderr  # reading is never blocked
+        assert invoke("runs", "--checkpoint-dir", str(tmp_path / "ck")).exit_code == 0
+    finally:
+        lock.release()
+    run.lock().release()  # free again
+
+
+def test_a_second_trainer_fails_at_once_naming_the_first(tmp_path: Path, corpus: Path) -> None:
+    args = ["tiny.txt", *TINY_FLAGS, "--epochs", "50", "--checkpoint-dir", "ck", "--run", "r"]
+    first, out = start_training(tmp_path, *args)
+    try:
+        wait_for(out, "epoch 1/50", first)
+        started = time.monotonic()
+        second = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "textgen",
+                "train",
+                "--resume",
+                "--run",
+                "r",
+                "--checkpoint-dir",
+                "ck",
+                "--device",
+                "cpu",
+            ],
+            cwd=tmp_path,
+            env=subprocess_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert second.returncode == 1
+        assert f"run 'r' is being trained by process {first.pid}" in second.stderr
+        assert "Traceback" not in second.stderr
+        assert time.monotonic() - started < 60  # it did not wait for the first to finish
+        racer = invoke("train", str(corpus), *TINY_FLAGS, "--checkpoint-dir", str(tmp_path / "ck"), "--run", "r")
+        assert_one_line_error(racer, f"run 'r' is being trained by process {first.pid}")
+    finally:
+        first.send_signal(signal.SIGINT)
+        first.wait(timeout=60)
+
+
+# --- 2. every stop signal saves ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_and_sighup_save_like_ctrl_c(tmp_path: Path, corpus: Path, sig: signal.Signals) -> None:
+    proc, out = start_training(
+        tmp_path, "tiny.txt", *TINY_FLAGS, "--epochs", "50", "--checkpoint-dir", "ck", "--run", "r"
+    )
+    wait_for(out, "epoch 1/50", proc)
+    proc.send_signal(sig)
+    assert proc.wait(timeout=60) == 128 + sig
+    text = out.read_text()
+    assert f"({sig.name}); saved" in text and "continue with: textgen train --resume --run r" in text
+    assert "Traceback" not in text
+    state = assert_consistent(Run(tmp_path / "ck" / "r"))
+    assert state["finished"] is None and state["epoch"] >= 1
+
+
+def test_ctrl_c_stops_a_long_generation_at_once(trained_run, tmp_path: Path) -> None:
+    run = trained_run.copy_to(tmp_path / "ck")
+    # Tens of millions of characters: minutes of work, in chunks the interrupt lands between.
+    args = ["sample", "--checkpoint-dir", str(run.path.parent), "--length", "5000000", "--num", "8", "--json"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "textgen", *args], env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    time.sleep(8)  # loaded and generating
+    assert proc.poll() is None
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=20)  # far sooner than the generation would end
+    assert proc.returncode == 130
+    assert b"interrupted" in err and b"Traceback" not in err
+
+
+# --- 3. kill -9 at any moment: resume points, history, best weights ----------------------------
+
+
+def kill_and_resume(tmp_path: Path, corpus: Path, seed: int, kills: int) -> None:
+    rng = random.Random(seed)
+    args = ["tiny.txt", *TINY_FLAGS, "--epochs", "4", "--save-every", "1s", "--checkpoint-dir", "ck", "--run", "r"]
+    for attempt in range(kills + 1):
+        resume = ["--resume"] if attempt else []
+        proc, out = start_training(tmp_path, *args, *resume)
+        if attempt == kills:
+            assert proc.wait(timeout=300) == 0, out.read_text()
+            break
+        wait_for(out, "device", proc)
+        time.sleep(rng.uniform(1.0, 6.0))
+        if proc.poll() is not None:  # it finished first
+            assert proc.returncode == 0, out.read_text()
+            break
+        proc.kill()  # SIGKILL: no handler runs
+        proc.wait(timeout=30)
+        run = Run(tmp_path / "ck" / "r")
+        if run.is_usable():
+            assert_consistent(run)
+    state = assert_consistent(Run(tmp_path / "ck" / "r"))
+    assert state["epoch"] == 4 and state["finished"] == "epochs"
+
+
+def test_kill_9_then_resume_loses_nothing_committed(tmp_path: Path, corpus: Path) -> None:
+    kill_and_resume(tmp_path, corpus, seed=1, kills=1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [2, 3, 4])
+def test_kill_9_many_times(tmp_path: Path, corpus: Path, seed: int) -> None:
+    kill_and_resume(tmp_path, corpus, seed=seed, kills=3)
+
+
+def test_save_every_writes_mid_epoch_resume_points(tmp_path: Path) -> None:
+    corpus = write_corpus(tmp_path / "longer.txt", 20_000)
+    plan = plan_training(
+        str(corpus),
+        CPU,
+        checkpoint_dir=tmp_path / "ck",
+        run_name="r",
+        data=TINY_DATA,
+        model=TINY_MODEL,
+        training={"epochs": 1, "save_every": 0.05, "time_budget": 3.0},
+    )
+    saves: list[tuple[int, int]] = []
+    original = plan.run.save_resume_point
+
+    def record(model, optimizer, state):  # type: ignore[no-untyped-def]
+        saves.append((state["epoch"], state["batch"]))
+        original(model, optimizer, state)
+
+    plan.run.save_resume_point = record  # type: ignore[method-assign]
+    train(plan)
+    mid_epoch = [s for s in saves if s[0] == 0 and s[1] > 0]
+    assert len(mid_epoch) >= 3, saves
+    assert [b for _, b in mid_epoch] == sorted(b for _, b in mid_epoch)
+
+
+# --- 4. a run that died early is not a trap --------------------------------------------------------
+
+
+def test_runs_lists_incomplete_and_damaged_runs_beside_the_others(trained_run, tmp_path: Path) -> None:
+    ck = tmp_path / "ck"
+    trained_run.copy_to(ck, "good")
+    incomplete = trained_run.copy_to(ck, "incomplete")
+    for name in ("state.json", "best.weights.h5"):
+        (incomplete.path / name).unlink()
+    damaged = trained_run.copy_to(ck, "damaged")
+    damaged.config_path.write_text("{ not json")
+    summaries = {s.run: s for s in run_summaries(ck)}
+    assert {k: s.status for k, s in summaries.items()} == {
+        "good": "all epochs done",
+        "incomplete": "incomplete",
+        "damaged": "damaged",
+    }
+    assert "config.json is corrupt" in (summaries["damaged"].problem or "")
+    assert find_run(ck).name == "good"  # the latest usable, though the others are newer
+    out = invoke("runs", "--checkpoint-dir", str(ck), "--json")
+    assert out.exit_code == 0, out.stderr
+    assert {json.loads(line)["run"] for line in out.stdout.splitlines()} == {"good", "incomplete", "damaged"}
+
+
+# --- 5. saves fail loudly and safely -------------------------------------------------------------
+
+
+def test_a_failing_save_is_one_line_and_keeps_the_last_resume_point(
+    trained_run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = trained_run.copy_to(tmp_path / "ck")
+    before = run.state_path.read_bytes()
+    plan = plan_training(
+        None, CPU, checkpoint_dir=tmp_path / "ck", run_name=run.name, resume=True, training={"epochs": 6}
+    )
+
+    def disk_full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(np, "savez", disk_full)  # the optimizer file of the next resume point
+    with pytest.raises(CheckpointError) as info:
+        train(plan)
+    message = str(info.value)
+    assert "could not save a resume point" in message and "No space left on device" in message
+    assert "the last resume point is intact" in message and "--resume" in message
+    assert run.state_path.read_bytes() == before
+    monkeypatch.undo()
+    assert_consistent(run)
+    run.lock().release()  # the failed process let go of the run
+    result = train(
+        plan_training(None, CPU, checkpoint_dir=tmp_path / "ck", run_name=run.name, resume=True, training={"epochs": 5})
+    )
+    assert result.epochs == 5
+
+
+def test_leftovers_of_an_interrupted_save_are_removed_by_the_next_writer(trained_run, tmp_path: Path) -> None:
+    run = trained_run.copy_to(tmp_path / "ck")
+    leftovers = [
+        ".state.json.123-0123abcd",
+        ".last-e0009-b000001.weights.h5.9-deadbeef.weights.h5",
+        "last-e0009-b000001.weights.h5",
+    ]
+    for name in leftovers:
+        (run.path / name).write_bytes(b"partial")
+    run.lock().release()
+    assert not [name for name in leftovers if (run.path / name).exists()]
+    assert_consistent(run)
+
+
+# --- 6. a run knows its corpus and its profile ---------------------------------------------------
+
+
+def test_a_changed_corpus_is_refused_for_resume_and_split_evaluation(tmp_path: Path, corpus: Path) -> None:
+    plan = plan_training(
+        str(corpus),
+        CPU,
+        checkpoint_dir=tmp_path / "ck",
+        run_name="r",
+        data=TINY_DATA,
+        model=TINY_MODEL,
+        training={"epochs": 1},
+    )
+    train(plan)
+    with open(corpus, "a", encoding="utf-8") as fh:
+        fh.write("one more line\n")
+    with pytest.raises(CorpusError, match=r"changed since run 'r' started"):
+        plan_training(None, CPU, checkpoint_dir=tmp_path / "ck", run_name="r", resume=True, training={"epochs": 2})
+    out = invoke("evaluate", "--checkpoint-dir", str(tmp_path / "ck"), "--split", "val")
+    assert_one_line_error(out, "changed since run 'r' started", "Restore the original text")
+    assert invoke("evaluate", str(corpus), "--checkpoint-dir", str(tmp_path / "ck")).exit_code == 0  # any file is fine
+
+
+def test_resume_keeps_the_saved_device_profile(trained_run) -> None:
+    out = invoke(
+        "train", "--resume", "--run", "tiny", "--device", "gpu", "--checkpoint-dir", str(trained_run.checkpoint_dir)
+    )
+    assert_one_line_error(out, "trained with the cpu profile", "--device cpu")
+
+
+# --- 7. every value is bounded -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flags", "fragment"),
+    [
+        (["--lr", "nan"], "--lr must be a positive number"),
+        (["--lr", "inf"], "--lr must be a positive number"),
+        (["--clip-norm", "inf"], "--clip-norm must be a positive number"),
+        (["--dropout", "nan"], "--dropout must be in [0, 1)"),
+        (["--units", str(2**40)], "--units must be a positive integer up to 2,147,483,647"),
+        (["--batch-size", str(2**31)], "--batch-size must be a positive integer"),
+        (["--epochs", str(2**63)], "--epochs must be a positive integer"),
+        (["--seed", str(2**31)], "--seed must be an integer in [0, 2147483647]"),
+        (["--units", "100000", "--layers", "8"], "more than this machine's"),
+        (["--save-every", "0"], "--save-every must be positive"),
+        (["--save-every", "soon"], "--save-every must be a duration"),
+    ],
+)
+def test_bad_training_values(tmp_path: Path, flags: list[str], fragment: str) -> None:
+    assert_one_line_error(invoke("train", "x.txt", "--checkpoint-dir", str(tmp_path / "ck"), *flags), fragment)
+
+
+@pytest.mark.parametrize(
+    ("flags", "fragment"),
+    [
+        (["--temp", "nan"], "--temp must be 0 (greedy) or between 0.001 and 1000"),
+        (["--temp", "inf"], "--temp must be 0 (greedy) or between 0.001 and 1000"),
+        (["--temp", "1e-30"], "--temp must be 0 (greedy) or between 0.001 and 1000"),
+        (["--top-p", "nan"], "--top-p must be in (0, 1]"),
+        (["--top-k", str(2**40)], "--top-k must be 0 (off) or a positive integer"),
+        (["--length", str(2**40)], "--length must be a positive integer"),
+        (["--length", str(2**30), "--num", "64"], "--length must be such that --length x --num is at most"),
+        (["--seed", str(2**40)], "--seed must be an integer in [0, 2**31)"),
+    ],
+)
+def test_bad_sampling_values(tmp_path: Path, flags: list[str], fragment: str) -> None:
+    assert_one_line_error(invoke("sample", "--checkpoint-dir", str(tmp_path / "none"), *flags), fragment)
+
+
+@pytest.mark.parametrize(
+    "line", [":temp nan", ":temp inf", ":topp nan", ":topk 99999999999", ":len 99999999999999", ":seed 99999999999"]
+)
+def test_bad_repl_values_warn_and_keep_the_setting(line: str) -> None:
+    from test_repl import make_session
+
+    session, _, warnings = make_session()
+    before = session.settings
+    assert session.handle(line) is True
+    assert len(warnings) == 1 and "must be" in warnings[0]
+    assert session.settings == before
+
+
+def test_a_diverging_loss_stops_the_run_and_keeps_the_last_resume_point(
+    trained_run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import textgen.train as training
+
+    run = trained_run.copy_to(tmp_path / "ck")
+    before, best_before = run.state_path.read_bytes(), run.best_weights_path.read_bytes()
+    build = training.build_trainer
+
+    def diverging(*args: object, **kwargs: object) -> training.Trainer:
+        trainer = build(*args, **kwargs)  # type: ignore[arg-type]
+        trainer.train_step = lambda x, y: float("nan")
+        return trainer
+
+    monkeypatch.setattr(training, "build_trainer", diverging)
+    plan = plan_training(
+        None, CPU, checkpoint_dir=tmp_path / "ck", run_name=run.name, resume=True, training={"epochs": 6}
+    )
+    with pytest.raises(TrainingDiverged, match="the loss became nan at epoch 5, batch 1"):
+        train(plan)
+    assert run.state_path.read_bytes() == before and run.best_weights_path.read_bytes() == best_before
+
+
+# --- 8. user text is data ------------------------------------------------------------------------
+
+
+def test_markup_in_prompts_and_file_names_is_printed_as_it_is(trained_run, tmp_path: Path) -> None:
+    run = trained_run.copy_to(tmp_path / "ck")
+    out = invoke("sample", "--checkpoint-dir", str(run.path.parent), "--prime", "[bold red]the[/] ", "--length", "10")
+    assert out.exit_code == 0, out.stderr
+    assert out.stdout.startswith("[bold red]the[/] ")
+    assert "'['" in out.stderr  # the unknown characters are named, not taken for markup
+    book = tmp_path / "[bold]book.txt"
+    book.write_text(trained_run.corpus.read_text(encoding="utf-8"), encoding="utf-8")
+    out = invoke("train", str(book), *TINY_FLAGS, "--epochs", "1", "--checkpoint-dir", str(tmp_path / "ck2"))
+    assert out.exit_code == 0, out.stderr
+    assert "[bold]book.txt" in out.stdout
+
+
+def test_run_names_that_cannot_be_directories_are_refused(tmp_path: Path, corpus: Path) -> None:
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "taken").write_text("a file")
+    for name, fragment in (("x" * 300, "--run must be"), ("taken", "exists and is not a run directory")):
+        out = invoke("train", str(corpus), *TINY_FLAGS, "--checkpoint-dir", str(tmp_path / "ck"), "--run", name)
+        assert_one_line_error(out, fragment)
+
+
+# --- 9. hostile inputs -----------------------------------------------------------------------------
+
+
+def test_another_keras_backend_in_the_environment_does_not_break_textgen(trained_run, tmp_path: Path) -> None:
+    run = trained_run.copy_to(tmp_path / "ck")
+    proc = subprocess.run(
+        [sys.executable, "-m", "textgen", "sample", "--checkpoint-dir", str(run.path.parent), "--length", "10"],
+        env=subprocess_env(KERAS_BACKEND="jax"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_run_files_that_disagree_name_the_file(trained_run, tmp_path: Path) -> None:
+    run = trained_run.copy_to(tmp_path / "ck")
+    run.vocab_path.write_text(json.dumps({"chars": "abc"}), encoding="utf-8")
+    out = invoke("sample", "--checkpoint-dir", str(run.path.parent), "--run", run.name)
+    assert_one_line_error(out, "vocab.json has 4 ids but config.json's model has")
+    assert_one_line_error(invoke("sample", "--checkpoint-dir", str(run.path.parent)), "see textgen runs")
+
+
+# --- 10. legacy encodings are read, and the run remembers which -------------------------------------
+
+
+def test_a_windows_1252_book_trains_and_the_run_keeps_its_encoding(tmp_path: Path) -> None:
+    text = write_corpus(tmp_path / "utf8.txt", 1500).read_text(encoding="utf-8")
+    book = tmp_path / "old.txt"
+    book.write_bytes(("\u201cQuoted,\u201d she said \u2014 " + text).encode("cp1252"))
+    out = invoke(
+        "train", str(book), *TINY_FLAGS, "--epochs", "1", "--checkpoint-dir", str(tmp_path / "ck"), "--run", "w"
+    )
+    assert out.exit_code == 0, out.stderr
+    assert f"{book} (cp1252)" in out.stdout
+    run = Run(tmp_path / "ck" / "w")
+    assert run.load_config().data.encoding == "cp1252"
+    assert "\u201c" in run.load_vocab().chars and "\u2014" in run.load_vocab().chars
+    forced = invoke("train", str(book), *TINY_FLAGS, "--encoding", "utf-8", "--checkpoint-dir", str(tmp_path / "ck"))
+    assert_one_line_error(forced, "is not valid UTF-8", "--encoding auto")
