@@ -57,14 +57,14 @@ def test_train_help_shows_examples() -> None:
 @pytest.mark.parametrize(
     ("flags", "fragment"),
     [
-        (["--units", "0"], "--units must be a positive integer (got 0)"),
-        (["--epochs", "-1"], "--epochs must be a positive integer (got -1)"),
+        (["--units", "0"], "--units must be a positive integer up to 2,147,483,647 (got 0)"),
+        (["--epochs", "-1"], "--epochs must be a positive integer up to 2,147,483,647 (got -1)"),
         (["--time-budget", "abc"], "--time-budget must be a duration like 90s, 30m or 1h30m (got 'abc')"),
         (["--time-budget", "0"], "--time-budget must be positive"),
         (["--dropout", "1.5"], "--dropout must be in [0, 1) (got 1.5)"),
-        (["--batch-size", "0"], "--batch-size must be a positive integer (got 0)"),
-        (["--seq-len", "-4"], "--seq-len must be a positive integer (got -4)"),
-        (["--lr", "0"], "--lr must be positive"),
+        (["--batch-size", "0"], "--batch-size must be a positive integer up to 2,147,483,647 (got 0)"),
+        (["--seq-len", "-4"], "--seq-len must be a positive integer up to 2,147,483,647 (got -4)"),
+        (["--lr", "0"], "--lr must be a positive number"),
         (["--run", "../escape", "--batch-size", "4", "--seq-len", "16"], "--run must be 1 to 100 letters, digits"),
     ],
 )

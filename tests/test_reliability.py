@@ -446,7 +446,7 @@ def test_run_files_that_disagree_name_the_file(trained_run, tmp_path: Path) -> N
     run.vocab_path.write_text(json.dumps({"chars": "abc"}), encoding="utf-8")
     out = invoke("sample", "--checkpoint-dir", str(run.path.parent), "--run", run.name)
     assert_one_line_error(out, "vocab.json has 4 ids but config.json's model has")
-    assert_one_line_error(invoke("sample", "--checkpoint-dir", str(run.path.parent)), "see textgen runs")
+    assert_one_line_error(invoke("sample", "--checkpoint-dir", str(run.path.parent)), "vocab.json has 4 ids")
 
 
 # --- 10. legacy encodings are read, and the run remembers which -------------------------------------

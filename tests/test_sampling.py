@@ -348,11 +348,11 @@ def test_damaged_checkpoint(tmp_path: Path, run1: Run, damage, fragments: list[s
 @pytest.mark.parametrize(
     ("flags", "fragment"),
     [
-        (["--temp", "-1"], "--temp must be 0 (greedy) or more (got -1.0)"),
+        (["--temp", "-1"], "--temp must be 0 (greedy) or between 0.001 and 1000 (got -1.0)"),
         (["--top-p", "0"], "--top-p must be in (0, 1] (got 0.0)"),
         (["--top-p", "1.5"], "--top-p must be in (0, 1] (got 1.5)"),
-        (["--length", "0"], "--length must be a positive integer (got 0)"),
-        (["--num", "0"], "--num must be a positive integer (got 0)"),
+        (["--length", "0"], "--length must be a positive integer up to 2,147,483,647 (got 0)"),
+        (["--num", "0"], "--num must be a positive integer up to 2,147,483,647 (got 0)"),
         (["--top-k", "-1"], "--top-k must be 0 (off) or a positive integer (got -1)"),
         (["--seed", "-3"], "--seed must be an integer in [0, 2**31) (got -3)"),
     ],

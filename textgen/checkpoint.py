@@ -195,15 +195,26 @@ class Run:
     def has_state(self) -> bool:
         return self.state_path.is_file()
 
+    def check_usable(self) -> None:
+        """Raise what keeps sample, evaluate and resume from using the run: damaged files, or no committed
+        resume point (a run killed before its first save)."""
+        self.load_vocab()  # and the config, which it is checked against
+        if not self.has_state():
+            raise CheckpointError(
+                f"run {self.name!r} never saved a resume point (it was stopped before its first save); "
+                f"train it: textgen train --resume --run {self.name}"
+            )
+        state = self.load_state()
+        for key in ("last_weights", "optimizer"):
+            if not (self.path / state[key]).is_file():
+                raise CheckpointError(f"{self.path / state[key]} is missing: the run is damaged; train again")
+
     def is_usable(self) -> bool:
-        """Whether the run has committed a resume point whose files are all there (sample, evaluate and
-        resume can use it); a run killed before its first save has not."""
         try:
-            self.load_vocab()  # and the config, which it is checked against
-            state = self.load_state()
+            self.check_usable()
         except CheckpointError:
             return False
-        return all((self.path / state[key]).is_file() for key in ("last_weights", "optimizer"))
+        return True
 
     def weights_path(self, which: str = "best") -> Path:
         """The weights file for ``best`` or ``last``."""
@@ -393,13 +404,11 @@ def find_run(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR, name: str | None = N
         return run
     runs = list_runs(checkpoint_dir)
     usable = next((run for run in runs if run.is_usable()), None)
-    if usable is None:
-        unusable = f" ({', '.join(r.name for r in runs)} never saved a resume point, or are damaged: see textgen runs)"
-        raise CheckpointError(
-            f"no trained run in {checkpoint_dir}/{unusable if runs else ''}; "
-            "train one first: textgen train 2600-0.txt --device cpu"
-        )
-    return usable
+    if usable is not None:
+        return usable
+    if runs:
+        runs[0].check_usable()  # none is usable: say what is wrong with the latest
+    raise CheckpointError(f"no trained run in {checkpoint_dir}/; train one first: textgen train 2600-0.txt --device cpu")
 
 
 def check_corpus_unchanged(run: Run, data: DataConfig) -> None:
