@@ -408,7 +408,9 @@ def find_run(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR, name: str | None = N
         return usable
     if runs:
         runs[0].check_usable()  # none is usable: say what is wrong with the latest
-    raise CheckpointError(f"no trained run in {checkpoint_dir}/; train one first: textgen train 2600-0.txt --device cpu")
+    raise CheckpointError(
+        f"no trained run in {checkpoint_dir}/; train one first: textgen train 2600-0.txt --device cpu"
+    )
 
 
 def check_corpus_unchanged(run: Run, data: DataConfig) -> None:
