@@ -338,6 +338,11 @@ def test_resume_keeps_the_saved_device_profile(trained_run) -> None:
         (["--dropout", "nan"], "--dropout must be in [0, 1)"),
         (["--units", str(2**40)], "--units must be a positive integer up to 2,147,483,647"),
         (["--batch-size", str(2**31)], "--batch-size must be a positive integer"),
+        (["--seq-len", str(2**40)], "--seq-len must be a positive integer"),
+        (["--embedding-dim", str(2**40)], "--embedding-dim must be a positive integer"),
+        (["--layers", str(2**40)], "--layers must be a positive integer"),
+        (["--dropout", "-inf"], "--dropout must be in [0, 1)"),
+        (["--time-budget", "inf"], "--time-budget must be a duration"),
         (["--epochs", str(2**63)], "--epochs must be a positive integer"),
         (["--seed", str(2**31)], "--seed must be an integer in [0, 2147483647]"),
         (["--units", "100000", "--layers", "8"], "more than this machine's"),
@@ -367,7 +372,19 @@ def test_bad_sampling_values(tmp_path: Path, flags: list[str], fragment: str) ->
 
 
 @pytest.mark.parametrize(
-    "line", [":temp nan", ":temp inf", ":topp nan", ":topk 99999999999", ":len 99999999999999", ":seed 99999999999"]
+    "line",
+    [
+        ":temp nan",
+        ":temp inf",
+        ":temp -inf",
+        ":topp nan",
+        ":topp inf",
+        ":topk 99999999999",
+        ":len 99999999999999",
+        ":len 2000000000",  # an int32, but more text than this machine's memory cap allows
+        ":num 99999999999",
+        ":seed 99999999999",
+    ],
 )
 def test_bad_repl_values_warn_and_keep_the_setting(line: str) -> None:
     from test_repl import make_session
