@@ -118,8 +118,7 @@ def main() -> None:
         final_problems = check(run_dir)
         history = json.loads((run_dir / "state.json").read_text())["history"]
         chars_per_sec = history[-1]["chars_per_sec"] if history else math.nan
-    batch_chars = _batch_chars(run_dir)
-    batch_s = batch_chars / chars_per_sec if chars_per_sec else math.nan
+        batch_s = _batch_chars(run_dir) / chars_per_sec if chars_per_sec else math.nan
     budget = save_every + batch_s
     summary = {
         "kills": args.kills,

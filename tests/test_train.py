@@ -177,7 +177,7 @@ def test_interrupt_saves_a_resume_point_mid_epoch(tmp_path: Path, tiny_corpus: P
     assert result.epochs == 2
     rows = read_history(run.path)
     assert [row["epoch"] for row in rows] == [0, 1]
-    assert rows[0]["batches"] == spe - 4  # the first epoch skipped the 4 batches done before Ctrl-C
+    assert rows[0]["batches"] == spe  # the row covers the whole epoch: the 4 batches before Ctrl-C were saved with it
     assert run.load_state()["step"] == 2 * spe
 
 

@@ -19,6 +19,7 @@ checkpoint) are driven by the loop through a ``CallbackList``; progress goes to 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import signal
 import threading
@@ -266,9 +267,9 @@ def _train(plan: TrainPlan, progress: TrainingProgress) -> TrainResult:
     checkpoint, callbacks = build_callbacks(plan, trainer, steps, clock)
     start_epoch, start_batch = resume.get("epoch", 0), resume.get("batch", 0)
 
-    def save_if_due(epoch: int, batch: int) -> None:
+    def save_if_due(epoch: int, position: EpochProgress) -> None:
         if time.monotonic() - checkpoint.saved_at >= cfg.training.save_every:
-            checkpoint.save_resume_point(epoch, batch, clock.elapsed())
+            checkpoint.save_resume_point(epoch, position.batch, clock.elapsed(), position)
 
     stop_reason, epochs_done = StopReason.EPOCHS, start_epoch
     last: EpochLog | None = None
@@ -277,30 +278,33 @@ def _train(plan: TrainPlan, progress: TrainingProgress) -> TrainResult:
         callbacks.on_train_begin()
         checkpoint.restore(resume, trainer.model)
         for epoch in range(start_epoch, cfg.training.epochs):
-            first = start_batch if epoch == start_epoch else 0
-            done, loss, seconds = run_epoch(
-                trainer, batches, first, epoch, callbacks, progress, stop, clock, save_if_due
+            start = (
+                EpochProgress(**resume.get("epoch_progress") or {"batch": start_batch})
+                if epoch == start_epoch
+                else EpochProgress()
             )
-            if stop.requested and first + done < steps:  # after the last batch: end the epoch first
-                checkpoint.save_resume_point(epoch, first + done, clock.elapsed())
+            done = run_epoch(trainer, batches, epoch, start, callbacks, progress, stop, clock, save_if_due)
+            # Commit the training before validating: a kill during validation costs only the validation.
+            checkpoint.save_resume_point(epoch, done.batch, clock.elapsed(), done)
+            if stop.requested and done.batch < steps:  # after the last batch: end the epoch first
                 raise TrainingInterrupted(
-                    f"stopped at epoch {epoch + 1}, batch {first + done}/{steps} ({stop.requested}); "
+                    f"stopped at epoch {epoch + 1}, batch {done.batch}/{steps} ({stop.requested}); "
                     f"saved {run.path}; {resume_hint(run)}",
                     exit_code=stop.exit_code,
                 )
             val_loss = validate(trainer, plan.splits.val, cfg.data, callbacks, progress)
             last = EpochLog(
                 epoch=epoch + 1,
-                loss=loss,
-                bpc=bits(loss),
+                loss=done.loss,
+                bpc=bits(done.loss),
                 val_loss=val_loss,
                 val_bpc=bits(val_loss),
-                chars_per_sec=done * cfg.data.batch_size * cfg.data.seq_len / max(seconds, 1e-9),
+                chars_per_sec=done.batches * cfg.data.batch_size * cfg.data.seq_len / max(done.seconds, 1e-9),
                 learning_rate=float(trainer.optimizer.learning_rate),
-                batches=done,
+                batches=done.batches,
                 seconds=clock.elapsed(),
                 improved=val_loss < checkpoint.best_val_loss,
-                partial=first + done < steps,
+                partial=done.batch < steps,
             )
             callbacks.on_epoch_end(epoch, last.metrics())
             progress.epoch_end(last)
@@ -308,7 +312,7 @@ def _train(plan: TrainPlan, progress: TrainingProgress) -> TrainResult:
             if clock.expired():  # during the epoch, or validation ran past it: start no epoch just to stop it
                 stop_reason = StopReason.TIME_BUDGET
                 if last.partial:  # resume where training stopped, not at the next epoch
-                    checkpoint.save_resume_point(epoch, first + done, clock.elapsed())
+                    checkpoint.save_resume_point(epoch, done.batch, clock.elapsed(), done)
             if trainer.model.stop_training:
                 stop_reason = StopReason.EARLY_STOPPING
             more = stop_reason is StopReason.EPOCHS and epoch + 1 < cfg.training.epochs
@@ -334,26 +338,39 @@ def _train(plan: TrainPlan, progress: TrainingProgress) -> TrainResult:
     )
 
 
+@dataclass
+class EpochProgress:
+    """How far an epoch's training has got, and the sums its history row is made of. Saved with every
+    mid-epoch resume point, so the row of an epoch that was resumed covers all of it."""
+
+    batch: int = 0  # the next batch to train
+    loss_sum: float = 0.0
+    batches: int = 0
+    seconds: float = 0.0
+
+    @property
+    def loss(self) -> float:
+        return self.loss_sum / self.batches if self.batches else math.nan
+
+
 def run_epoch(
     trainer: Trainer,
     batches: tf.data.Dataset,
-    first: int,
     epoch: int,
+    start: EpochProgress,
     callbacks: keras.callbacks.CallbackList,
     progress: TrainingProgress,
     stop: StopRequests,
     clock: Clock,
-    save_if_due: Callable[[int, int], None],
-) -> tuple[int, float, float]:
-    """Train on the epoch's batches from ``first`` on, until they end, a stop is asked for, or time is up;
-    a mid-epoch resume point is saved whenever ``--save-every`` has passed.
-
-    Returns the batches trained, their mean loss (NaN if none) and the seconds they took.
-    """
+    save_if_due: Callable[[int, EpochProgress], None],
+) -> EpochProgress:
+    """Train on the epoch's batches from ``start`` on, until they end, a stop is asked for, or time is up;
+    a mid-epoch resume point is saved whenever ``--save-every`` has passed."""
     callbacks.on_epoch_begin(epoch)
-    progress.epoch_begin(epoch, first)
-    started, total, done = time.monotonic(), 0.0, 0
-    for batch, (x, y) in enumerate(batches.skip(first), start=first):
+    progress.epoch_begin(epoch, start.batch)
+    done = dataclasses.replace(start)
+    for batch, (x, y) in enumerate(batches.skip(start.batch), start=start.batch):
+        started = time.monotonic()
         callbacks.on_train_batch_begin(batch)
         loss = float(trainer.train_step(x, y))
         if not math.isfinite(loss):  # the update already happened: save nothing from here on
@@ -361,14 +378,15 @@ def run_epoch(
                 f"training diverged: the loss became {loss} at epoch {epoch + 1}, batch {batch + 1}; nothing after "
                 "the last resume point was saved. Start a new run with a lower --lr or --clip-norm"
             )
-        total += loss
-        done += 1
-        callbacks.on_train_batch_end(batch, {"loss": total / done, "bpc": bits(total / done)})
-        progress.batch_end(batch, total / done)
+        done = EpochProgress(
+            batch + 1, done.loss_sum + loss, done.batches + 1, done.seconds + time.monotonic() - started
+        )
+        callbacks.on_train_batch_end(batch, {"loss": done.loss, "bpc": bits(done.loss)})
+        progress.batch_end(batch, done.loss)
         if stop.requested or clock.expired():
             break
-        save_if_due(epoch, batch + 1)
-    return done, total / done if done else math.nan, time.monotonic() - started
+        save_if_due(epoch, done)
+    return done
 
 
 def validate(
@@ -511,11 +529,13 @@ class RunCheckpoint(keras.callbacks.Callback):
         if logs["val_loss"] < self.best_val_loss:
             self.best_val_loss = logs["val_loss"]
             self.run.save_best(self.model, self.best_val_loss)
-        self.history.append({"epoch": epoch, **logs})
+        # A row per epoch: an epoch a time budget cut and a resumed run finished replaces its partial row.
+        self.history = [row for row in self.history if row["epoch"] != epoch] + [{"epoch": epoch, **logs}]
         self.save_resume_point(epoch + 1, 0, logs["seconds"])
 
-    def save_resume_point(self, epoch: int, batch: int, seconds: float) -> None:
-        """Commit weights, optimizer and loop position: training resumes at ``epoch``, ``batch``."""
+    def save_resume_point(self, epoch: int, batch: int, seconds: float, position: EpochProgress | None = None) -> None:
+        """Commit weights, optimizer and loop position: training resumes at ``epoch``, ``batch`` (with the
+        epoch's progress so far when that is mid-epoch)."""
         state = {
             "epoch": epoch,
             "batch": batch,
@@ -525,6 +545,7 @@ class RunCheckpoint(keras.callbacks.Callback):
             "callbacks": {name: _callback_state(cb) for name, cb in self.stateful_callbacks.items()},
             "finished": None,
             "history": self.history,
+            "epoch_progress": dataclasses.asdict(position) if position else None,
         }
         self.run.save_resume_point(self.model, self.optimizer, state)
         self.saved_at = time.monotonic()
