@@ -102,6 +102,11 @@ def main() -> None:
                 break
             wait = rng.uniform(args.min_wait, args.max_wait)
             time.sleep(wait)
+            if proc.poll() is not None:  # the run ended first: nothing left to kill or resume
+                if proc.returncode != 0:
+                    raise SystemExit(f"textgen train failed:\n{output.read_text()}")
+                print(f"round {round_number + 1}: the run finished before the kill", flush=True)
+                break
             killed = time.time()
             proc.kill()
             proc.wait()
