@@ -483,3 +483,14 @@ def test_a_windows_1252_book_trains_and_the_run_keeps_its_encoding(tmp_path: Pat
     assert "\u201c" in run.load_vocab().chars and "\u2014" in run.load_vocab().chars
     forced = invoke("train", str(book), *TINY_FLAGS, "--encoding", "utf-8", "--checkpoint-dir", str(tmp_path / "ck"))
     assert_one_line_error(forced, "is not valid UTF-8", "--encoding auto")
+
+
+def test_tidying_up_never_deletes_what_a_readable_state_names(trained_run, tmp_path: Path) -> None:
+    run = trained_run.copy_to(tmp_path / "ck")
+    state = run.load_state()
+    run.vocab_path.write_text("{ damaged")  # the run is unusable, but its resume point is still there
+    run.lock().release()
+    assert (run.path / state["last_weights"]).is_file() and (run.path / state["optimizer"]).is_file()
+    run.state_path.write_text("{ damaged")
+    run.lock().release()
+    assert (run.path / state["last_weights"]).is_file()

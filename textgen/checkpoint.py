@@ -159,7 +159,11 @@ class Run:
     def lock(self) -> RunLock:
         """Lock the run for this process (one writer per run); tidy up after an interrupted save."""
         lock = RunLock(self)
-        self._remove_unreferenced(self.load_state() if self.is_usable() else {})
+        try:
+            state = self.load_state() if self.has_state() else {}
+        except CheckpointError:
+            return lock  # what state.json refers to is unknown: delete nothing
+        self._remove_unreferenced(state)
         return lock
 
     # --- reading -----------------------------------------------------------
