@@ -216,11 +216,11 @@ def test_save_every_writes_mid_epoch_resume_points(tmp_path: Path) -> None:
     saves: list[tuple[int, int]] = []
     original = plan.run.save_resume_point
 
-    def record(model, optimizer, state):  # type: ignore[no-untyped-def]
+    def record(model, optimizer, state):
         saves.append((state["epoch"], state["batch"]))
         original(model, optimizer, state)
 
-    plan.run.save_resume_point = record  # type: ignore[method-assign]
+    plan.run.save_resume_point = record
     train(plan)
     mid_epoch = [s for s in saves if s[0] == 0 and s[1] > 0]
     assert len(mid_epoch) >= 3, saves
@@ -406,7 +406,7 @@ def test_a_diverging_loss_stops_the_run_and_keeps_the_last_resume_point(
     build = training.build_trainer
 
     def diverging(*args: object, **kwargs: object) -> training.Trainer:
-        trainer = build(*args, **kwargs)  # type: ignore[arg-type]
+        trainer = build(*args, **kwargs)
         trainer.train_step = lambda x, y: float("nan")
         return trainer
 
@@ -494,3 +494,53 @@ def test_tidying_up_never_deletes_what_a_readable_state_names(trained_run, tmp_p
     run.state_path.write_text("{ damaged")
     run.lock().release()
     assert (run.path / state["last_weights"]).is_file()
+
+
+# --- found by review: damaged runs, half-written histories, runs without best weights yet -------------
+
+
+def test_resuming_a_run_with_a_damaged_state_reports_it_and_deletes_nothing(trained_run, tmp_path: Path) -> None:
+    run = trained_run.copy_to(tmp_path / "ck")
+    best = run.best_weights_path.read_bytes()
+    run.state_path.write_text('{"epoch": 4')  # cut short by hand (textgen's own writes are atomic)
+    out = invoke("train", "--resume", "--run", run.name, "--device", "cpu", "--checkpoint-dir", str(tmp_path / "ck"))
+    assert_one_line_error(out, "state.json is corrupt")
+    assert run.best_weights_path.read_bytes() == best and run.history_path.exists()
+
+
+def test_a_history_one_row_short_is_rewritten_from_the_committed_state(trained_run, tmp_path: Path) -> None:
+    run = trained_run.copy_to(tmp_path / "ck")
+    lines = run.history_path.read_text().splitlines()
+    run.history_path.write_text("\n".join(lines[:-1]) + "\n")  # killed between state.json and history.csv
+    run.lock().release()
+    assert run.history_path.read_text().splitlines() == lines
+
+
+def test_sample_skips_a_run_that_has_no_best_weights_yet(trained_run, tmp_path: Path) -> None:
+    ck = tmp_path / "ck"
+    trained_run.copy_to(ck, "older")
+    newer = trained_run.copy_to(ck, "newer")
+    newer.best_weights_path.unlink()  # a first mid-epoch resume point, before the first validation
+    os.utime(newer.state_path)
+    assert find_run(ck).name == "newer"  # usable for --resume and --last
+    assert find_run(ck, weights="best").name == "older"
+    assert invoke("sample", "--checkpoint-dir", str(ck), "--length", "5").exit_code == 0
+
+
+def test_resume_accepts_the_same_encoding_spelled_another_way(tmp_path: Path) -> None:
+    book = tmp_path / "latin.txt"
+    book.write_bytes(write_corpus(tmp_path / "u.txt", 1500).read_text(encoding="utf-8").encode("latin-1"))
+    kwargs = {"checkpoint_dir": tmp_path / "ck", "run_name": "r", "data": TINY_DATA, "model": TINY_MODEL}
+    train(plan_training(str(book), CPU, encoding="latin1", training={"epochs": 1}, **kwargs))
+    plan = plan_training(None, CPU, resume=True, encoding="ISO-8859-1", training={"epochs": 2}, **kwargs)
+    assert plan.config.data.encoding == "iso8859-1"
+    plan.lock.release()
+
+
+def test_a_saved_config_too_big_for_this_machine_still_loads() -> None:
+    from textgen.config import ModelConfig, check_fits_in_memory
+    from textgen.errors import ConfigError
+
+    big = ModelConfig(vocab_size=100, units=100_000, layers=8)  # a run copied from a bigger machine
+    with pytest.raises(ConfigError, match="more than this machine's"):
+        check_fits_in_memory(big)

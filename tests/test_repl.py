@@ -38,7 +38,7 @@ class FakeGenerator:
         for i, piece in enumerate(self.pieces):
             if i == self.interrupt_at:
                 raise KeyboardInterrupt
-            yield Piece([piece], f"states after call {len(self.calls)}")  # type: ignore[arg-type]
+            yield Piece([piece], f"states after call {len(self.calls)}")
 
 
 def make_session(generator: object | None = None, **settings: object) -> tuple[Session, io.StringIO, list[str]]:

@@ -344,6 +344,8 @@ def test_time_budget_stops_after_one_epoch(tmp_path: Path) -> None:
     assert len(read_history(Run(result.path).path)) == 1
     state = Run(result.path).load_state()
     assert state["finished"] == "time_budget"
+    assert state["epoch"] == 0 and state["batch"] > 0  # one commit: where training stopped, mid-epoch
+    assert state["epoch_progress"]["batches"] == state["batch"]
     assert Run(result.path).best_weights_path.is_file()
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from textgen.checkpoint import Run, find_run
-from textgen.config import DataConfig, ModelConfig, TrainConfig
+from textgen.config import DataConfig, ModelConfig, TrainConfig, check_fits_in_memory
 from textgen.device import apply_profile, configure_for_inference, import_tensorflow, resolve_profile
 from textgen.errors import ConfigError
 
@@ -68,7 +68,7 @@ def train(
 
 def open_generator(checkpoint_dir: Path, run_name: str | None, which: str = "best") -> tuple[Generator, Run]:
     """The sampler of a run (the latest if ``run_name`` is None) with its ``best`` or ``last`` weights."""
-    run = find_run(checkpoint_dir, run_name)
+    run = find_run(checkpoint_dir, run_name, which)
     import_tensorflow()
     configure_for_inference()
     from textgen.sampling import Generator
@@ -85,7 +85,7 @@ def evaluate(
     encoding: str = "auto",
 ) -> Evaluation:
     """Cross-entropy of a run on its ``split`` or on a text ``file`` (see ``textgen.evaluate``)."""
-    run = find_run(checkpoint_dir, run_name)
+    run = find_run(checkpoint_dir, run_name, which)
     import_tensorflow()
     configure_for_inference()
     from textgen.evaluate import evaluate_run
@@ -97,5 +97,5 @@ def _check_settings(data: dict[str, Any], model: dict[str, Any], training: dict[
     """Validate the given settings by building the configs (the values, not the corpus) before TensorFlow loads."""
     given = [{k: v for k, v in d.items() if v is not None} for d in (data, model, training)]
     DataConfig(corpus="", **given[0])
-    ModelConfig(vocab_size=1, **given[1])
+    check_fits_in_memory(ModelConfig(vocab_size=1, **given[1]))
     TrainConfig(**given[2])

@@ -13,10 +13,10 @@ Layout of ``checkpoints/<run>/``::
     loss_curve.txt     train and validation bits/char per epoch, as a text chart
     tensorboard/       TensorBoard logs
 
-``state.json`` is replaced last, in one rename, and names the files of its resume
-point, so a crash at any moment leaves the previous consistent state in place; what an
-interrupted save left behind (temporary files, unnamed resume files) is removed by the
-next process that locks the run.
+``state.json`` is the commit: replaced in one rename after the files it names, so a crash
+at any moment leaves the previous consistent state in place. history.csv is rewritten from
+it after each commit, and again by the next process that locks the run, which also removes
+what an interrupted save left behind (temporary files, unnamed resume files).
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ class Run:
             state = {**state, "last_weights": weights_name, "optimizer": optimizer_name}
             atomic_write_text(self.state_path, json.dumps(state, indent=2) + "\n")
             self._write_history(state.get("history", []))
-        self._remove_unreferenced(state)
+            self._remove_unreferenced(state)
 
     def start_over(self) -> None:
         """Remove what an attempt that never committed a resume point left, keeping config and vocabulary."""
@@ -163,7 +163,10 @@ class Run:
             state = self.load_state() if self.has_state() else {}
         except CheckpointError:
             return lock  # what state.json refers to is unknown: delete nothing
-        self._remove_unreferenced(state)
+        with self._saving("the run's history"):
+            if "history" in state:  # a kill between committing state.json and rewriting history.csv
+                self._write_history(state["history"])
+            self._remove_unreferenced(state)
         return lock
 
     # --- reading -----------------------------------------------------------
@@ -213,12 +216,14 @@ class Run:
             if not (self.path / state[key]).is_file():
                 raise CheckpointError(f"{self.path / state[key]} is missing: the run is damaged; train again")
 
-    def is_usable(self) -> bool:
+    def is_usable(self, weights: str | None = None) -> bool:
+        """Whether ``check_usable`` passes, and the ``best`` weights exist when those are asked for (a run
+        saves its first best weights at its first epoch's end, after its first resume point)."""
         try:
             self.check_usable()
         except CheckpointError:
             return False
-        return True
+        return weights != "best" or self.best_weights_path.is_file()
 
     def weights_path(self, which: str = "best") -> Path:
         """The weights file for ``best`` or ``last``."""
@@ -292,8 +297,11 @@ class RunLock:
             raise CheckpointError(
                 f"run {run.name!r} is being trained by process {holder}; wait for it, stop it, or pick another --run"
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)  # for the message another process shows
+        except OSError:
+            pass  # the lock holds without it; only that message loses the PID
         self._release = weakref.finalize(self, os.close, fd)  # closing the file releases the lock
 
     def release(self) -> None:
@@ -309,7 +317,7 @@ def reserve_run(checkpoint_dir: Path, name: str | None, stem: str) -> tuple[Run,
     if name is not None:
         candidates: Iterator[str] = iter([check_run_name(name)])
     else:
-        base = re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-.")[:90] or "run"
+        base = re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-._")[:90] or "run"
         candidates = (base if n == 1 else f"{base}-{n}" for n in range(1, 1_000_000))
     for candidate in candidates:
         run = Run(Path(checkpoint_dir) / candidate)
@@ -397,9 +405,9 @@ def _summary(run: Run) -> RunSummary:
     )
 
 
-def find_run(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR, name: str | None = None) -> Run:
+def find_run(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR, name: str | None = None, weights: str | None = None) -> Run:
     """The run called ``name``, or the most recently updated *usable* one (a run killed before its first
-    save is never picked by default)."""
+    save is never picked by default), with ``best`` or ``last`` weights if ``weights`` says so."""
     if name is not None:
         run = Run(Path(checkpoint_dir) / name)
         if not run.config_path.is_file():
@@ -407,7 +415,7 @@ def find_run(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR, name: str | None = N
             raise CheckpointError(f"no run {name!r} in {checkpoint_dir}/ (runs: {known})")
         return run
     runs = list_runs(checkpoint_dir)
-    usable = next((run for run in runs if run.is_usable()), None)
+    usable = next((run for run in runs if run.is_usable(weights)), None)
     if usable is not None:
         return usable
     if runs:

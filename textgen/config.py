@@ -90,14 +90,6 @@ class ModelConfig:
     def __post_init__(self) -> None:
         _positive_int(self, "vocab_size", "embedding_dim", "units", "layers")
         _require(_finite(self.dropout) and 0.0 <= self.dropout < 1.0, "dropout", "in [0, 1)", self.dropout)
-        # Weights, gradients and Adam's two moments: 16 bytes a parameter, with room to spare.
-        need = 16 * self.parameters
-        if need > physical_memory() // 2:
-            raise ConfigError(
-                f"--units {self.units} --layers {self.layers} --embedding-dim {self.embedding_dim} make "
-                f"{self.parameters:,} parameters, ~{need / 2**30:.0f} GiB to train, more than this machine's "
-                f"{physical_memory() / 2**30:.0f} GiB can hold; use a smaller model"
-            )
 
     @property
     def parameters(self) -> int:
@@ -265,3 +257,15 @@ def max_generated_chars() -> int:
     """How many characters one sample or REPL call may generate in total: about 32 bytes each (ids,
     decoded pieces, the joined text) within an eighth of this machine's memory."""
     return min(INT32_MAX, physical_memory() // 8 // 32)
+
+
+def check_fits_in_memory(model: ModelConfig) -> None:
+    """Refuse a new model whose training state cannot fit in this machine's memory (weights, gradients and
+    Adam's two moments: 16 bytes a parameter, within half the RAM)."""
+    need = 16 * model.parameters
+    if need > physical_memory() // 2:
+        raise ConfigError(
+            f"--units {model.units} --layers {model.layers} --embedding-dim {model.embedding_dim} make "
+            f"{model.parameters:,} parameters, ~{need / 2**30:.0f} GiB to train, more than this machine's "
+            f"{physical_memory() / 2**30:.0f} GiB can hold; use a smaller model"
+        )

@@ -231,6 +231,12 @@ def _codec(name: str) -> str:
     return codec
 
 
+def same_codec(a: str, b: str) -> bool:
+    """Whether two encoding names are the same codec (``latin1`` and ``ISO-8859-1``); an unknown name is
+    refused with the usual line."""
+    return _codec(a) == _codec(b)
+
+
 def _ascii_based(codec: str) -> bool:
     """Whether ``codec`` reads ASCII bytes as ASCII, so NUL bytes or a UTF-16 BOM mean the wrong file."""
     return _ASCII_PROBE.decode(codec, errors="replace") == _ASCII_PROBE.decode("ascii")

@@ -37,7 +37,7 @@ _STOP_LABELS = {
 
 @dataclass(frozen=True)
 class EpochLog:
-    """One epoch of training (or the part of it a time budget or Ctrl-C left)."""
+    """One epoch of training (or the part of it a time budget left)."""
 
     epoch: int  # 1-based
     loss: float  # mean training cross-entropy, nats/char
@@ -46,7 +46,7 @@ class EpochLog:
     val_bpc: float
     chars_per_sec: float  # training speed, validation excluded
     learning_rate: float  # at the epoch's end
-    batches: int  # trained in this epoch by this invocation
+    batches: int  # trained in this epoch (a resumed epoch counts those before the resume too)
     seconds: float  # trained so far by the run, all invocations
     improved: bool  # the best validation loss so far
     partial: bool  # cut short by a time budget

@@ -44,8 +44,8 @@ from textgen.checkpoint import (
     reserve_run,
     resume_hint,
 )
-from textgen.config import DataConfig, DeviceProfile, ModelConfig, RunConfig, TrainConfig
-from textgen.corpus import fingerprint, resolve_corpus, resolve_encoding
+from textgen.config import DataConfig, DeviceProfile, ModelConfig, RunConfig, TrainConfig, check_fits_in_memory
+from textgen.corpus import fingerprint, resolve_corpus, resolve_encoding, same_codec
 from textgen.data import Splits, load_splits, make_dataset
 from textgen.errors import ConfigError, TrainingDiverged, TrainingInterrupted
 from textgen.files import atomic_write_text
@@ -139,6 +139,7 @@ def plan_training(
         )
         splits = load_splits(data_cfg)
         model_cfg = ModelConfig(vocab_size=splits.vocab.size, **model)
+        check_fits_in_memory(model_cfg)
         config = RunConfig(data_cfg, model_cfg, TrainConfig(**training), profile)
         run.create(config, splits.vocab)
     except BaseException:
@@ -152,7 +153,8 @@ def _plan_resume(
 ) -> TrainPlan:
     """Reload a locked run to continue it; only its epochs, time budget and save interval may change.
 
-    A run that never committed a resume point (killed before its first save) starts again from scratch.
+    A run with no state.json (killed before its first save) starts again from scratch; a damaged one is
+    reported.
     """
     saved = run.load_config()
     if corpus is not None and resolve_corpus(corpus).resolve() != Path(saved.data.corpus).resolve():
@@ -160,7 +162,7 @@ def _plan_resume(
             f"run {run.name!r} trains on {saved.data.corpus}, not {corpus}; "
             "drop the corpus to resume it, or start a new run without --resume"
         )
-    if encoding != "auto" and encoding != saved.data.encoding:
+    if encoding.lower() != "auto" and not same_codec(encoding, saved.data.encoding):
         given = {**given, "encoding": encoding}
     given = {**given, **{k: v for k, v in training.items() if k not in {"epochs", "time_budget", "save_every"}}}
     saved_values = {**asdict(saved.data), **asdict(saved.model), **asdict(saved.training)}
@@ -174,9 +176,10 @@ def _plan_resume(
     check_corpus_unchanged(run, saved.data)
     config = RunConfig(saved.data, saved.model, cfgmod.replace(saved.training, **training), saved.profile)
     splits = load_splits(config.data, run.load_vocab())
-    if not run.is_usable():
+    if not run.has_state():  # stopped before its first save: start it cleanly
         run.start_over()
         return TrainPlan(run, config, splits, lock=lock)
+    run.check_usable()  # a damaged resume point is reported, never silently replaced
     state = run.load_state()
     if state["epoch"] >= config.training.epochs:
         raise ConfigError(
@@ -241,11 +244,12 @@ def build_trainer(cfg: RunConfig, strategy: tf.distribute.Strategy | None = None
 def train(plan: TrainPlan, progress: TrainingProgress | None = None) -> TrainResult:
     """Train ``plan.run`` until its epochs are done, validation stalls, its time budget ends, or a stop
     signal (Ctrl-C, SIGTERM, SIGHUP); the run's lock is released when it returns."""
+    lock, plan.lock = plan.lock, None  # the lock is this call's: a second train(plan) takes it again
+    lock = lock or plan.run.lock()
     try:
         return _train(plan, progress or NoProgress())
     finally:
-        if plan.lock is not None:
-            plan.lock.release()
+        lock.release()
 
 
 def _train(plan: TrainPlan, progress: TrainingProgress) -> TrainResult:
@@ -306,13 +310,18 @@ def _train(plan: TrainPlan, progress: TrainingProgress) -> TrainResult:
                 improved=val_loss < checkpoint.best_val_loss,
                 partial=done.batch < steps,
             )
-            callbacks.on_epoch_end(epoch, last.metrics())
+            if not math.isfinite(val_loss):
+                raise TrainingDiverged(
+                    f"training diverged: the validation loss of epoch {epoch + 1} is {val_loss}; nothing of it was "
+                    "saved. Start a new run with a lower --lr or --clip-norm"
+                )
+            # A time budget that cut the epoch resumes where training stopped, not at the next epoch.
+            checkpoint.resume_at = (epoch, done.batch, done) if last.partial else (epoch + 1, 0, None)
+            callbacks.on_epoch_end(epoch, last.metrics())  # the checkpoint commits the epoch there
             progress.epoch_end(last)
             epochs_done = epoch + 1
             if clock.expired():  # during the epoch, or validation ran past it: start no epoch just to stop it
                 stop_reason = StopReason.TIME_BUDGET
-                if last.partial:  # resume where training stopped, not at the next epoch
-                    checkpoint.save_resume_point(epoch, done.batch, clock.elapsed(), done)
             if trainer.model.stop_training:
                 stop_reason = StopReason.EARLY_STOPPING
             more = stop_reason is StopReason.EPOCHS and epoch + 1 < cfg.training.epochs
@@ -503,6 +512,7 @@ class RunCheckpoint(keras.callbacks.Callback):
         self.best_val_loss = math.inf
         self.history: list[dict[str, Any]] = []  # one row per epoch, committed with every resume point
         self.saved_at = time.monotonic()
+        self.resume_at: tuple[int, int, EpochProgress | None] = (0, 0, None)  # set by the loop before an epoch end
 
     def restore(self, state: dict[str, Any], model: keras.Model) -> None:
         """Continue from a saved state (empty for a new run): best loss, history, schedule counters, early
@@ -531,11 +541,17 @@ class RunCheckpoint(keras.callbacks.Callback):
             self.run.save_best(self.model, self.best_val_loss)
         # A row per epoch: an epoch a time budget cut and a resumed run finished replaces its partial row.
         self.history = [row for row in self.history if row["epoch"] != epoch] + [{"epoch": epoch, **logs}]
-        self.save_resume_point(epoch + 1, 0, logs["seconds"])
+        resume_epoch, resume_batch, position = self.resume_at
+        self.save_resume_point(resume_epoch, resume_batch, logs["seconds"], position)
 
     def save_resume_point(self, epoch: int, batch: int, seconds: float, position: EpochProgress | None = None) -> None:
         """Commit weights, optimizer and loop position: training resumes at ``epoch``, ``batch`` (with the
-        epoch's progress so far when that is mid-epoch)."""
+        epoch's progress so far when that is mid-epoch). Weights that are no longer finite are never committed."""
+        if not all(np.isfinite(w).all() for w in self.model.get_weights()):
+            raise TrainingDiverged(
+                f"training diverged: the weights became NaN or infinite at epoch {epoch + 1}; nothing after the last "
+                "resume point was saved. Start a new run with a lower --lr or --clip-norm"
+            )
         state = {
             "epoch": epoch,
             "batch": batch,
