@@ -418,8 +418,13 @@ def find_run(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR, name: str | None = N
     usable = next((run for run in runs if run.is_usable(weights)), None)
     if usable is not None:
         return usable
-    if runs:
-        runs[0].check_usable()  # none is usable: say what is wrong with the latest
+    if runs:  # none is usable: say what is wrong with the latest
+        runs[0].check_usable()
+        if weights == "best":
+            raise CheckpointError(
+                f"{runs[0].best_weights_path} is missing: run {runs[0].name!r} has not finished its first epoch; "
+                "use --last, or train it further"
+            )
     raise CheckpointError(
         f"no trained run in {checkpoint_dir}/; train one first: textgen train 2600-0.txt --device cpu"
     )
