@@ -7,7 +7,10 @@ import os
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 # fmt: off
 WORDS = [
@@ -89,3 +92,16 @@ def assert_one_line_error(result, *fragments: str) -> str:
     for fragment in fragments:
         assert fragment in lines[0]
     return lines[0]
+
+
+def wait_for(path: Path, text: str, proc: subprocess.Popen, timeout: float = 120) -> None:
+    """Poll ``path`` until it contains ``text``; fail if ``proc`` ends or time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and text in path.read_text(errors="replace"):
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"training ended early (exit {proc.returncode}):\n{path.read_text(errors='replace')}")
+        time.sleep(0.1)
+    proc.kill()
+    pytest.fail(f"no {text!r} in the output within {timeout}s")

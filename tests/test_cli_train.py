@@ -7,11 +7,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from helpers import assert_one_line_error, invoke, read_history, run_textgen, subprocess_env, write_corpus
+from helpers import assert_one_line_error, invoke, read_history, run_textgen, subprocess_env, wait_for, write_corpus
 
 TINY_FLAGS = ["--device", "cpu", "--units", "32", "--embedding-dim", "8", "--batch-size", "4", "--seq-len", "16"]
 
@@ -239,19 +238,6 @@ def test_train_end_to_end(tmp_path: Path) -> None:
         assert (run / name).is_file(), name
     assert [row["epoch"] for row in read_history(run)] == [0, 1]
     assert json.loads((run / "state.json").read_text())["finished"] == "epochs"
-
-
-def wait_for(path: Path, text: str, proc: subprocess.Popen, timeout: float) -> None:
-    """Poll ``path`` until it contains ``text``; fail if ``proc`` ends or time runs out."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and text in path.read_text(errors="replace"):
-            return
-        if proc.poll() is not None:
-            pytest.fail(f"training ended early (exit {proc.returncode}):\n{path.read_text(errors='replace')}")
-        time.sleep(0.1)
-    proc.kill()
-    pytest.fail(f"no {text!r} in the output within {timeout}s")
 
 
 def test_ctrl_c_saves_and_resume_continues(tmp_path: Path) -> None:

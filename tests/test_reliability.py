@@ -19,7 +19,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import TINY_DATA, TINY_MODEL, assert_one_line_error, invoke, read_history, subprocess_env, write_corpus
+from helpers import (
+    TINY_DATA,
+    TINY_MODEL,
+    assert_one_line_error,
+    invoke,
+    read_history,
+    subprocess_env,
+    wait_for,
+    write_corpus,
+)
 
 from textgen.checkpoint import Run, find_run, run_summaries
 from textgen.device import CPU
@@ -41,18 +50,6 @@ def start_training(cwd: Path, *args: str) -> tuple[subprocess.Popen, Path]:
             stderr=subprocess.STDOUT,
         )
     return proc, out
-
-
-def wait_for(path: Path, text: str, proc: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and text in path.read_text(errors="replace"):
-            return
-        if proc.poll() is not None:
-            pytest.fail(f"the process ended (exit {proc.returncode}) before {text!r}:\n{path.read_text()}")
-        time.sleep(0.05)
-    proc.kill()
-    pytest.fail(f"no {text!r} within {timeout}s:\n{path.read_text()}")
 
 
 def assert_consistent(run: Run) -> dict:
