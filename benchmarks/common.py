@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from textgen.config import DataConfig, DeviceProfile, RunConfig
     from textgen.data import Splits
 
@@ -58,9 +57,11 @@ def ref_run_config(corpus: str, vocab_size: int, profile: DeviceProfile) -> RunC
 
 
 def reference_splits() -> tuple[Path, Splits]:
-    """REF's corpus file and its train / validation / test split, as ``textgen train`` cuts it."""
+    """REF's corpus file and its train / validation / test split, as ``textgen train`` cuts it: memory maps
+    of the id cache training uses (``checkpoints/.cache``, or $TEXTGEN_CACHE_DIR), encoded there if needed."""
     from textgen.corpus import resolve_corpus
     from textgen.data import load_splits
+    from textgen.idcache import cache_root
 
     path = resolve_corpus(REF_CORPUS)
-    return path, load_splits(ref_data_config(str(path)))
+    return path, load_splits(ref_data_config(str(path)), cache_root(Path("checkpoints")))

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
+import numpy as np
 from common import REF, ref_run_config, reference_splits, timed
 
 T = TypeVar("T")
@@ -95,14 +96,15 @@ def measure_textgen(seconds: float, fast_lstm: bool, intra: int, inter: int, jit
         fast_lstm=fast_lstm,
     )
     apply_profile(profile)
-    from textgen.data import make_dataset
+    from textgen.data import StreamLayout, distributed_batches
     from textgen.train import build_trainer
 
     corpus, splits = reference_splits()
     cfg = ref_run_config(str(corpus), splits.vocab.size, profile)
     data = cfg.data
     trainer = build_trainer(cfg)
-    next_batch = cycling(make_dataset(splits.train, data.batch_size, data.seq_len))
+    layout = StreamLayout.of(len(splits.train), data.batch_size, data.seq_len)
+    next_batch = cycling(distributed_batches(trainer.strategy, splits.train, layout))
     steps, elapsed = timed(lambda: float(trainer.train_step(*next_batch())), seconds, warmup=3)
     return {
         "chars_per_sec": steps * data.batch_size * data.seq_len / elapsed,
@@ -117,7 +119,7 @@ def measure_baseline(seconds: float) -> dict:
     import tensorflow as tf
 
     _, splits = reference_splits()
-    vocab, train = splits.vocab, splits.train
+    vocab, train = splits.vocab, np.asarray(splits.train, dtype=np.int32)  # in memory, as the tutorial holds it
     seq, batch = REF["seq_len"], REF["batch_size"]
     windows = tf.data.Dataset.from_tensor_slices(train).batch(seq + 1, drop_remainder=True)
     dataset = (
@@ -153,12 +155,16 @@ def measure_baseline(seconds: float) -> dict:
 
 def measure_pipeline(seconds: float) -> dict:
     """textgen's tf.data pipeline alone: how fast it can feed batches."""
-    from textgen.data import make_dataset
+    import tensorflow as tf
+
+    from textgen.data import StreamLayout, distributed_batches
 
     _, splits = reference_splits()
     batch, seq = REF["batch_size"], REF["seq_len"]
-    next_batch = cycling(make_dataset(splits.train, batch, seq).repeat())  # the first timed call makes its iterator
-    batches, elapsed = timed(next_batch, seconds, warmup=0)  # stream_layout: every batch is batch x seq
+    layout = StreamLayout.of(len(splits.train), batch, seq)
+    # The first timed call makes its iterator; a new pass starts when one ends.
+    next_batch = cycling(distributed_batches(tf.distribute.get_strategy(), splits.train, layout))
+    batches, elapsed = timed(next_batch, seconds, warmup=0)  # StreamLayout: every batch is batch x seq
     return {"chars_per_sec": batches * batch * seq / elapsed}
 
 
