@@ -1,4 +1,4 @@
-"""What the benchmarks share: the reference workload (REF), its corpus split, and one timing loop.
+"""What the benchmarks share: the reference workload (REF), its corpus split, and timing helpers.
 
 The scripts run as ``python benchmarks/X.py``, so this directory is ``sys.path[0]`` and they
 ``from common import ...``. Nothing here imports TensorFlow, or textgen at module level: a
@@ -7,10 +7,11 @@ script may import this module in a process that must not start TensorFlow.
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
     from textgen.config import DataConfig, DeviceProfile, RunConfig
@@ -21,6 +22,36 @@ REF_CORPUS = "2600-0.txt"
 REF_VOCAB_SIZE = 105  # the number of ids of REF_CORPUS's vocabulary
 REF = {"batch_size": 64, "seq_len": 100, "embedding_dim": 64, "units": 512, "layers": 1, "dropout": 0.0}
 _MODEL_KEYS = ("embedding_dim", "units", "layers", "dropout")
+
+T = TypeVar("T")
+
+
+def cpu_busy_seconds() -> float:
+    """Seconds of CPU all processes spent busy so far (from /proc/stat)."""
+    with open("/proc/stat") as fh:
+        fields = [int(v) for v in fh.readline().split()[1:]]
+    idle = fields[3] + fields[4]
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def cycling(items: Iterable[T]) -> Callable[[], T]:
+    """A function returning the next of ``items`` at each call, starting them over when they run out.
+
+    The first call starts the first pass.
+    """
+    iterator: Iterator[T] | None = None
+
+    def next_item() -> T:
+        nonlocal iterator
+        if iterator is not None:
+            try:
+                return next(iterator)
+            except StopIteration:
+                pass
+        iterator = iter(items)
+        return next(iterator)
+
+    return next_item
 
 
 def timed(call: Callable[[], object], seconds: float, warmup: int = 2) -> tuple[int, float]:
@@ -37,19 +68,23 @@ def timed(call: Callable[[], object], seconds: float, warmup: int = 2) -> tuple[
     return calls, time.perf_counter() - started
 
 
-def ref_data_config(corpus: str) -> DataConfig:
-    """REF's batch layout over ``corpus``, with training's split fractions (DataConfig's defaults)."""
+def ref_data_config(corpus: str, files: tuple[str, ...] = (), encoding: str = "utf-8") -> DataConfig:
+    """REF's batch layout over ``corpus`` (a many-file corpus: its ``files``, in order), with training's
+    split fractions (DataConfig's defaults)."""
     from textgen.config import DataConfig
 
-    return DataConfig(corpus=corpus, batch_size=REF["batch_size"], seq_len=REF["seq_len"])
+    return DataConfig(
+        corpus=corpus, files=files, encoding=encoding, batch_size=REF["batch_size"], seq_len=REF["seq_len"]
+    )
 
 
-def ref_run_config(corpus: str, vocab_size: int, profile: DeviceProfile) -> RunConfig:
-    """The REF model and batches, with training's default optimiser settings, under ``profile``."""
+def ref_run_config(corpus: str, vocab_size: int, profile: DeviceProfile, data: DataConfig | None = None) -> RunConfig:
+    """The REF model and batches, with training's default optimiser settings, under ``profile``; ``data``
+    replaces ``ref_data_config(corpus)`` (e.g. for a many-file corpus)."""
     from textgen.config import ModelConfig, RunConfig, TrainConfig
 
     return RunConfig(
-        data=ref_data_config(corpus),
+        data=data or ref_data_config(corpus),
         model=ModelConfig(vocab_size=vocab_size, **{k: REF[k] for k in _MODEL_KEYS}),
         training=TrainConfig(),
         profile=profile,

@@ -26,13 +26,9 @@ import resource
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
-from typing import TypeVar
 
 import numpy as np
-from common import REF, ref_run_config, reference_splits, timed
-
-T = TypeVar("T")
+from common import REF, cpu_busy_seconds, cycling, ref_run_config, reference_splits, timed
 
 # Candidate textgen configurations: (name, fast_lstm, intra-op threads, inter-op threads, XLA).
 CANDIDATES = [
@@ -45,14 +41,6 @@ CANDIDATES = [
 ]
 
 
-def cpu_busy_seconds() -> float:
-    """Seconds of CPU all processes spent busy so far (from /proc/stat)."""
-    with open("/proc/stat") as fh:
-        fields = [int(v) for v in fh.readline().split()[1:]]
-    idle = fields[3] + fields[4]
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
 def flops_per_char(vocab: int) -> float:
     """Forward + backward FLOPs per character for REF (3 x the forward multiply-adds x 2)."""
     e, u = REF["embedding_dim"], REF["units"]
@@ -60,26 +48,6 @@ def flops_per_char(vocab: int) -> float:
 
 
 # --- measurements, each run in its own process -------------------------------------------
-
-
-def cycling(items: Iterable[T]) -> Callable[[], T]:
-    """A function returning the next of ``items`` at each call, starting them over when they run out.
-
-    The first call starts the first pass.
-    """
-    iterator: Iterator[T] | None = None
-
-    def next_item() -> T:
-        nonlocal iterator
-        if iterator is not None:
-            try:
-                return next(iterator)
-            except StopIteration:
-                pass
-        iterator = iter(items)
-        return next(iterator)
-
-    return next_item
 
 
 def measure_textgen(seconds: float, fast_lstm: bool, intra: int, inter: int, jit: bool) -> dict:
