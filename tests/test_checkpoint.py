@@ -13,7 +13,7 @@ import pytest
 
 from textgen.checkpoint import Run, check_run_name, ensure_writable, find_run, list_runs, reserve_run
 from textgen.config import RunConfig
-from textgen.data import make_dataset
+from textgen.data import StreamLayout
 from textgen.errors import CheckpointError, ConfigError
 from textgen.files import atomic_path, atomic_write_text
 from textgen.model import build_model, reset_states
@@ -85,7 +85,8 @@ def val_loss(model: keras.Model, ids: np.ndarray, batch_size: int, seq_len: int)
     """Mean validation loss per character, computed the way training does (stateful, from zero state)."""
     reset_states(model)
     total, batches = 0.0, 0
-    for x, y in make_dataset(ids, batch_size, seq_len):
+    layout = StreamLayout.of(len(ids), batch_size, seq_len)
+    for x, y in (layout.batch(ids, k) for k in range(layout.batches)):
         logits = model(x, training=False)
         total += float(np.sum(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)))
         batches += 1

@@ -25,9 +25,11 @@ from textgen import corpus
 from textgen.corpus import (
     HEAD_BYTES,
     available_memory,
+    corpus_fingerprint,
     fingerprint,
     gutenberg_number,
     read_corpus,
+    resolve_corpora,
     resolve_corpus,
     resolve_encoding,
 )
@@ -153,6 +155,37 @@ def test_download_of_a_non_gutenberg_name_is_not_attempted(in_tmp: Path, monkeyp
     monkeypatch.setattr(urllib.request, "urlopen", fail)
     with pytest.raises(CorpusError, match="not found"):
         resolve_corpus("my_book.txt", download=True)
+
+
+def test_many_sources_resolve_to_files_in_order(in_tmp: Path) -> None:
+    books = in_tmp / "books"
+    for name in ("b.txt", "a.txt", "sub/c.txt", ".hidden/d.txt", "README.md", ".e.txt"):
+        (books / name).parent.mkdir(parents=True, exist_ok=True)
+        (books / name).write_text("text\n", encoding="utf-8")
+    (in_tmp / "one.txt").write_text("one\n", encoding="utf-8")
+    expected_dir = [books / "a.txt", books / "b.txt", books / "sub" / "c.txt"]  # *.txt, sorted, not hidden
+    assert resolve_corpora(["books"]) == [p.resolve() for p in expected_dir]
+    # the order given; a glob's files sorted; a file named twice read once
+    found = resolve_corpora(["one.txt", "books/*.txt", "books/a.txt"])
+    assert found == [(in_tmp / "one.txt").resolve(), (books / "a.txt").resolve(), (books / "b.txt").resolve()]
+    with pytest.raises(CorpusError, match=r"empty has no \.txt files"):
+        (in_tmp / "empty").mkdir()
+        resolve_corpora(["empty"])
+    with pytest.raises(CorpusError, match=r"no files match 'nothing/\*.txt'"):
+        resolve_corpora(["nothing/*.txt"])
+    with pytest.raises(CorpusError, match="give a corpus to train on"):
+        resolve_corpora([])
+
+
+def test_the_fingerprint_of_many_files_changes_with_any_of_them(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("one\n", encoding="utf-8")
+    b.write_text("two\n", encoding="utf-8")
+    assert corpus_fingerprint([a]) == corpus.fingerprint(a)  # one file: as before
+    both = corpus_fingerprint([a, b])
+    assert both[0] == 8 and both != corpus_fingerprint([b, a])
+    b.write_text("twO\n", encoding="utf-8")
+    assert corpus_fingerprint([a, b]) != both
 
 
 def test_a_directory_is_an_error(in_tmp: Path) -> None:

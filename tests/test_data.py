@@ -1,4 +1,4 @@
-"""textgen.data: contiguous splits and the stateful stream layout, in numpy and tf.data."""
+"""textgen.data and textgen.idcache: memory-mapped splits, and the stateful stream layout in numpy and tf.data."""
 
 from __future__ import annotations
 
@@ -6,34 +6,44 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import write_corpus
+from helpers import make_text, write_corpus
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from textgen import corpus as corpusmod
+from textgen import idcache
 from textgen.config import DataConfig
-from textgen.data import load_splits, make_dataset, split_ids, stream_layout
+from textgen.corpus import read_corpus
+from textgen.data import StreamLayout, distributed_batches, load_splits, replica_batches
 from textgen.errors import CorpusError
+from textgen.idcache import split_sizes
+from textgen.vocab import DOCUMENT_BOUNDARY, UNKNOWN_ID, Vocabulary
 
 
 @st.composite
 def layouts(draw: st.DrawFn) -> tuple[int, int, int]:
-    """(n, batch_size, seq_len) with room for at least one batch."""
-    batch_size = draw(st.integers(1, 8))
+    """(n, streams, seq_len) with room for at least one batch."""
+    streams = draw(st.integers(1, 8))
     seq_len = draw(st.integers(1, 12))
-    n = draw(st.integers(batch_size * seq_len + 1, batch_size * seq_len * 7 + 20))
-    return n, batch_size, seq_len
+    n = draw(st.integers(streams * seq_len + 1, streams * seq_len * 7 + 20))
+    return n, streams, seq_len
+
+
+def all_batches(ids: np.ndarray, layout: StreamLayout) -> tuple[np.ndarray, np.ndarray]:
+    """Every batch of the layout stacked: inputs and targets shaped (batches, streams, seq_len)."""
+    pairs = [layout.batch(ids, k) for k in range(layout.batches)]
+    return np.stack([x for x, _ in pairs]), np.stack([y for _, y in pairs])
 
 
 @given(layouts())
-def test_stream_layout_continues_every_row_across_batches(layout: tuple[int, int, int]) -> None:
-    n, batch_size, seq_len = layout
-    ids = np.arange(n)  # each id is its own position in the text
-    inputs, targets = stream_layout(ids, batch_size, seq_len)
+def test_stream_layout_continues_every_row_across_batches(shape: tuple[int, int, int]) -> None:
+    n, streams, seq_len = shape
+    layout = StreamLayout.of(n, streams, seq_len)
+    inputs, targets = all_batches(np.arange(n), layout)  # each id is its own position in the text
 
-    num_batches = (n - 1) // (batch_size * seq_len)
-    assert inputs.shape == targets.shape == (num_batches, batch_size, seq_len)
-    # ids, not one-hot vectors
-    assert inputs.ndim == 3 and np.issubdtype(inputs.dtype, np.integer)
+    num_batches = (n - 1) // (streams * seq_len)
+    assert inputs.shape == targets.shape == (num_batches, streams, seq_len)
+    assert inputs.dtype == targets.dtype == np.int32  # ids, not one-hot vectors
     # targets are the inputs shifted by one character
     np.testing.assert_array_equal(targets, inputs + 1)
     # within a row, characters are consecutive
@@ -42,73 +52,220 @@ def test_stream_layout_continues_every_row_across_batches(layout: tuple[int, int
     np.testing.assert_array_equal(inputs[1:, :, 0], inputs[:-1, :, -1] + 1)
     # streams are consecutive slices of the text: stream i+1 starts where stream i ends
     stream_len = num_batches * seq_len
-    np.testing.assert_array_equal(inputs[0, :, 0], np.arange(batch_size) * stream_len)
+    np.testing.assert_array_equal(inputs[0, :, 0], np.arange(streams) * stream_len)
     # together the streams are exactly the start of the text, each position used once
-    streams = inputs.transpose(1, 0, 2).reshape(-1)
-    np.testing.assert_array_equal(streams, np.arange(batch_size * stream_len))
+    np.testing.assert_array_equal(inputs.transpose(1, 0, 2).reshape(-1), np.arange(streams * stream_len))
 
 
 @given(layouts(), st.randoms(use_true_random=False))
-def test_stream_layout_picks_ids_by_position(layout: tuple[int, int, int], rnd) -> None:
-    n, batch_size, seq_len = layout
-    ids = np.array([rnd.randrange(50) for _ in range(n)], dtype=np.int32)
-    positions, _ = stream_layout(np.arange(n), batch_size, seq_len)
-    inputs, targets = stream_layout(ids, batch_size, seq_len)
+def test_stream_layout_picks_ids_by_position_from_a_memory_map(
+    tmp_path_factory: pytest.TempPathFactory, shape: tuple[int, int, int], rnd
+) -> None:
+    n, streams, seq_len = shape
+    ids = np.array([rnd.randrange(50) for _ in range(n)], dtype=np.uint8)
+    path = tmp_path_factory.mktemp("ids") / "train.ids"
+    ids.tofile(path)
+    mapped = np.memmap(path, dtype=np.uint8, mode="r")
+    layout = StreamLayout.of(n, streams, seq_len)
+    positions, _ = all_batches(np.arange(n), layout)
+    inputs, targets = all_batches(mapped, layout)
     np.testing.assert_array_equal(inputs, ids[positions])
     np.testing.assert_array_equal(targets, ids[positions + 1])
 
 
-@pytest.mark.parametrize(("n", "batch_size", "seq_len"), [(0, 1, 1), (1, 1, 1), (16, 4, 4), (64, 4, 16)])
-def test_stream_layout_rejects_too_few_ids(n: int, batch_size: int, seq_len: int) -> None:
-    with pytest.raises(CorpusError, match=f"{n} characters cannot fill one {batch_size} x {seq_len} batch"):
-        stream_layout(np.arange(n), batch_size, seq_len)
+@given(layouts(), st.sampled_from([1, 2, 4]))
+def test_each_replica_reads_the_same_rows_every_batch(shape: tuple[int, int, int], replicas: int) -> None:
+    n, streams, seq_len = shape
+    streams *= replicas
+    n = max(n, streams * seq_len + 1)
+    layout = StreamLayout.of(n, streams, seq_len)
+    ids = np.arange(n)
+    inputs, _ = all_batches(ids, layout)
+    per = streams // replicas
+    for first, count in ((0, replicas), (replicas - 1, 1)):  # one worker with every replica; the last alone
+        parts = list(replica_batches(ids, layout, replicas, first, count))
+        assert len(parts) == layout.batches * count
+        for i, (x, y) in enumerate(parts):
+            k, r = divmod(i, count)
+            replica = first + r
+            np.testing.assert_array_equal(x, inputs[k, replica * per : (replica + 1) * per])
+            np.testing.assert_array_equal(y, x + 1)
+    # starting at batch 3 gives batches 3, 4, ... (a resumed epoch)
+    start = min(3, layout.batches)
+    later = list(replica_batches(ids, layout, replicas, 0, replicas, start))
+    assert len(later) == (layout.batches - start) * replicas
+
+
+@pytest.mark.parametrize(("n", "streams", "seq_len"), [(0, 1, 1), (1, 1, 1), (16, 4, 4), (64, 4, 16)])
+def test_stream_layout_rejects_too_few_ids(n: int, streams: int, seq_len: int) -> None:
+    with pytest.raises(CorpusError, match=f"{n} characters cannot fill one {streams} x {seq_len} batch"):
+        StreamLayout.of(n, streams, seq_len)
 
 
 def test_stream_layout_exactly_one_batch() -> None:
-    inputs, targets = stream_layout(np.arange(9), 2, 4)
+    inputs, targets = all_batches(np.arange(9), StreamLayout.of(9, 2, 4))
     assert inputs.tolist() == [[[0, 1, 2, 3], [4, 5, 6, 7]]]
     assert targets.tolist() == [[[1, 2, 3, 4], [5, 6, 7, 8]]]
 
 
-@settings(max_examples=15, deadline=None)  # each example builds a tf.data pipeline
-@given(layouts())
-def test_make_dataset_yields_the_layout_in_order_as_int32(layout: tuple[int, int, int]) -> None:
-    n, batch_size, seq_len = layout
-    ids = np.arange(n, dtype=np.int64)
-    inputs, targets = stream_layout(ids, batch_size, seq_len)
-    dataset = make_dataset(ids, batch_size, seq_len)
-    assert int(dataset.cardinality()) == len(inputs)
+@settings(max_examples=10, deadline=None)  # each example builds a tf.data pipeline
+@given(layouts(), st.integers(0, 3))
+def test_distributed_batches_yield_the_layout_in_order_as_int32(shape: tuple[int, int, int], start: int) -> None:
+    import tensorflow as tf
+
+    n, streams, seq_len = shape
+    ids = np.arange(n, dtype=np.uint16)
+    layout = StreamLayout.of(n, streams, seq_len)
+    inputs, targets = all_batches(ids, layout)
+    start = min(start, layout.batches)
     for _ in range(2):  # the same batches in the same order every epoch
-        batches = [(x.numpy(), y.numpy()) for x, y in dataset]
-        assert len(batches) == len(inputs)
-        for k, (x, y) in enumerate(batches):
+        batches = [
+            (x.numpy(), y.numpy()) for x, y in distributed_batches(tf.distribute.get_strategy(), ids, layout, start)
+        ]
+        assert len(batches) == layout.batches - start
+        for k, (x, y) in enumerate(batches, start=start):
             assert x.dtype == np.int32 and y.dtype == np.int32
             np.testing.assert_array_equal(x, inputs[k])
             np.testing.assert_array_equal(y, targets[k])
 
 
-@given(
-    st.integers(0, 5000),
-    st.floats(0.001, 0.499),
-    st.floats(0.001, 0.499),
-)
-def test_split_ids_is_contiguous_train_val_test(n: int, val_fraction: float, test_fraction: float) -> None:
-    ids = np.arange(n)
-    train, val, test = split_ids(ids, val_fraction, test_fraction)
-    np.testing.assert_array_equal(np.concatenate([train, val, test]), ids)
-    assert len(val) == int(n * val_fraction)
-    assert len(test) == int(n * test_fraction)
-    assert len(train) == n - len(val) - len(test)
+# --- splits -------------------------------------------------------------------------------
 
 
-def test_load_splits_encodes_the_whole_text_in_order(tmp_path: Path) -> None:
+@given(st.integers(0, 5000), st.floats(0.001, 0.499), st.floats(0.001, 0.499))
+def test_split_sizes_are_contiguous_train_val_test(n: int, val_fraction: float, test_fraction: float) -> None:
+    train, val, test = split_sizes(n, val_fraction, test_fraction)
+    assert (train, val, test) == (
+        n - int(n * val_fraction) - int(n * test_fraction),
+        int(n * val_fraction),
+        int(n * test_fraction),
+    )
+
+
+def data_config(*paths: Path, **settings: object) -> DataConfig:
+    files = tuple(str(p) for p in paths)
+    return DataConfig(
+        corpus=files[0], files=files if len(files) > 1 else (), **{"batch_size": 4, "seq_len": 16, **settings}
+    )  # type: ignore[arg-type]
+
+
+def test_one_file_splits_exactly_as_the_whole_text_in_memory(tmp_path: Path) -> None:
     path = write_corpus(tmp_path / "c.txt", 2000)
-    text = path.read_text(encoding="utf-8")
-    splits = load_splits(DataConfig(corpus=str(path), batch_size=4, seq_len=16, val_fraction=0.1, test_fraction=0.1))
-    assert splits.vocab.chars == tuple(sorted(set(text)))
+    text = read_corpus(path)
+    splits = load_splits(data_config(path, val_fraction=0.1, test_fraction=0.1), tmp_path / "cache")
+    vocab = Vocabulary.from_text(text)
+    assert splits.vocab == vocab  # no boundary character for one file
+    ids = vocab.encode(text)
+    n_train, n_val, _ = split_sizes(len(ids), 0.1, 0.1)
+    np.testing.assert_array_equal(splits.train, ids[:n_train])
+    np.testing.assert_array_equal(splits.val, ids[n_train : n_train + n_val])
+    np.testing.assert_array_equal(splits.test, ids[n_train + n_val :])
+    assert isinstance(splits.train, np.memmap) and splits.train.dtype == np.uint8
+    assert splits.encoded.documents == 1 and splits.encoded.unknown == 0
+
+
+def test_many_files_split_each_file_and_mark_the_boundaries(tmp_path: Path) -> None:
+    texts = [make_text(800 + 300 * i, seed=i) for i in range(3)]
+    paths = []
+    for i, text in enumerate(texts):
+        paths.append(tmp_path / f"book{i}.txt")
+        paths[-1].write_text(text, encoding="utf-8")
+    splits = load_splits(data_config(*paths), tmp_path / "cache")
+    assert DOCUMENT_BOUNDARY in splits.vocab.chars and splits.encoded.documents == 3
+    for name, part in (("train", splits.train), ("val", splits.val), ("test", splits.test)):
+        documents = splits.vocab.decode(part).split(DOCUMENT_BOUNDARY)
+        assert len(documents) == 3
+        for text, document in zip(texts, documents, strict=True):
+            n_train, n_val, _ = split_sizes(len(text), 0.05, 0.05)
+            expected = {
+                "train": text[:n_train],
+                "val": text[n_train : n_train + n_val],
+                "test": text[n_train + n_val :],
+            }
+            assert document == expected[name]  # every book contributes its own contiguous part to every split
+
+
+def test_max_vocab_keeps_the_most_frequent_characters(tmp_path: Path) -> None:
+    path = tmp_path / "c.txt"
+    text = "aaaa bbb cc d\n" * 300 + "xyz"
+    path.write_text(text, encoding="utf-8")
+    splits = load_splits(data_config(path, max_vocab=4), tmp_path / "cache")
+    assert splits.vocab.chars == (" ", "a", "b", "c")  # the 4 most frequent, in code point order
+    expected_unknown = sum(text.count(c) for c in "d\nxyz")
+    assert splits.encoded.unknown == expected_unknown and splits.encoded.unknown_distinct == 5
     joined = np.concatenate([splits.train, splits.val, splits.test])
-    assert splits.vocab.decode(joined) == text
-    assert len(splits.val) == int(len(text) * 0.1)
+    assert int(np.sum(joined == UNKNOWN_ID)) == expected_unknown
+    assert splits.vocab.decode(joined) == "".join(c if c in "abc " else "\ufffd" for c in text)
+
+
+def test_a_second_load_opens_the_cache_without_reading_the_text(tmp_path: Path, monkeypatch) -> None:
+    path = write_corpus(tmp_path / "c.txt", 2000)
+    first = load_splits(data_config(path), tmp_path / "cache")
+
+    def no_scan(*args: object) -> None:
+        raise AssertionError("encoded again")
+
+    monkeypatch.setattr(idcache, "scan_text", no_scan)
+    second = load_splits(data_config(path), tmp_path / "cache")
+    assert second.encoded.path == first.encoded.path
+    np.testing.assert_array_equal(second.train, first.train)
+    # an edit to the file, or another cleaning, is another entry
+    monkeypatch.undo()
+    path.write_text(path.read_text(encoding="utf-8") + "more text\n", encoding="utf-8")
+    edited = load_splits(data_config(path), tmp_path / "cache")
+    kept = load_splits(data_config(path, strip_boilerplate=False), tmp_path / "cache")
+    assert len({first.encoded.path, edited.encoded.path, kept.encoded.path}) == 3
+    assert not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith(".tmp")]
+
+
+def test_a_damaged_cache_entry_is_reported_with_what_to_do(tmp_path: Path) -> None:
+    path = write_corpus(tmp_path / "c.txt", 2000)
+    entry = load_splits(data_config(path), tmp_path / "cache").encoded.path
+    with open(entry / "train.ids", "r+b") as fh:
+        fh.truncate(10)
+    with pytest.raises(CorpusError, match=r"is damaged .*delete that directory"):
+        load_splits(data_config(path), tmp_path / "cache")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(
+            ["word ", "é", "😀", "\r\n", "\r", "\n", "*** START OF X ***\n", "*** END OF X ***\n", "***\n", "\ufeff"]
+        ),
+        max_size=40,
+    ),
+    st.integers(1, 9),
+    st.booleans(),
+)
+def test_streaming_cleaning_equals_cleaning_the_whole_text(
+    tmp_path_factory: pytest.TempPathFactory, parts: list[str], chunk: int, strip: bool
+) -> None:
+    """Tiny chunks cut lines, CRLFs, multi-byte characters and markers: the kept text is still that of the
+    whole-text rule (line endings to \\n, a leading BOM dropped, the text between the first START line and
+    the first END line after it)."""
+    text = "x" + "".join(parts)
+    path = tmp_path_factory.mktemp("c") / "c.txt"
+    path.write_bytes(("\ufeff" + text).encode("utf-8"))
+    expected = text.replace("\r\n", "\n").replace("\r", "\n")
+    if strip:
+        start = corpusmod._START.search(expected)
+        if start:
+            expected = expected[start.end() + 1 :]
+        end = corpusmod._END.search(expected)
+        if end:
+            expected = expected[: end.start()]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(corpusmod, "READ_CHUNK_BYTES", chunk)
+        if not expected.strip():
+            with pytest.raises(CorpusError):
+                read_corpus(path, strip_boilerplate=strip)
+            return
+        assert read_corpus(path, strip_boilerplate=strip) == expected
+        scan = corpusmod.scan_text(path, "utf-8", strip)
+    assert dict(zip(scan.codes.tolist(), scan.counts.tolist(), strict=True)) == {
+        ord(c): expected.count(c) for c in set(expected)
+    }
 
 
 @pytest.mark.parametrize(
@@ -123,9 +280,8 @@ def test_corpus_too_short_for_a_split(
 ) -> None:
     path = tmp_path / "short.txt"
     path.write_text("abcdefghij" * 100, encoding="utf-8")  # 1,000 characters: 900 train, 50 validation
-    cfg = DataConfig(corpus=str(path), batch_size=batch_size, seq_len=seq_len)
     with pytest.raises(CorpusError) as info:
-        load_splits(cfg)
+        load_splits(data_config(path, batch_size=batch_size, seq_len=seq_len), tmp_path / "cache")
     message = str(info.value)
     assert split_says in message
     assert layout_says in message
@@ -135,7 +291,6 @@ def test_corpus_too_short_for_a_split(
 def test_corpus_just_long_enough(tmp_path: Path) -> None:
     path = tmp_path / "ok.txt"
     path.write_text("abcdefghij" * 130, encoding="utf-8")  # validation gets 65 = 4 x 16 + 1 characters
-    splits = load_splits(DataConfig(corpus=str(path), batch_size=4, seq_len=16))
+    splits = load_splits(data_config(path), tmp_path / "cache")
     assert len(splits.val) == 65
-    inputs, _ = stream_layout(splits.val, 4, 16)
-    assert inputs.shape == (1, 4, 16)
+    assert StreamLayout.of(len(splits.val), 4, 16).batches == 1

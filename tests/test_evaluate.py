@@ -12,9 +12,10 @@ from helpers import assert_one_line_error, invoke, read_history, subprocess_env,
 
 from textgen.checkpoint import Run
 from textgen.config import ModelConfig
-from textgen.data import load_splits
+from textgen.data import StreamLayout, load_splits
 from textgen.errors import ConfigError, CorpusError
 from textgen.evaluate import evaluate_run
+from textgen.idcache import cache_root
 from textgen.model import build_model
 from textgen.scoring import compile_eval_step, score
 
@@ -43,11 +44,11 @@ def hand_cross_entropy(run, ids: np.ndarray, streams: int, stream_len: int) -> t
 def test_score_equals_the_cross_entropy_by_hand(trained_run, streams: int, seq_len: int) -> None:
     """Batches of seq_len characters with the state carried across them read each stream as one piece."""
     run = trained_run.run
-    val = load_splits(run.load_config().data, run.load_vocab()).val
+    val = load_splits(run.load_config().data, cache_root(run.path.parent), run.load_vocab()).val
     cfg = run.load_config()
     model = build_model(cfg.model, batch_size=streams)
     run.load_weights(model)
-    nats, chars = score(compile_eval_step(model, cfg.profile), model, val, streams, seq_len)
+    nats, chars = score(compile_eval_step(model, cfg.profile), model, val, StreamLayout.of(len(val), streams, seq_len))
     stream_len = (len(val) - 1) // (streams * seq_len) * seq_len
     expected, count = hand_cross_entropy(run, val, streams, stream_len)
     assert chars == count
@@ -57,7 +58,7 @@ def test_score_equals_the_cross_entropy_by_hand(trained_run, streams: int, seq_l
 def test_evaluate_scores_a_split_in_the_runs_own_layout(trained_run) -> None:
     run = trained_run.run
     data = run.load_config().data
-    val = load_splits(data, run.load_vocab()).val
+    val = load_splits(data, cache_root(run.path.parent), run.load_vocab()).val
     result = evaluate_run(run, split="val")
     assert (result.streams, result.seq_len) == (data.batch_size, data.seq_len)
     stream_len = (len(val) - 1) // (data.batch_size * data.seq_len) * data.seq_len

@@ -390,3 +390,64 @@ def test_plateau_schedule_cuts_the_rate_when_validation_stalls(tmp_path: Path, t
     assert rates[0] == pytest.approx(1e-9)
     assert rates[-1] == pytest.approx(0.5e-9)
     assert "lr_schedule" in Run(result.path).load_state()["callbacks"]
+
+
+# --- gradient accumulation ------------------------------------------------------------------
+
+
+def first_steps(tmp_path: Path, corpus: Path, name: str, batch_size: int, accumulate: int, steps: int):
+    """Losses and weights after ``steps`` updates from the same initial weights."""
+    import keras
+
+    from textgen.data import distributed_batches
+    from textgen.train import build_trainer, training_layout
+
+    plan = new_plan_with(tmp_path, corpus, name, {"batch_size": batch_size, "seq_len": 16}, accumulate=accumulate)
+    plan.lock.release()
+    keras.utils.set_random_seed(0)
+    trainer = build_trainer(plan.config)
+    layout = training_layout(plan)
+    losses = []
+    for x, y in distributed_batches(trainer.strategy, plan.splits.train, layout):
+        losses.append(float(trainer.train_step(x, y)))
+        if len(losses) == steps:
+            break
+    return layout, losses, trainer.model.get_weights()
+
+
+def new_plan_with(tmp_path: Path, corpus: Path, name: str, data: dict, **training):
+    return plan_training(
+        str(corpus), CPU, checkpoint_dir=tmp_path / "ck", run_name=name, data=data, model=TINY_MODEL, training=training
+    )
+
+
+def test_accumulating_two_groups_of_32_streams_is_one_update_of_64(tmp_path: Path) -> None:
+    """--batch-size 32 --accumulate 2 reads the same 64 streams as --batch-size 64, each group of 32 carrying its
+    own LSTM states across steps, and makes the same updates (the states show from the second step on)."""
+    corpus = write_corpus(tmp_path / "c.txt", 6000)
+    layout64, losses64, weights64 = first_steps(tmp_path, corpus, "one", 64, 1, steps=6)
+    layout32, losses32, weights32 = first_steps(tmp_path, corpus, "two", 32, 2, steps=6)
+    assert layout64 == layout32 and layout32.streams == 64
+    np.testing.assert_allclose(losses32, losses64, rtol=1e-5)
+    for a, b in zip(weights32, weights64, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    assert losses64[-1] < losses64[0]  # and it trains
+
+
+def test_resume_with_accumulation_continues_at_an_update_boundary(tmp_path: Path, tiny_corpus: Path) -> None:
+    """A stop lands between updates: every resume point holds whole updates (the step counter counts updates)."""
+
+    class CtrlCAtBatch2(NoProgress):
+        def batch_end(self, batch: int, loss: float) -> None:
+            if batch == 2:
+                signal.raise_signal(signal.SIGINT)
+
+    data = {"batch_size": 4, "seq_len": 16}
+    plan = new_plan_with(tmp_path, tiny_corpus, "r", data, accumulate=2, epochs=1)
+    with pytest.raises(TrainingInterrupted):
+        train(plan, CtrlCAtBatch2())
+    state = plan.run.load_state()
+    assert (state["epoch"], state["batch"], state["step"]) == (0, 3, 3)
+    result = train(plan_training(None, CPU, checkpoint_dir=tmp_path / "ck", run_name="r", resume=True))
+    spe = steps_per_epoch(len(plan.splits.train), 8, 16)
+    assert result.epochs == 1 and plan.run.load_state()["step"] == spe

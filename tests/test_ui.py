@@ -41,6 +41,8 @@ def test_json_is_every_field_of_the_result(tmp_path: Path) -> None:
         "stop_reason": "time_budget",
         "seconds": 12.0,
         "chars_per_sec": 900.0,
+        "documents": 1,
+        "unknown_chars": 0,
         "best_val_bpc": pytest.approx(1.5 / math.log(2)),
     }
 

@@ -6,13 +6,19 @@ The CLI makes one call here per command and renders what comes back; a Python pr
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import shutil
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from textgen.checkpoint import Run, find_run
+from textgen.cluster import cluster_role, make_strategy
 from textgen.config import DataConfig, ModelConfig, TrainConfig, check_fits_in_memory
 from textgen.device import apply_profile, configure_for_inference, import_tensorflow, resolve_profile
 from textgen.errors import ConfigError
+from textgen.idcache import cache_root
 
 if TYPE_CHECKING:
     from textgen.results import Evaluation, TrainResult
@@ -21,7 +27,7 @@ if TYPE_CHECKING:
 
 
 def train(
-    corpus: str | None,
+    corpus: list[str] | None,
     *,
     device: str,
     checkpoint_dir: Path,
@@ -30,29 +36,37 @@ def train(
     download: bool = False,
     keep_boilerplate: bool = False,
     encoding: str = "auto",
+    threads: int | None = None,
     data: dict[str, Any],
     model: dict[str, Any],
     training: dict[str, Any],
     progress: TrainingProgress | None = None,
 ) -> TrainResult:
     """Plan a new run (or reload one with ``resume``) and train it; ``data``, ``model`` and
-    ``training`` hold the settings the user gave (``None`` for the rest)."""
+    ``training`` hold the settings the user gave (``None`` for the rest).
+
+    Under ``--strategy multiworker`` every worker makes this call with the same arguments; the chief
+    plans and writes the run, the others plan a copy in scratch space and train in step with it.
+    """
     _check_settings(data, model, training)
-    if resume and device != "auto":
-        saved = find_run(checkpoint_dir, run_name).load_config().profile.name
-        if saved != device:
-            raise ConfigError(
-                f"run {run_name or 'the latest'!r} was trained with the {saved} profile; a resumed run keeps it: "
-                f"use --device {saved}, or auto"
-            )
+    if threads is not None and not 0 < threads <= 1024:
+        raise ConfigError(f"--threads must be between 1 and 1024 (got {threads})")
+    saved = find_run(checkpoint_dir, run_name).load_config() if resume else None
+    if saved and device != "auto" and saved.profile.name != device:
+        raise ConfigError(
+            f"run {run_name or 'the latest'!r} was trained with the {saved.profile.name} profile; a resumed run "
+            f"keeps it: use --device {saved.profile.name}, or auto"
+        )
+    strategy_name = training.get("strategy") or (saved.training.strategy if saved else "none")
+    role = cluster_role(strategy_name)
     import_tensorflow()
     profile = resolve_profile(device)
     from textgen import train as training_loop
 
-    plan = training_loop.plan_training(
+    plan_training = functools.partial(
+        training_loop.plan_training,
         corpus,
         profile,
-        checkpoint_dir=checkpoint_dir,
         run_name=run_name,
         resume=resume,
         download=download,
@@ -62,8 +76,19 @@ def train(
         model=model,
         training=training,
     )
-    apply_profile(plan.config.profile)  # a resumed run keeps the profile it was trained with
-    return training_loop.train(plan, progress)
+    with contextlib.ExitStack() as cleanup:
+        if role.chief:
+            plan = plan_training(checkpoint_dir=checkpoint_dir)
+        else:
+            scratch = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix=f"textgen-worker-{role.index}-")))
+            if resume:  # the chief's resume point, read before any worker trains (and the chief writes)
+                chief_run = find_run(checkpoint_dir, run_name)
+                shutil.copytree(chief_run.path, scratch / chief_run.name, ignore=shutil.ignore_patterns(".lock"))
+            plan = plan_training(checkpoint_dir=scratch, cache_dir=cache_root(checkpoint_dir))
+        apply_profile(plan.config.profile, threads=threads)  # a resumed run keeps the profile it was trained with
+        strategy = make_strategy(plan.config.training.strategy)
+        return training_loop.train(plan, progress, strategy)
+    raise AssertionError("unreachable")  # for the type checker: the with block returns or raises
 
 
 def open_generator(checkpoint_dir: Path, run_name: str | None, which: str = "best") -> tuple[Generator, Run]:

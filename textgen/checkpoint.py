@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from textgen.config import DataConfig, RunConfig
-from textgen.corpus import fingerprint
+from textgen.corpus import corpus_fingerprint
 from textgen.errors import CheckpointError, ConfigError, CorpusError
 from textgen.files import TEMPORARY, atomic_path, atomic_write_text
 from textgen.results import METRICS, RunSummary, StopReason, bits
@@ -432,15 +432,17 @@ def find_run(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR, name: str | None = N
 
 def check_corpus_unchanged(run: Run, data: DataConfig) -> None:
     """Refuse a corpus whose bytes changed since the run started: its splits would not be the run's."""
-    path = Path(data.corpus)
-    if not path.is_file():
-        raise CorpusError(f"the corpus of run {run.name!r}, {path}, is gone; put it back to continue the run")
+    paths = [Path(p) for p in data.paths]
+    for path in paths:
+        if not path.is_file():
+            raise CorpusError(f"the corpus of run {run.name!r}, {path}, is gone; put it back to continue the run")
     if data.corpus_hash is None:  # a run from before fingerprints
         return
-    size, digest = fingerprint(path)
+    size, digest = corpus_fingerprint(paths)
     if (size, digest) != (data.corpus_size, data.corpus_hash):
+        what = str(paths[0]) if len(paths) == 1 else f"a file of {data.corpus}"
         raise CorpusError(
-            f"{path} changed since run {run.name!r} started ({data.corpus_size:,} bytes then, {size:,} now); "
+            f"{what} changed since run {run.name!r} started ({data.corpus_size:,} bytes then, {size:,} now); "
             "its splits would differ. Restore the original text, or start a new run on the new one"
         )
 

@@ -19,7 +19,16 @@ from typer.core import TyperGroup
 
 from textgen import api, ui
 from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, run_summaries
-from textgen.config import DataConfig, LRSchedule, ModelConfig, SampleConfig, Split, TrainConfig, parse_duration
+from textgen.config import (
+    DataConfig,
+    LRSchedule,
+    ModelConfig,
+    SampleConfig,
+    Split,
+    Strategy,
+    TrainConfig,
+    parse_duration,
+)
 from textgen.device import Device
 from textgen.errors import TextgenError
 from textgen.repl import GREETING, Session, read_lines
@@ -114,6 +123,12 @@ TRAIN_EXAMPLES = """
 
     textgen train my_book.txt --epochs 20 --time-budget 30m --units 768 --layers 2
 
+    textgen train corpora/tolstoy/ --max-vocab 120     # every .txt file of a directory
+
+    textgen train 'books/*.txt' a.txt --accumulate 4   # a glob and a file; 4 x 64 streams per update
+
+    TF_CONFIG='{...}' textgen train books/ --strategy multiworker --checkpoint-dir /shared/ck   # on each machine
+
 A name without a path is looked up in ./corpora and in $TEXTGEN_CORPUS_PATH.
 Ctrl-C stops at a clean point and saves; `--resume` continues from there.
 """
@@ -122,9 +137,11 @@ Ctrl-C stops at a clean point and saves; `--resume` continues from there.
 @app.command(epilog=TRAIN_EXAMPLES)
 def train(
     corpus: Annotated[
-        str | None,
+        list[str] | None,
         typer.Argument(
-            help="Plain-text file (UTF-8), or a name in ./corpora or $TEXTGEN_CORPUS_PATH.", show_default=False
+            help="Plain-text files, directories (their *.txt files) or glob patterns; a name without a path is "
+            "looked up in ./corpora and $TEXTGEN_CORPUS_PATH.",
+            show_default=False,
         ),
     ] = None,
     batch_size: Annotated[int | None, _option("Parallel streams per batch", "Data", "the device profile's")] = None,
@@ -137,6 +154,10 @@ def train(
         bool, _option("Keep Project Gutenberg's license header and footer", "Data", None, "--keep-boilerplate")
     ] = False,
     encoding: Annotated[str, _option(ENCODING_HELP, "Data")] = "auto",
+    max_vocab: Annotated[
+        int | None,
+        _option("Keep only this many of the most frequent characters; the rest become the unknown id", "Data", "all"),
+    ] = None,
     units: Annotated[int | None, _option("LSTM units per layer", "Model", MODEL.units)] = None,
     layers: Annotated[int | None, _option("Stacked LSTM layers", "Model", MODEL.layers)] = None,
     embedding_dim: Annotated[int | None, _option("Character embedding size", "Model", MODEL.embedding_dim)] = None,
@@ -161,7 +182,31 @@ def train(
         str | None, _option("Stop cleanly after this long, e.g. 90s, 30m, 1h30m", "Optimisation")
     ] = None,
     seed: Annotated[int | None, _option("Random seed", "Optimisation", TRAINING.seed)] = None,
+    accumulate: Annotated[
+        int | None,
+        _option(
+            "Sum the gradients of this many batches of streams into one update: the update of a batch this "
+            "many times bigger, with the memory of one",
+            "Optimisation",
+            TRAINING.accumulate,
+        ),
+    ] = None,
     device: Annotated[Device, _option("Device profile; auto picks gpu when TensorFlow sees one", "Run")] = Device.auto,
+    strategy: Annotated[
+        Strategy | None,
+        _option(
+            "tf.distribute: mirrored uses every GPU of this machine; multiworker the machines in $TF_CONFIG "
+            "(run the same command on each, with a shared --checkpoint-dir)",
+            "Run",
+            TRAINING.strategy,
+        ),
+    ] = None,
+    threads: Annotated[
+        int | None,
+        _option(
+            "Intra-op threads for training (e.g. 1 per worker when workers share a machine)", "Run", "the profile's"
+        ),
+    ] = None,
     run: Annotated[str | None, _option("Run name", "Run", "the corpus name; the latest run with --resume")] = None,
     checkpoint_dir: Annotated[Path, _option("Where runs are saved", "Run")] = DEFAULT_CHECKPOINT_DIR,
     resume: Annotated[
@@ -172,7 +217,7 @@ def train(
     ] = None,
     as_json: Annotated[bool, _option("One JSON object per epoch and one at the end", "Run", None, "--json")] = False,
 ) -> None:
-    """Train a character-level LSTM on a text file, saving checkpoints as it goes."""
+    """Train a character-level LSTM on text files, saving checkpoints as it goes."""
     with _errors():
         result = api.train(
             corpus,
@@ -183,7 +228,8 @@ def train(
             download=download,
             keep_boilerplate=keep_boilerplate,
             encoding=encoding,
-            data={"batch_size": batch_size, "seq_len": seq_len},
+            threads=threads,
+            data={"batch_size": batch_size, "seq_len": seq_len, "max_vocab": max_vocab},
             model={"units": units, "layers": layers, "embedding_dim": embedding_dim, "dropout": dropout},
             training={
                 "epochs": epochs,
@@ -193,6 +239,8 @@ def train(
                 "seed": seed,
                 "time_budget": parse_duration(time_budget) if time_budget else None,
                 "save_every": parse_duration(save_every, "--save-every") if save_every else None,
+                "accumulate": accumulate,
+                "strategy": strategy.value if strategy else None,
             },
             progress=ui.TrainingDisplay(console, as_json=as_json),
         )

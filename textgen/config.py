@@ -62,15 +62,25 @@ class DataConfig:
     seq_len: int = 100
     val_fraction: float = 0.05
     test_fraction: float = 0.05
-    encoding: str = "utf-8"  # the codec the corpus was decoded with (resolved from --encoding)
+    encoding: str = "utf-8"  # the codec the corpus was decoded with, or "auto" for each file's own
     corpus_size: int | None = None  # bytes; with corpus_hash, the corpus's fingerprint (None in older runs)
     corpus_hash: str | None = None
+    files: tuple[str, ...] = ()  # the corpus's files, in order (empty in older runs: the corpus is one file)
+    max_vocab: int | None = None  # keep this many of the most frequent characters; None keeps all
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "files", tuple(self.files))  # a list when read from JSON
         _positive_int(self, "batch_size", "seq_len")
+        if self.max_vocab is not None:
+            _positive_int(self, "max_vocab")
         for name in ("val_fraction", "test_fraction"):
             value = getattr(self, name)
             _require(_finite(value) and 0 < value < 0.5, name, "between 0 and 0.5", value)
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """The corpus's files."""
+        return self.files or (self.corpus,)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +125,16 @@ class Split(str, enum.Enum):
     val = "val"
 
 
+class Strategy(str, enum.Enum):
+    """How training is spread: one device, several GPUs of one machine, or several machines (tf.distribute)."""
+
+    none = "none"  # the default device
+    mirrored = "mirrored"  # MirroredStrategy: every GPU of this machine
+    multiworker = "multiworker"  # MultiWorkerMirroredStrategy: the cluster in $TF_CONFIG
+
+
 LR_SCHEDULES = tuple(s.value for s in LRSchedule)
+STRATEGIES = tuple(s.value for s in Strategy)
 SPLITS = tuple(s.value for s in Split)
 
 
@@ -133,9 +152,18 @@ class TrainConfig:
     lr_factor: float = 0.5
     lr_schedule: str = "cosine"  # one of LR_SCHEDULES
     save_every: float = 300.0  # seconds of training between mid-epoch resume points
+    accumulate: int = 1  # batches of streams whose gradients are summed into one update
+    strategy: str = "none"  # one of STRATEGIES: how training is spread over devices and machines
 
     def __post_init__(self) -> None:
         _positive_int(self, "epochs")
+        _require(
+            isinstance(self.accumulate, int) and 1 <= self.accumulate <= 64,
+            "accumulate",
+            "from 1 to 64",
+            self.accumulate,
+        )
+        _require(self.strategy in STRATEGIES, "strategy", " or ".join(STRATEGIES), self.strategy)
         _require(self.lr_schedule in LR_SCHEDULES, "lr_schedule", " or ".join(LR_SCHEDULES), self.lr_schedule)
         _require(_finite(self.lr) and self.lr > 0, "lr", "a positive number", self.lr)
         _require(_finite(self.clip_norm) and self.clip_norm > 0, "clip_norm", "a positive number", self.clip_norm)
@@ -155,8 +183,8 @@ class TrainConfig:
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
-    """A config as a JSON-ready dict."""
-    return dataclasses.asdict(cfg)
+    """A config as a JSON-ready dict (tuples as lists, as JSON reads them back)."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(cfg).items()}
 
 
 def from_dict(cls: type[T], data: dict[str, Any]) -> T:

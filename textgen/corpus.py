@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import glob
 import hashlib
 import http.client
+import itertools
 import os
 import re
 import sys
@@ -13,11 +15,15 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+import numpy as np
+
 from textgen.errors import CorpusError
 from textgen.files import atomic_path
+from textgen.vocab import char_counts, merge_counts
 
 CORPUS_PATH_ENV = "TEXTGEN_CORPUS_PATH"
 LOCAL_CORPORA = Path("corpora")
@@ -80,6 +86,35 @@ def resolve_corpus(name: str, download: bool = False) -> Path:
             f"Project Gutenberg book #{number} into {LOCAL_CORPORA}/"
         )
     return download_gutenberg(number, LOCAL_CORPORA / path.name, looked)
+
+
+def resolve_corpora(names: list[str], download: bool = False) -> list[Path]:
+    """The corpus files for ``names``: files (as ``resolve_corpus`` finds them), directories (every
+    ``*.txt`` file under them) and glob patterns, in the order given, each directory's or pattern's
+    files sorted by path; a file named twice is read once."""
+    if not names:
+        raise CorpusError("give a corpus to train on, e.g. textgen train 2600-0.txt")
+    files: dict[Path, None] = {}
+    for name in names:
+        path = Path(name).expanduser()
+        if path.is_dir():
+            found = sorted(p for p in path.rglob("*.txt") if p.is_file() and not _hidden(p.relative_to(path)))
+            if not found:
+                raise CorpusError(f"{name} has no .txt files; textgen reads the *.txt files of a directory")
+        elif not path.exists() and glob.has_magic(name):
+            found = sorted(Path(p) for p in glob.glob(os.path.expanduser(name), recursive=True) if Path(p).is_file())
+            if not found:
+                raise CorpusError(
+                    f"no files match {name!r}; check the pattern (quote it to keep the shell from expanding it)"
+                )
+        else:
+            found = [resolve_corpus(name, download=download)]
+        files.update((p.resolve(), None) for p in found)
+    return list(files)
+
+
+def _hidden(relative: Path) -> bool:
+    return any(part.startswith(".") for part in relative.parts)
 
 
 # --- downloading ---------------------------------------------------------------
@@ -336,54 +371,144 @@ def fingerprint(path: Path) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
-def read_corpus(path: str | Path, strip_boilerplate: bool = True, encoding: str = "utf-8") -> str:
-    """The cleaned text of a corpus file, decoded with ``encoding`` (a codec name, or "auto").
+def corpus_fingerprint(files: list[Path] | tuple[Path, ...]) -> tuple[int, str]:
+    """Total bytes and one hash of ``files`` in order; for a single file, its own ``fingerprint``."""
+    prints = [fingerprint(f) for f in files]
+    if len(prints) == 1:
+        return prints[0]
+    digest = hashlib.blake2b("\n".join(f"{size} {h}" for size, h in prints).encode(), digest_size=16)
+    return sum(size for size, _ in prints), digest.hexdigest()
 
-    Refused up front if training could not hold it in memory. Line endings become \\n and,
-    with ``strip_boilerplate``, only the text between Project Gutenberg's markers is kept.
+
+def read_corpus(path: str | Path, strip_boilerplate: bool = True, encoding: str = "utf-8") -> str:
+    """The cleaned text of a corpus file, decoded with ``encoding`` (a codec name, or "auto"), in memory.
+
+    Refused up front if it could not be held in memory (training streams instead: ``textgen.idcache``).
+    Line endings become \\n and, with ``strip_boilerplate``, only the text between Project Gutenberg's
+    markers is kept.
     """
     path = Path(path)
     with _opened(path) as fh:
         size = os.fstat(fh.fileno()).st_size
     _check_fits_in_memory(path, size)
     codec = resolve_encoding(path, encoding)
-    with _opened(path) as fh:
-        data = fh.read()
-    text = _decode(data, codec, str(path))
-    del data  # freed before the line-ending pass copies the text
-    if not text.strip():
+    return "".join(kept_chunks(path, codec, scan_text(path, codec, strip_boilerplate)))
+
+
+@dataclass(frozen=True)
+class TextScan:
+    """Where a file's kept text lies in its cleaned text (character offsets), and its characters."""
+
+    start: int
+    end: int
+    codes: np.ndarray  # the distinct code points of the kept text, ascending
+    counts: np.ndarray  # how often each occurs
+
+    @property
+    def chars(self) -> int:
+        return self.end - self.start
+
+
+def scan_text(path: Path, codec: str, strip_boilerplate: bool = True) -> TextScan:
+    """Read ``path`` once, a chunk at a time: find Project Gutenberg's markers and count the characters of
+    the text between them (all of it without ``strip_boilerplate``). Memory stays bounded by the chunk.
+
+    The kept text is what the whole-text rule gives: after the first ``*** START OF`` line, up to the
+    first ``*** END OF`` line after it. Every chunk is counted in pieces cut at each marker, so the
+    counts of the kept text are sums of whole pieces.
+    """
+    pieces: list[tuple[int, np.ndarray, np.ndarray]] = []  # (offset, codes, counts), in order
+    starts: list[int] = []  # where the text after each START line begins
+    ends: list[int] = []  # where each END line begins
+    offset = 0
+    for chunk in _clean_chunks(path, codec):
+        cuts = {0, len(chunk)}
+        if strip_boilerplate:
+            for m in _marker_lines(chunk, _START):
+                cuts.add(min(m.end() + 1, len(chunk)))  # + 1: the marker line's own newline
+                starts.append(offset + min(m.end() + 1, len(chunk)))
+            for m in _marker_lines(chunk, _END):
+                cuts.add(m.start())
+                ends.append(offset + m.start())
+        bounds = sorted(cuts)
+        for a, b in itertools.pairwise(bounds):
+            pieces.append((offset + a, *char_counts(chunk[a:b])))
+        offset += len(chunk)
+    if not _has_text(pieces):
         raise CorpusError(f"{path} is empty; give a plain-text file with some text in it")
-    text = text.replace("\r\n", "\n").replace("\r", "\n")
-    if strip_boilerplate:
-        text = strip_gutenberg_boilerplate(text)
-        if not text.strip():
-            raise CorpusError(f"{path} has no text between its Project Gutenberg markers; try --keep-boilerplate")
-    return text
+    start = starts[0] if starts else 0
+    end = next((e for e in ends if e >= start), offset)
+    kept = [p for p in pieces if start <= p[0] < end]
+    if strip_boilerplate and not _has_text(kept):
+        raise CorpusError(f"{path} has no text between its Project Gutenberg markers; try --keep-boilerplate")
+    codes, counts = merge_counts([(c, n) for _, c, n in kept])
+    return TextScan(start, end, codes, counts)
 
 
-def _decode(data: bytes, codec: str, name: str) -> str:
-    """``data`` as text in ``codec`` (for utf-8 without its BOM), or a CorpusError naming the bad byte."""
-    if codec == "utf-8":
-        codec = "utf-8-sig"
-    try:
-        return data.decode(codec)
-    except UnicodeDecodeError as exc:
-        # utf-8-sig counts from after the BOM it dropped; the offset given is in the file.
-        dropped = len(codecs.BOM_UTF8) if codec == "utf-8-sig" and data.startswith(codecs.BOM_UTF8) else 0
-        offset = exc.start + dropped
-        label = "UTF-8" if codec == "utf-8-sig" else codec
-        raise CorpusError(
-            f"{name} is not valid {label} (bad byte at offset {offset}); pass --encoding auto to detect "
-            f"UTF-8, Windows-1252 or Latin-1, or name the file's encoding with --encoding"
-        ) from None
+def _marker_lines(chunk: str, marker: re.Pattern[str]) -> Iterator[re.Match[str]]:
+    """``marker.finditer(chunk)``, tried only where a line starts with ``***``: ``finditer`` tries a
+    regex that starts with ^ at every position (the 15 MB of shared books: 0.26 s, more than all the
+    rest of their encoding, 0.21 s)."""
+    at = chunk.find("***")
+    while at != -1:
+        if at == 0 or chunk[at - 1] == "\n":
+            match = marker.match(chunk, at)
+            if match:
+                yield match
+        at = chunk.find("***", at + 1)
 
 
-def strip_gutenberg_boilerplate(text: str) -> str:
-    """The text between Project Gutenberg's ``*** START OF`` and ``*** END OF`` lines, if present."""
-    start = _START.search(text)
-    if start:
-        text = text[start.end() + 1 :]  # + 1: the marker line's own newline
-    end = _END.search(text)
-    if end:
-        text = text[: end.start()]
-    return text
+def _has_text(pieces: list[tuple[int, np.ndarray, np.ndarray]]) -> bool:
+    return any(not chr(c).isspace() for _, codes, _ in pieces for c in codes)
+
+
+def kept_chunks(path: Path, codec: str, scan: TextScan) -> Iterator[str]:
+    """The kept text of ``path`` (as ``scan`` found it), a chunk at a time."""
+    offset = 0
+    for chunk in _clean_chunks(path, codec):
+        a, b = max(scan.start - offset, 0), min(scan.end - offset, len(chunk))
+        if a < b:
+            yield chunk[a:b]
+        offset += len(chunk)
+        if offset >= scan.end:
+            return
+
+
+LONG_LINE_CHARS = 4 * READ_CHUNK_BYTES  # a line longer than this is cut between chunks
+
+
+def _clean_chunks(path: Path, codec: str) -> Iterator[str]:
+    """The text of ``path`` decoded with ``codec`` (a UTF-8 BOM dropped), line endings as \\n, in chunks of
+    whole lines of about ``READ_CHUNK_BYTES``; a bad byte is a CorpusError giving its offset in the file."""
+    decoder = codecs.getincrementaldecoder(codec)()
+    carry, read, first = "", 0, True
+    with _opened(path) as fh:
+        while True:
+            data = fh.read(READ_CHUNK_BYTES)
+            pending = len(decoder.getstate()[0])  # bytes of a character cut off by the last read
+            try:
+                text = carry + decoder.decode(data, final=not data)
+            except UnicodeDecodeError as exc:
+                label = "UTF-8" if codec == "utf-8" else codec
+                raise CorpusError(
+                    f"{path} is not valid {label} (bad byte at offset {read - pending + exc.start}); pass "
+                    "--encoding auto to detect UTF-8, Windows-1252 or Latin-1, or name the file's encoding "
+                    "with --encoding"
+                ) from None
+            read += len(data)
+            if first and codec == "utf-8" and text.startswith("\ufeff"):
+                text = text[1:]
+            first = first and not text
+            held = "\r" if data and text.endswith("\r") else ""  # it may be the first half of a \r\n
+            if held:
+                text = text[:-1]
+            if "\r" in text:
+                text = text.replace("\r\n", "\n").replace("\r", "\n")
+            cut = len(text) if not data else text.rfind("\n") + 1
+            if cut == 0 and len(text) > LONG_LINE_CHARS:
+                cut = len(text)
+            if cut:
+                yield text[:cut]
+            carry = text[cut:] + held
+            if not data:
+                return

@@ -1,21 +1,25 @@
-"""Corpus ids -> contiguous splits -> tf.data datasets in the stateful stream layout.
+"""A run's corpus as memory-mapped splits, and batches cut from them lazily in the stateful stream layout.
 
-The layout: a split's ids are cut into ``batch_size`` contiguous streams, and batch
-``k`` holds characters ``[k*seq_len, (k+1)*seq_len)`` of every stream, so row ``i``
-of batch ``k+1`` continues row ``i`` of batch ``k`` exactly. Targets are the inputs
-shifted by one character.
+The layout (``StreamLayout``): a split's ids are cut into ``streams`` contiguous streams, and batch
+``k`` holds characters ``[k*seq_len, (k+1)*seq_len)`` of every stream, so row ``i`` of batch ``k+1``
+continues row ``i`` of batch ``k`` exactly. Targets are the inputs shifted by one character. Batches
+are read from the memory map one at a time, so memory does not grow with the corpus. Under
+``tf.distribute`` each replica always gets the same rows, so each replica's rows continue its own.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from textgen.config import DataConfig
-from textgen.corpus import read_corpus
+from textgen.corpus import fingerprint, resolve_encoding
 from textgen.errors import CorpusError
+from textgen.idcache import CorpusSource, EncodedCorpus, encoded_corpus
 from textgen.vocab import Vocabulary
 
 if TYPE_CHECKING:
@@ -24,67 +28,121 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Splits:
-    """A corpus encoded and cut into contiguous train / validation / test parts."""
+    """A corpus encoded and cut into contiguous train / validation / test parts (memory maps)."""
 
     vocab: Vocabulary
     train: np.ndarray
     val: np.ndarray
     test: np.ndarray
+    encoded: EncodedCorpus  # documents, characters, and what --max-vocab left out
 
 
-def split_ids(ids: np.ndarray, val_fraction: float, test_fraction: float) -> tuple[np.ndarray, ...]:
-    """Contiguous (train, val, test) parts: train first, test last."""
-    n_val, n_test = int(len(ids) * val_fraction), int(len(ids) * test_fraction)
-    n_train = len(ids) - n_val - n_test
-    return ids[:n_train], ids[n_train : n_train + n_val], ids[n_train + n_val :]
+def corpus_source(cfg: DataConfig) -> CorpusSource:
+    """What the ids of ``cfg``'s corpus depend on: its files, their encodings and bytes, the cleaning."""
+    files = tuple(Path(f) for f in cfg.paths)
+    return CorpusSource(
+        files,
+        tuple(resolve_encoding(f, cfg.encoding) for f in files),
+        tuple(fingerprint(f) for f in files),
+        cfg.strip_boilerplate,
+        cfg.max_vocab,
+        cfg.val_fraction,
+        cfg.test_fraction,
+    )
 
 
-def load_splits(cfg: DataConfig, vocab: Vocabulary | None = None) -> Splits:
-    """Read the corpus, encode it (with ``vocab``, or a new one built from the whole text), split it."""
-    text = read_corpus(cfg.corpus, strip_boilerplate=cfg.strip_boilerplate, encoding=cfg.encoding)
-    vocab = vocab or Vocabulary.from_text(text)
-    train, val, test = split_ids(vocab.encode(text), cfg.val_fraction, cfg.test_fraction)
-    for name, part in (("training", train), ("validation", val)):
-        check_layout_fits(part, cfg.batch_size, cfg.seq_len, name, len(text))
-    return Splits(vocab, train, val, test)
+def load_splits(
+    cfg: DataConfig, cache_dir: Path, vocab: Vocabulary | None = None, train_streams: int | None = None
+) -> Splits:
+    """The corpus of ``cfg`` encoded (from the cache in ``cache_dir``, or now) and split; with ``vocab``
+    (a run's saved one), the encoding must have the same vocabulary. The training split must fill a batch
+    of ``train_streams`` (``--batch-size`` x ``--accumulate``), the validation split one of ``--batch-size``."""
+    encoded = encoded_corpus(corpus_source(cfg), cache_dir)
+    if vocab is not None and vocab != encoded.vocab:
+        raise CorpusError(
+            f"the corpus now encodes to another vocabulary than the run's ({encoded.vocab.size} ids, not "
+            f"{vocab.size}); was it trained by another textgen version? Start a new run"
+        )
+    splits = Splits(encoded.vocab, encoded.ids("train"), encoded.ids("val"), encoded.ids("test"), encoded)
+    for name, part, streams in (("training", splits.train, train_streams), ("validation", splits.val, None)):
+        check_layout_fits(part, streams or cfg.batch_size, cfg.seq_len, name, encoded.chars)
+    return splits
 
 
-def check_layout_fits(ids: np.ndarray, batch_size: int, seq_len: int, name: str, corpus_chars: int) -> None:
+def check_layout_fits(ids: np.ndarray, streams: int, seq_len: int, name: str, corpus_chars: int) -> None:
     """Raise a CorpusError saying how short ``ids`` is if it cannot fill one batch."""
-    need = batch_size * seq_len + 1
+    need = streams * seq_len + 1
     if len(ids) < need:
         raise CorpusError(
             f"corpus too short: its {name} split has {len(ids):,} characters (of {corpus_chars:,}) but "
-            f"--batch-size {batch_size} x --seq-len {seq_len} needs {need:,}; use a smaller "
+            f"--batch-size {streams} x --seq-len {seq_len} needs {need:,}; use a smaller "
             f"--batch-size or --seq-len, or a longer text"
         )
 
 
-def stream_layout(ids: np.ndarray, batch_size: int, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
-    """Inputs and targets shaped (num_batches, batch_size, seq_len) in the stateful layout."""
-    num_batches = (len(ids) - 1) // (batch_size * seq_len)
-    if num_batches <= 0:  # (len - 1) // n is -1 for no ids at all
-        raise CorpusError(f"{len(ids)} characters cannot fill one {batch_size} x {seq_len} batch")
-    stream_len = num_batches * seq_len
-    used = batch_size * stream_len
+@dataclass(frozen=True)
+class StreamLayout:
+    """``streams`` contiguous streams of ``batches * seq_len`` characters each, read ``seq_len`` at a time."""
 
-    def arrange(part: np.ndarray) -> np.ndarray:
-        return part.reshape(batch_size, num_batches, seq_len).transpose(1, 0, 2)
+    streams: int
+    seq_len: int
+    batches: int
 
-    return arrange(ids[:used]), arrange(ids[1 : used + 1])
+    @classmethod
+    def of(cls, n: int, streams: int, seq_len: int) -> StreamLayout:
+        """The layout of ``n`` ids: as many full batches as they fill (the rest is left out)."""
+        batches = (n - 1) // (streams * seq_len)
+        if batches <= 0:  # (n - 1) // s is -1 for no ids at all
+            raise CorpusError(f"{n} characters cannot fill one {streams} x {seq_len} batch")
+        return cls(streams, seq_len, batches)
+
+    @property
+    def chars_per_batch(self) -> int:
+        return self.streams * self.seq_len
+
+    def batch(self, ids: np.ndarray, k: int, rows: slice = slice(None)) -> tuple[np.ndarray, np.ndarray]:
+        """Inputs and targets (int32, ``rows`` x ``seq_len``) of batch ``k``, read from ``ids``."""
+        starts = np.arange(self.streams)[rows] * (self.batches * self.seq_len) + k * self.seq_len
+        window = np.asarray(ids[starts[:, None] + np.arange(self.seq_len + 1)], dtype=np.int32)
+        return window[:, :-1], window[:, 1:]
 
 
-def fit_layout(n: int, batch_size: int, seq_len: int) -> tuple[int, int]:
-    """``(batch_size, seq_len)`` if ``n`` ids fill one such batch, else the largest layout they do fill
+def fit_layout(n: int, streams: int, seq_len: int) -> tuple[int, int]:
+    """``(streams, seq_len)`` if ``n`` ids fill one such batch, else the largest layout they do fill
     (fewer streams first, then shorter ones); ``n`` must be at least 2."""
-    streams = max(1, min(batch_size, (n - 1) // seq_len))
+    streams = max(1, min(streams, (n - 1) // seq_len))
     return streams, min(seq_len, (n - 1) // streams)
 
 
-def make_dataset(ids: np.ndarray, batch_size: int, seq_len: int) -> tf.data.Dataset:
-    """A tf.data dataset of (inputs, targets) int32 batches in the stateful layout, in order."""
+def replica_batches(
+    ids: np.ndarray, layout: StreamLayout, replicas: int, first: int, count: int, start: int = 0
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """For every batch from ``start`` on, the rows of replicas ``first`` .. ``first + count - 1`` of
+    ``replicas`` (replica ``r`` always reads streams ``r * per`` to ``(r + 1) * per``), in replica order."""
+    per = layout.streams // replicas
+    for k in range(start, layout.batches):
+        for r in range(first, first + count):
+            yield layout.batch(ids, k, slice(r * per, (r + 1) * per))
+
+
+def distributed_batches(
+    strategy: tf.distribute.Strategy, ids: np.ndarray, layout: StreamLayout, start: int = 0
+) -> Iterable[Any]:
+    """The layout's batches from ``start`` on, read lazily and split over ``strategy``'s replicas by rows:
+    each worker's input pipeline makes only its own replicas' rows, one element per replica in turn
+    (``distribute_datasets_from_function`` deals a worker's elements to its replicas round-robin)."""
     import tensorflow as tf
 
-    inputs, targets = stream_layout(ids, batch_size, seq_len)
-    dataset = tf.data.Dataset.from_tensor_slices((inputs.astype(np.int32), targets.astype(np.int32)))
-    return dataset.cache().prefetch(tf.data.AUTOTUNE)
+    replicas = strategy.num_replicas_in_sync
+    if layout.streams % replicas:
+        raise CorpusError(f"{layout.streams} streams cannot be shared evenly by {replicas} replicas")
+    spec = tf.TensorSpec((layout.streams // replicas, layout.seq_len), tf.int32)
+
+    def dataset(context: tf.distribute.InputContext) -> tf.data.Dataset:
+        local = replicas // context.num_input_pipelines
+        first = context.input_pipeline_id * local
+        return tf.data.Dataset.from_generator(
+            lambda: replica_batches(ids, layout, replicas, first, local, start), output_signature=(spec, spec)
+        ).prefetch(tf.data.AUTOTUNE)
+
+    return strategy.distribute_datasets_from_function(dataset)

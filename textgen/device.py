@@ -98,8 +98,9 @@ def resolve_profile(device: str) -> DeviceProfile:
     return PROFILES[device]
 
 
-def apply_profile(profile: DeviceProfile, sampling: bool = False) -> None:
-    """Set TensorFlow's thread pools for training (or ``sampling``) under ``profile``.
+def apply_profile(profile: DeviceProfile, sampling: bool = False, threads: int | None = None) -> None:
+    """Set TensorFlow's thread pools for training (or ``sampling``) under ``profile``; ``threads`` overrides
+    its intra-op threads (``--threads``: e.g. one per worker when several share a machine).
 
     A no-op if the runtime already started (a second run in one process keeps its pools).
     """
@@ -110,6 +111,7 @@ def apply_profile(profile: DeviceProfile, sampling: bool = False) -> None:
         if sampling
         else (profile.intra_op_threads, profile.inter_op_threads)
     )
+    intra = threads or intra
     try:
         tf.config.threading.set_intra_op_parallelism_threads(intra)
         tf.config.threading.set_inter_op_parallelism_threads(inter)

@@ -9,8 +9,9 @@ import numpy as np
 from textgen.checkpoint import Run, check_corpus_unchanged
 from textgen.config import SPLITS
 from textgen.corpus import read_corpus, resolve_corpus, resolve_encoding
-from textgen.data import fit_layout, load_splits
+from textgen.data import StreamLayout, fit_layout, load_splits
 from textgen.errors import ConfigError, CorpusError
+from textgen.idcache import cache_root
 from textgen.model import build_model
 from textgen.results import Evaluation
 from textgen.scoring import compile_eval_step, score
@@ -34,18 +35,19 @@ def evaluate_run(
     else:
         if split not in SPLITS:
             raise ConfigError(f"--split must be one of {', '.join(SPLITS)} (got {split!r})")
-        if not Path(cfg.data.corpus).is_file():
+        missing = [p for p in cfg.data.paths if not Path(p).is_file()]
+        if missing:
             raise CorpusError(
-                f"the run's corpus {cfg.data.corpus} is gone; give the text to score as an argument: textgen evaluate FILE"
+                f"the run's corpus {missing[0]} is gone; give the text to score as an argument: textgen evaluate FILE"
             )
         check_corpus_unchanged(run, cfg.data)
-        ids = getattr(load_splits(cfg.data, vocab), split)
-        source = f"{split} split of {Path(cfg.data.corpus).name}"
+        ids = getattr(load_splits(cfg.data, cache_root(run.path.parent), vocab), split)
+        source = f"{split} split of {Path(cfg.data.corpus).name if len(cfg.data.paths) == 1 else cfg.data.corpus}"
     if len(ids) < 2:
         raise CorpusError(f"{source} has {len(ids)} characters; at least 2 are needed to score one")
     streams, seq_len = fit_layout(len(ids), cfg.data.batch_size, cfg.data.seq_len)
     model = build_model(cfg.model, streams, cfg.profile.precision)
     run.load_weights(model, which)
-    nats, chars = score(compile_eval_step(model, cfg.profile), model, ids, streams, seq_len)
+    nats, chars = score(compile_eval_step(model, cfg.profile), model, ids, StreamLayout.of(len(ids), streams, seq_len))
     unknown = int(np.sum(ids == UNKNOWN_ID))
     return Evaluation(run.name, source, nats / chars, chars, unknown, streams, seq_len)

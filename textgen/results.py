@@ -70,6 +70,8 @@ class TrainResult:
     stop_reason: StopReason
     seconds: float
     chars_per_sec: float  # training speed of the last epoch
+    documents: int = 1  # files in the corpus
+    unknown_chars: int = 0  # characters of the corpus --max-vocab mapped to the unknown id
     best_val_bpc: float = field(init=False)
 
     def __post_init__(self) -> None:

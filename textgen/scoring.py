@@ -1,6 +1,6 @@
 """Cross-entropy of text under a model: one routine for training's validation and ``textgen evaluate``.
 
-The text is laid out as the run's training batches are (``data.stream_layout``): ``batch_size``
+The text is laid out as the run's training batches are (``data.StreamLayout``): ``batch_size``
 contiguous streams read ``seq_len`` characters at a time, the LSTM state carried from one batch
 to the next and zeroed at the start. So the best validation loss in a run's history and
 ``textgen evaluate --split val`` are the same number for the same weights.
@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from textgen.config import DeviceProfile
-from textgen.data import stream_layout
+from textgen.data import StreamLayout, distributed_batches
 from textgen.fastlstm import stateful_logits
 from textgen.model import reset_states
 
@@ -47,13 +47,19 @@ def compile_eval_step(
     return eval_step
 
 
-def score(eval_step: EvalStep, model: keras.Model, ids: np.ndarray, batch_size: int, seq_len: int) -> tuple[float, int]:
+def score(
+    eval_step: EvalStep,
+    model: keras.Model,
+    ids: np.ndarray,
+    layout: StreamLayout,
+    strategy: tf.distribute.Strategy | None = None,
+) -> tuple[float, int]:
     """Summed cross-entropy (nats) and the number of characters scored, from zero LSTM states.
 
-    ``model`` must be stateful with ``batch_size`` rows. Only the full batches of the layout are
-    scored: what is left at the end is shorter than one batch (``batch_size * seq_len`` characters).
+    ``model`` must be stateful with ``layout.streams`` rows (per replica of ``strategy``, their share).
+    Only the full batches of the layout are scored: what is left at the end is shorter than one batch.
     """
-    inputs, targets = stream_layout(ids.astype(np.int32, copy=False), batch_size, seq_len)
     reset_states(model)
-    total = sum(float(eval_step(x, y)) for x, y in zip(inputs, targets, strict=True))
-    return total, inputs.size
+    batches = distributed_batches(strategy or tf.distribute.get_strategy(), ids, layout)
+    total = sum(float(eval_step(x, y)) for x, y in batches)
+    return total, layout.batches * layout.chars_per_batch

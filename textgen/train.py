@@ -45,10 +45,11 @@ from textgen.checkpoint import (
     resume_hint,
 )
 from textgen.config import DataConfig, DeviceProfile, ModelConfig, RunConfig, TrainConfig, check_fits_in_memory
-from textgen.corpus import fingerprint, resolve_corpus, resolve_encoding, same_codec
-from textgen.data import Splits, load_splits, make_dataset
+from textgen.corpus import corpus_fingerprint, resolve_corpora, resolve_encoding, same_codec
+from textgen.data import Splits, StreamLayout, distributed_batches, load_splits
 from textgen.errors import ConfigError, TrainingDiverged, TrainingInterrupted
 from textgen.files import atomic_write_text
+from textgen.idcache import cache_root
 from textgen.model import build_model, reset_states
 from textgen.plot import loss_chart, read_history
 from textgen.results import EpochLog, StopReason, TrainResult, bits
@@ -92,7 +93,7 @@ class NoProgress:
 
 
 def plan_training(
-    corpus: str | None,
+    corpus: str | list[str] | None,
     profile: DeviceProfile,
     *,
     checkpoint_dir: Path,
@@ -104,13 +105,17 @@ def plan_training(
     data: dict[str, Any] | None = None,
     model: dict[str, Any] | None = None,
     training: dict[str, Any] | None = None,
+    cache_dir: Path | None = None,
 ) -> TrainPlan:
-    """Resolve the corpus and configs for a new run, or reload a run to resume; either way the run is
-    locked for this process until ``train`` returns.
+    """Resolve the corpus (files, directories, globs) and configs for a new run, or reload a run to resume;
+    either way the run is locked for this process until ``train`` returns.
 
     ``data``, ``model`` and ``training`` hold only the settings the user gave (``None`` values are
-    ignored). On resume, only epochs, time budget and save interval may change.
+    ignored). On resume, only epochs, time budget, save interval and strategy may change. Encoded
+    corpora are cached in ``cache_dir`` (by default ``idcache.cache_root(checkpoint_dir)``).
     """
+    cache_dir = cache_dir or cache_root(checkpoint_dir)
+    names = [corpus] if isinstance(corpus, str) else list(corpus or [])
     data, model, training = (
         {k: v for k, v in d.items() if v is not None} for d in (data or {}, model or {}, training or {})
     )
@@ -119,25 +124,27 @@ def plan_training(
         run = find_run(checkpoint_dir, run_name)
         lock = run.lock()  # before anything is read: a second trainer of the run stops here, at once
         try:
-            return _plan_resume(run, lock, corpus, encoding, {**data, **model}, training)
+            return _plan_resume(run, lock, names, encoding, {**data, **model}, training, cache_dir)
         except BaseException:
             lock.release()
             raise
-    if corpus is None:
+    if not names:
         raise ConfigError("give a corpus to train on, e.g. textgen train 2600-0.txt")
-    path = resolve_corpus(corpus, download=download)
-    run, lock = reserve_run(checkpoint_dir, run_name, path.stem)  # before the corpus is read and encoded
+    files = resolve_corpora(names, download=download)
+    run, lock = reserve_run(checkpoint_dir, run_name, _run_stem(names, files))  # before the corpus is encoded
     try:
-        size, digest = fingerprint(path)
+        size, digest = corpus_fingerprint(files)
+        codecs = {resolve_encoding(f, encoding) for f in files}
         data_cfg = DataConfig(
-            corpus=str(path.resolve()),
+            corpus=str(files[0]) if len(files) == 1 else " ".join(names),
+            files=tuple(str(f) for f in files) if len(files) > 1 else (),
             strip_boilerplate=not keep_boilerplate,
-            encoding=resolve_encoding(path, encoding),
+            encoding=codecs.pop() if len(codecs) == 1 else "auto",
             corpus_size=size,
             corpus_hash=digest,
             **{"batch_size": profile.batch_size, **data},
         )
-        splits = load_splits(data_cfg)
+        splits = load_splits(data_cfg, cache_dir, train_streams=data_cfg.batch_size * _accumulate(training))
         model_cfg = ModelConfig(vocab_size=splits.vocab.size, **model)
         check_fits_in_memory(model_cfg)
         config = RunConfig(data_cfg, model_cfg, TrainConfig(**training), profile)
@@ -148,23 +155,44 @@ def plan_training(
     return TrainPlan(run, config, splits, lock=lock)
 
 
+def _accumulate(training: dict[str, Any]) -> int:
+    return int(training.get("accumulate", TrainConfig.accumulate))
+
+
+def _run_stem(names: list[str], files: list[Path]) -> str:
+    """What a new run is named after: the book, the directory, or the first pattern's directory."""
+    first = Path(names[0]).expanduser() if names else files[0]
+    if len(files) == 1:
+        return files[0].stem
+    return first.name if first.is_dir() else files[0].parent.name
+
+
+RESUMABLE_CHANGES = {"epochs", "time_budget", "save_every", "strategy"}
+
+
 def _plan_resume(
-    run: Run, lock: RunLock, corpus: str | None, encoding: str, given: dict[str, Any], training: dict[str, Any]
+    run: Run,
+    lock: RunLock,
+    corpus: list[str],
+    encoding: str,
+    given: dict[str, Any],
+    training: dict[str, Any],
+    cache_dir: Path,
 ) -> TrainPlan:
-    """Reload a locked run to continue it; only its epochs, time budget and save interval may change.
+    """Reload a locked run to continue it; only its epochs, time budget, save interval and strategy may change.
 
     A run with no state.json (killed before its first save) starts again from scratch; a damaged one is
     reported.
     """
     saved = run.load_config()
-    if corpus is not None and resolve_corpus(corpus).resolve() != Path(saved.data.corpus).resolve():
+    if corpus and [str(p) for p in resolve_corpora(corpus)] != [str(Path(p).resolve()) for p in saved.data.paths]:
         raise ConfigError(
-            f"run {run.name!r} trains on {saved.data.corpus}, not {corpus}; "
+            f"run {run.name!r} trains on {saved.data.corpus}, not {' '.join(corpus)}; "
             "drop the corpus to resume it, or start a new run without --resume"
         )
     if encoding.lower() != "auto" and not same_codec(encoding, saved.data.encoding):
         given = {**given, "encoding": encoding}
-    given = {**given, **{k: v for k, v in training.items() if k not in {"epochs", "time_budget", "save_every"}}}
+    given = {**given, **{k: v for k, v in training.items() if k not in RESUMABLE_CHANGES}}
     saved_values = {**asdict(saved.data), **asdict(saved.model), **asdict(saved.training)}
     changed = sorted(k for k, v in given.items() if v != saved_values[k])
     if changed:
@@ -175,7 +203,8 @@ def _plan_resume(
         )
     check_corpus_unchanged(run, saved.data)
     config = RunConfig(saved.data, saved.model, cfgmod.replace(saved.training, **training), saved.profile)
-    splits = load_splits(config.data, run.load_vocab())
+    streams = config.data.batch_size * config.training.accumulate
+    splits = load_splits(config.data, cache_dir, run.load_vocab(), train_streams=streams)
     if not run.has_state():  # stopped before its first save: start it cleanly
         run.start_over()
         return TrainPlan(run, config, splits, lock=lock)
@@ -194,23 +223,35 @@ def _plan_resume(
 
 @dataclass
 class Trainer:
-    """A model with its optimizer and compiled steps."""
+    """A model with its optimizer and compiled steps, under a ``tf.distribute`` strategy."""
 
     model: keras.Model
     optimizer: keras.optimizers.Optimizer
-    train_step: Callable[[tf.Tensor, tf.Tensor], tf.Tensor]  # (inputs, targets) -> mean loss, after one update
-    eval_step: EvalStep  # (inputs, targets) -> summed loss
+    train_step: Callable[[Any, Any], tf.Tensor]  # (inputs, targets) per replica -> mean loss, after one update
+    eval_step: EvalStep  # (inputs, targets) per replica -> summed loss
+    strategy: tf.distribute.Strategy
+    group_states: list[list[keras.Variable]]  # with --accumulate, each group's copy of the LSTM states
+
+    def reset_states(self) -> None:
+        """Zero the LSTM states, every accumulation group's included."""
+        reset_states(self.model)
+        for group in self.group_states:
+            for state in group:
+                state.assign(tf.zeros_like(state))
 
 
 def build_trainer(cfg: RunConfig, strategy: tf.distribute.Strategy | None = None) -> Trainer:
     """The model, optimizer and compiled train/eval steps that ``train`` uses (and the benchmarks time).
 
-    Steps run through ``strategy.run`` with the per-replica batch. With the profile's
-    ``fast_lstm`` the LSTM runs through ``textgen.fastlstm`` on the same variables.
+    Steps run through ``strategy.run`` on each replica's rows of a batch. With ``--accumulate N`` a
+    replica's rows are N groups of streams, each with its own LSTM states (swapped into the model's in
+    turn), whose gradients are summed into one update: the update of an N times bigger batch with the
+    activation memory of one group. With the profile's ``fast_lstm`` the LSTM runs through
+    ``textgen.fastlstm`` on the same variables.
     """
     strategy = strategy or tf.distribute.get_strategy()
-    tcfg, profile = cfg.training, cfg.profile
-    chars_per_step = cfg.data.batch_size * cfg.data.seq_len
+    tcfg, profile, groups = cfg.training, cfg.profile, cfg.training.accumulate
+    chars_per_update = cfg.data.batch_size * groups * cfg.data.seq_len
     with strategy.scope():
         model = build_model(cfg.model, cfg.data.batch_size // strategy.num_replicas_in_sync, profile.precision)
         optimizer: keras.optimizers.Optimizer = keras.optimizers.Adam(
@@ -220,54 +261,79 @@ def build_trainer(cfg: RunConfig, strategy: tf.distribute.Strategy | None = None
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         model.compile(optimizer=optimizer)  # callbacks reach the optimizer through model.optimizer
         optimizer.build(model.trainable_variables)
+        lstm_states = [v for layer in model.layers if isinstance(layer, keras.layers.LSTM) for v in layer.states]
+        group_states = [
+            [keras.Variable(tf.zeros_like(v), trainable=False, name=f"group_{g}_state") for v in lstm_states]
+            for g in range(groups if groups > 1 else 0)
+        ]
+
+    def group_gradients(x: tf.Tensor, y: tf.Tensor, group: int) -> tuple[tf.Tensor, list[tf.Tensor]]:
+        # The fast LSTM draws its dropout masks from (seed, step, group): a resumed run draws what an
+        # uninterrupted one would. (Keras' own LSTM, on the GPU profile, ignores it.)
+        step = tf.cast(optimizer.iterations, tf.int64) * groups + group
+        seed = tf.stack([tf.constant(tcfg.seed, tf.int64), step])
+        with tf.GradientTape() as tape:
+            loss = loss_sum(model, profile, x, y, True, seed) / chars_per_update
+            scaled = optimizer.scale_loss(loss)
+        return loss, tape.gradient(scaled, model.trainable_variables)
 
     def replica_train_step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
-        # The fast LSTM draws its dropout masks from (seed, step): a resumed run draws what an uninterrupted one
-        # would. (Keras' own LSTM, on the GPU profile, ignores it.)
-        seed = tf.stack([tf.constant(tcfg.seed, tf.int64), tf.cast(optimizer.iterations, tf.int64)])
-        with tf.GradientTape() as tape:
-            loss = loss_sum(model, profile, x, y, True, seed) / chars_per_step
-            scaled = optimizer.scale_loss(loss)
-        optimizer.apply(tape.gradient(scaled, model.trainable_variables), model.trainable_variables)
+        if groups == 1:
+            loss, gradients = group_gradients(x, y, 0)
+        else:
+            rows, loss, gradients = x.shape[0] // groups, tf.constant(0.0), None
+            for g, states in enumerate(group_states):
+                for state, saved in zip(lstm_states, states, strict=True):
+                    state.assign(saved)
+                part_loss, part = group_gradients(x[g * rows : (g + 1) * rows], y[g * rows : (g + 1) * rows], g)
+                for state, saved in zip(lstm_states, states, strict=True):
+                    saved.assign(state)
+                part = [tf.convert_to_tensor(p) for p in part]  # the embedding's IndexedSlices, made dense
+                loss += part_loss
+                gradients = part if gradients is None else [a + b for a, b in zip(gradients, part, strict=True)]
+        optimizer.apply(gradients, model.trainable_variables)
         return loss
 
     @tf.function(jit_compile=profile.jit_compile)
-    def train_step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+    def train_step(x: Any, y: Any) -> tf.Tensor:
         return strategy.reduce("SUM", strategy.run(replica_train_step, args=(x, y)), axis=None)
 
-    return Trainer(model, optimizer, train_step, compile_eval_step(model, profile, strategy))
+    eval_step = compile_eval_step(model, profile, strategy)
+    return Trainer(model, optimizer, train_step, eval_step, strategy, group_states)
 
 
 # --- the loop ------------------------------------------------------------------------------
 
 
-def train(plan: TrainPlan, progress: TrainingProgress | None = None) -> TrainResult:
+def train(
+    plan: TrainPlan, progress: TrainingProgress | None = None, strategy: tf.distribute.Strategy | None = None
+) -> TrainResult:
     """Train ``plan.run`` until its epochs are done, validation stalls, its time budget ends, or a stop
-    signal (Ctrl-C, SIGTERM, SIGHUP); the run's lock is released when it returns."""
+    signal (Ctrl-C, SIGTERM, SIGHUP; under a multi-worker strategy, on any worker); the run's lock is
+    released when it returns."""
     lock, plan.lock = plan.lock, None  # the lock is this call's: a second train(plan) takes it again
     lock = lock or plan.run.lock()
     try:
-        return _train(plan, progress or NoProgress())
+        return _train(plan, progress or NoProgress(), strategy or tf.distribute.get_strategy())
     finally:
         lock.release()
 
 
-def _train(plan: TrainPlan, progress: TrainingProgress) -> TrainResult:
+def _train(plan: TrainPlan, progress: TrainingProgress, strategy: tf.distribute.Strategy) -> TrainResult:
     cfg, run = plan.config, plan.run
     keras.utils.set_random_seed(cfg.training.seed)
-    strategy = tf.distribute.get_strategy()
     if cfg.data.batch_size % strategy.num_replicas_in_sync:
         raise ConfigError(
             f"--batch-size {cfg.data.batch_size} must divide evenly over {strategy.num_replicas_in_sync} replicas"
         )
     trainer = build_trainer(cfg, strategy)
-    batches = make_dataset(plan.splits.train, cfg.data.batch_size, cfg.data.seq_len)
-    steps = int(batches.cardinality())
+    layout = training_layout(plan)
+    steps = layout.batches
     resume = plan.resume_state or {}
     if resume:
         run.load_weights(trainer.model, "last")
         run.load_optimizer(trainer.optimizer)
-    clock = Clock(before=resume.get("seconds", 0.0), budget=cfg.training.time_budget)
+    clock = Clock(before=resume.get("seconds", 0.0), budget=cfg.training.time_budget, agree=compile_agreement(strategy))
     checkpoint, callbacks = build_callbacks(plan, trainer, steps, clock)
     start_epoch, start_batch = resume.get("epoch", 0), resume.get("batch", 0)
 
@@ -287,7 +353,9 @@ def _train(plan: TrainPlan, progress: TrainingProgress) -> TrainResult:
                 if epoch == start_epoch
                 else EpochProgress()
             )
-            done = run_epoch(trainer, batches, epoch, start, callbacks, progress, stop, clock, save_if_due)
+            done = run_epoch(
+                trainer, plan.splits.train, layout, epoch, start, callbacks, progress, stop, clock, save_if_due
+            )
             # Commit the training before validating: a kill during validation costs only the validation.
             checkpoint.save_resume_point(epoch, done.batch, clock.elapsed(), done)
             if stop.requested and done.batch < steps:  # after the last batch: end the epoch first
@@ -297,13 +365,14 @@ def _train(plan: TrainPlan, progress: TrainingProgress) -> TrainResult:
                     exit_code=stop.exit_code,
                 )
             val_loss = validate(trainer, plan.splits.val, cfg.data, callbacks, progress)
+            clock.synchronise(stop)  # every worker decides the same from here on
             last = EpochLog(
                 epoch=epoch + 1,
                 loss=done.loss,
                 bpc=bits(done.loss),
                 val_loss=val_loss,
                 val_bpc=bits(val_loss),
-                chars_per_sec=done.batches * cfg.data.batch_size * cfg.data.seq_len / max(done.seconds, 1e-9),
+                chars_per_sec=done.batches * layout.chars_per_batch / max(done.seconds, 1e-9),
                 learning_rate=float(trainer.optimizer.learning_rate),
                 batches=done.batches,
                 seconds=clock.elapsed(),
@@ -344,6 +413,8 @@ def _train(plan: TrainPlan, progress: TrainingProgress) -> TrainResult:
         stop_reason=stop_reason,
         seconds=clock.elapsed(),
         chars_per_sec=last.chars_per_sec if last else 0.0,
+        documents=plan.splits.encoded.documents,
+        unknown_chars=plan.splits.encoded.unknown,
     )
 
 
@@ -362,9 +433,16 @@ class EpochProgress:
         return self.loss_sum / self.batches if self.batches else math.nan
 
 
+def training_layout(plan: TrainPlan) -> StreamLayout:
+    """The training split's layout: ``--batch-size`` x ``--accumulate`` streams."""
+    data = plan.config.data
+    return StreamLayout.of(len(plan.splits.train), data.batch_size * plan.config.training.accumulate, data.seq_len)
+
+
 def run_epoch(
     trainer: Trainer,
-    batches: tf.data.Dataset,
+    ids: np.ndarray,
+    layout: StreamLayout,
     epoch: int,
     start: EpochProgress,
     callbacks: keras.callbacks.CallbackList,
@@ -373,12 +451,13 @@ def run_epoch(
     clock: Clock,
     save_if_due: Callable[[int, EpochProgress], None],
 ) -> EpochProgress:
-    """Train on the epoch's batches from ``start`` on, until they end, a stop is asked for, or time is up;
-    a mid-epoch resume point is saved whenever ``--save-every`` has passed."""
+    """Train on the epoch's batches from ``start`` on, until they end, a stop is asked for (on any worker),
+    or time is up; a mid-epoch resume point is saved whenever ``--save-every`` has passed."""
     callbacks.on_epoch_begin(epoch)
     progress.epoch_begin(epoch, start.batch)
     done = dataclasses.replace(start)
-    for batch, (x, y) in enumerate(batches.skip(start.batch), start=start.batch):
+    batches = distributed_batches(trainer.strategy, ids, layout, start.batch)
+    for batch, (x, y) in enumerate(batches, start=start.batch):
         started = time.monotonic()
         callbacks.on_train_batch_begin(batch)
         loss = float(trainer.train_step(x, y))
@@ -392,6 +471,7 @@ def run_epoch(
         )
         callbacks.on_train_batch_end(batch, {"loss": done.loss, "bpc": bits(done.loss)})
         progress.batch_end(batch, done.loss)
+        clock.synchronise(stop)
         if stop.requested or clock.expired():
             break
         save_if_due(epoch, done)
@@ -408,24 +488,57 @@ def validate(
     """Validation loss (nats/char) by ``textgen.scoring.score``, the routine ``textgen evaluate`` uses."""
     callbacks.on_test_begin()
     progress.validating()
-    nats, chars = score(trainer.eval_step, trainer.model, ids, data.batch_size, data.seq_len)
+    nats, chars = score(
+        trainer.eval_step,
+        trainer.model,
+        ids,
+        StreamLayout.of(len(ids), data.batch_size, data.seq_len),
+        trainer.strategy,
+    )
     callbacks.on_test_end({"loss": nats / chars})
     return nats / chars
 
 
 @dataclass
 class Clock:
-    """A run's training time across invocations, and this invocation's ``--time-budget``."""
+    """A run's training time across invocations, and this invocation's ``--time-budget``.
+
+    Under a multi-worker strategy every decision taken from the time (the schedule, the budget) must be
+    the same on every worker, or one would wait for another forever: ``synchronise`` makes the workers
+    agree on this invocation's seconds (their mean) and on whether any worker was asked to stop.
+    """
 
     before: float  # seconds trained by earlier invocations
     budget: float | None
+    agree: Callable[[bool, float], tuple[bool, float]]  # (stop asked here, seconds here) -> (anywhere, agreed)
     started: float = field(default_factory=time.monotonic)
+    agreed: float = 0.0  # this invocation's seconds at the last synchronise
+
+    def synchronise(self, stop: StopRequests) -> None:
+        anywhere, self.agreed = self.agree(stop.requested is not None, time.monotonic() - self.started)
+        if anywhere and not stop.requested:
+            stop.requested, stop.exit_code = "a stop on another worker", 143
 
     def elapsed(self) -> float:
-        return self.before + time.monotonic() - self.started
+        return self.before + self.agreed
 
     def expired(self) -> bool:
-        return self.budget is not None and time.monotonic() - self.started >= self.budget
+        return self.budget is not None and self.agreed >= self.budget
+
+
+def compile_agreement(strategy: tf.distribute.Strategy) -> Callable[[bool, float], tuple[bool, float]]:
+    """``Clock.agree`` through one all-reduce over ``strategy``'s replicas (~0.1 ms on one device)."""
+    replicas = strategy.num_replicas_in_sync
+
+    @tf.function
+    def reduce(values: tf.Tensor) -> tf.Tensor:
+        return strategy.reduce("SUM", strategy.run(tf.identity, args=(values,)), axis=None)
+
+    def agree(stop: bool, seconds: float) -> tuple[bool, float]:
+        stops, total = reduce(tf.constant([float(stop), seconds], tf.float32)).numpy()
+        return bool(stops > 0), float(total) / replicas
+
+    return agree
 
 
 # --- callbacks ------------------------------------------------------------------------------
@@ -461,7 +574,7 @@ def build_callbacks(
     checkpoint = RunCheckpoint(run, trainer.optimizer, stateful)
     callbacks = keras.callbacks.CallbackList(
         [
-            ResetStatesCallback(),
+            ResetStatesCallback(trainer),
             lr_schedule,
             early_stopping,
             keras.callbacks.TensorBoard(str(run.tensorboard_dir), write_graph=False),
@@ -497,10 +610,14 @@ class CosineSchedule(keras.callbacks.Callback):
 
 
 class ResetStatesCallback(keras.callbacks.Callback):
-    """Zero every stateful layer at the start of each epoch (``score`` does so before validation)."""
+    """Zero every LSTM state at the start of each epoch (``validate`` does so before validation)."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        super().__init__()
+        self.trainer = trainer
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-        reset_states(self.model)
+        self.trainer.reset_states()
 
 
 class RunCheckpoint(keras.callbacks.Callback):

@@ -26,6 +26,7 @@ from textgen.results import EpochLog, Evaluation, RunSummary, TrainResult, bits
 
 if TYPE_CHECKING:
     from textgen.config import SampleConfig
+    from textgen.idcache import EncodedCorpus
     from textgen.sampling import Piece
     from textgen.train import TrainPlan
 
@@ -79,6 +80,21 @@ def show_usage_error(err_console: Console, message: str, ctx: Any) -> None:
 # --- train --------------------------------------------------------------------------------
 
 
+def describe_documents(documents: int) -> str:
+    return f"{documents:,} files, " if documents > 1 else ""
+
+
+def describe_unknown(encoded: EncodedCorpus) -> str:
+    """What ``--max-vocab`` left out, if anything."""
+    if not encoded.unknown_distinct:
+        return ""
+    share = encoded.unknown / max(encoded.chars, 1)
+    return (
+        f"; --max-vocab maps {encoded.unknown_distinct:,} rarer characters ({encoded.unknown:,} occurrences, "
+        f"{share:.3%} of the text) to the unknown id"
+    )
+
+
 class TrainingDisplay:
     """A ``textgen.train.TrainingProgress``: the plan, a live bar per epoch on a terminal, a line
     (or a JSON line) per epoch."""
@@ -116,8 +132,9 @@ class TrainingDisplay:
             }
             for line in (
                 f"[bold]{escape(plan.run.name)}[/] ({where}) -> {escape(str(plan.run.path))}",
-                f"corpus   {escape(cfg.data.corpus)} ({cfg.data.encoding}): {len(splits.train):,} train / {len(splits.val):,} val / "
-                f"{len(splits.test):,} test chars, {splits.vocab.size} ids",
+                f"corpus   {escape(cfg.data.corpus)} ({describe_documents(splits.encoded.documents)}{cfg.data.encoding}): "
+                f"{len(splits.train):,} train / {len(splits.val):,} val / {len(splits.test):,} test chars, "
+                f"{splits.vocab.size} ids{describe_unknown(splits.encoded)}",
                 f"model    {describe(dataclasses.asdict(cfg.model))}",
                 f"training {describe(training)}",
                 f"device   {cfg.profile.name}: {cfg.profile.notes}{' (the run keeps its profile)' if plan.resume_state else ''}",
