@@ -43,6 +43,7 @@ def test_json_is_every_field_of_the_result(tmp_path: Path) -> None:
         "chars_per_sec": 900.0,
         "documents": 1,
         "unknown_chars": 0,
+        "chief": True,
         "best_val_bpc": pytest.approx(1.5 / math.log(2)),
     }
 

@@ -60,7 +60,11 @@ def train(
     strategy_name = training.get("strategy") or (saved.training.strategy if saved else "none")
     role = cluster_role(strategy_name)
     import_tensorflow()
-    profile = resolve_profile(device)
+    profile = saved.profile if saved else resolve_profile(device)  # a resumed run keeps its profile
+    apply_profile(profile, threads=threads)
+    # Before anything else of TensorFlow's runs (MultiWorkerMirroredStrategy insists) and before planning, so
+    # that a worker that fails to plan (a missing corpus) ends the others' wait at once, not after TF's hour.
+    strategy = make_strategy(strategy_name)
     from textgen import train as training_loop
 
     plan_training = functools.partial(
@@ -82,13 +86,21 @@ def train(
         else:
             scratch = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix=f"textgen-worker-{role.index}-")))
             if resume:  # the chief's resume point, read before any worker trains (and the chief writes)
-                chief_run = find_run(checkpoint_dir, run_name)
-                shutil.copytree(chief_run.path, scratch / chief_run.name, ignore=shutil.ignore_patterns(".lock"))
+                copy_run(find_run(checkpoint_dir, run_name).path, scratch)
             plan = plan_training(checkpoint_dir=scratch, cache_dir=cache_root(checkpoint_dir))
-        apply_profile(plan.config.profile, threads=threads)  # a resumed run keeps the profile it was trained with
-        strategy = make_strategy(plan.config.training.strategy)
+        plan.chief = role.chief
         return training_loop.train(plan, progress, strategy)
     raise AssertionError("unreachable")  # for the type checker: the with block returns or raises
+
+
+def copy_run(source: Path, dest_dir: Path) -> None:
+    """Copy a run's files (not its lock, temporary files or logs) into ``dest_dir``; a file the chief replaces
+    meanwhile is skipped (only its resume point is read, which it commits by renames)."""
+    (dest_dir / source.name).mkdir()
+    for path in source.iterdir():
+        if path.is_file() and not path.name.startswith("."):
+            with contextlib.suppress(FileNotFoundError):
+                shutil.copy2(path, dest_dir / source.name / path.name)
 
 
 def open_generator(checkpoint_dir: Path, run_name: str | None, which: str = "best") -> tuple[Generator, Run]:

@@ -6,6 +6,7 @@ TensorFlow is imported only inside those calls, so ``textgen --help`` and bad fl
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -30,7 +31,7 @@ from textgen.config import (
     parse_duration,
 )
 from textgen.device import Device
-from textgen.errors import TextgenError
+from textgen.errors import ClusterError, TextgenError
 from textgen.repl import GREETING, Session, read_lines
 
 console = Console(highlight=False, soft_wrap=True)
@@ -86,6 +87,12 @@ def _errors() -> Iterator[None]:
         yield
     except TextgenError as exc:
         ui.show_error(err_console, exc)
+        if isinstance(exc, ClusterError):
+            # TensorFlow's collectives are aborted for good in this process, and tearing the interpreter down
+            # prints a leaked thread pool's traceback: leave at once, everything is saved.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(exc.exit_code)
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/]")

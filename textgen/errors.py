@@ -33,3 +33,7 @@ class TrainingInterrupted(TextgenError):
 
 class TrainingDiverged(TextgenError):
     """The training loss became NaN or infinite; nothing after the last resume point was saved."""
+
+
+class ClusterError(TextgenError):
+    """Another worker of a multi-worker run stopped or became unreachable; the run keeps its last resume point."""

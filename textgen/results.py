@@ -72,6 +72,7 @@ class TrainResult:
     chars_per_sec: float  # training speed of the last epoch
     documents: int = 1  # files in the corpus
     unknown_chars: int = 0  # characters of the corpus --max-vocab mapped to the unknown id
+    chief: bool = True  # whether this process wrote the run (the other workers of a cluster do not)
     best_val_bpc: float = field(init=False)
 
     def __post_init__(self) -> None:

@@ -47,7 +47,7 @@ from textgen.checkpoint import (
 from textgen.config import DataConfig, DeviceProfile, ModelConfig, RunConfig, TrainConfig, check_fits_in_memory
 from textgen.corpus import corpus_fingerprint, resolve_corpora, resolve_encoding, same_codec
 from textgen.data import Splits, StreamLayout, distributed_batches, load_splits
-from textgen.errors import ConfigError, TrainingDiverged, TrainingInterrupted
+from textgen.errors import ClusterError, ConfigError, TrainingDiverged, TrainingInterrupted
 from textgen.files import atomic_write_text
 from textgen.idcache import cache_root
 from textgen.model import build_model, reset_states
@@ -65,6 +65,13 @@ class TrainPlan:
     splits: Splits
     resume_state: dict[str, Any] | None = None
     lock: RunLock | None = None  # held from planning until ``train`` returns: one writer per run
+    chief: bool = True  # False for the other workers of a multi-worker run: their run is a scratch copy
+
+    def saved_note(self) -> str:
+        """Where the run was saved and how to continue it, for messages."""
+        if not self.chief:
+            return "the chief worker saved the run; start every worker again with the same command and --resume"
+        return f"saved {self.run.path}; {resume_hint(self.run)}"
 
 
 class TrainingProgress(Protocol):
@@ -337,13 +344,21 @@ def _train(plan: TrainPlan, progress: TrainingProgress, strategy: tf.distribute.
     checkpoint, callbacks = build_callbacks(plan, trainer, steps, clock)
     start_epoch, start_batch = resume.get("epoch", 0), resume.get("batch", 0)
 
+    latest: list[tuple[int, EpochProgress]] = []  # where training is, for a save when another worker is lost
+
     def save_if_due(epoch: int, position: EpochProgress) -> None:
+        latest[:] = [(epoch, position)]
         if time.monotonic() - checkpoint.saved_at >= cfg.training.save_every:
             checkpoint.save_resume_point(epoch, position.batch, clock.elapsed(), position)
 
     stop_reason, epochs_done = StopReason.EPOCHS, start_epoch
     last: EpochLog | None = None
-    with _stop_requests() as stop, _end_on_error(callbacks, progress):
+    peers = (
+        _lost_peers(plan, checkpoint, clock, latest)
+        if isinstance(strategy, _MULTI_WORKER)
+        else contextlib.nullcontext()
+    )
+    with _stop_requests() as stop, _end_on_error(callbacks, progress), peers:
         progress.start(plan, steps)
         callbacks.on_train_begin()
         checkpoint.restore(resume, trainer.model)
@@ -360,8 +375,7 @@ def _train(plan: TrainPlan, progress: TrainingProgress, strategy: tf.distribute.
             checkpoint.save_resume_point(epoch, done.batch, clock.elapsed(), done)
             if stop.requested and done.batch < steps:  # after the last batch: end the epoch first
                 raise TrainingInterrupted(
-                    f"stopped at epoch {epoch + 1}, batch {done.batch}/{steps} ({stop.requested}); "
-                    f"saved {run.path}; {resume_hint(run)}",
+                    f"stopped at epoch {epoch + 1}, batch {done.batch}/{steps} ({stop.requested}); {plan.saved_note()}",
                     exit_code=stop.exit_code,
                 )
             val_loss = validate(trainer, plan.splits.val, cfg.data, callbacks, progress)
@@ -373,7 +387,7 @@ def _train(plan: TrainPlan, progress: TrainingProgress, strategy: tf.distribute.
                 val_loss=val_loss,
                 val_bpc=bits(val_loss),
                 chars_per_sec=done.batches * layout.chars_per_batch / max(done.seconds, 1e-9),
-                learning_rate=float(trainer.optimizer.learning_rate),
+                learning_rate=float(tf.convert_to_tensor(trainer.optimizer.learning_rate.value)),
                 batches=done.batches,
                 seconds=clock.elapsed(),
                 improved=val_loss < checkpoint.best_val_loss,
@@ -396,7 +410,7 @@ def _train(plan: TrainPlan, progress: TrainingProgress, strategy: tf.distribute.
             more = stop_reason is StopReason.EPOCHS and epoch + 1 < cfg.training.epochs
             if stop.requested and more:  # a stop during validation: the epoch is saved; a last epoch just ends
                 raise TrainingInterrupted(
-                    f"stopped after epoch {epoch + 1} ({stop.requested}); saved {run.path}; {resume_hint(run)}",
+                    f"stopped after epoch {epoch + 1} ({stop.requested}); {plan.saved_note()}",
                     exit_code=stop.exit_code,
                 )
             if stop_reason is not StopReason.EPOCHS:
@@ -414,6 +428,7 @@ def _train(plan: TrainPlan, progress: TrainingProgress, strategy: tf.distribute.
         seconds=clock.elapsed(),
         chars_per_sec=last.chars_per_sec if last else 0.0,
         documents=plan.splits.encoded.documents,
+        chief=plan.chief,
         unknown_chars=plan.splits.encoded.unknown,
     )
 
@@ -736,6 +751,34 @@ def _stop_requests() -> Iterator[StopRequests]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+_MULTI_WORKER = tf.distribute.MultiWorkerMirroredStrategy
+# What a collective raises when a peer is gone: a dead process resets its connections (the survivor's step fails
+# within 0.1 s), a frozen one misses the coordination service's heartbeats (~10 s).
+_PEER_ERRORS = (
+    tf.errors.UnavailableError,
+    tf.errors.DeadlineExceededError,
+    tf.errors.AbortedError,
+    tf.errors.CancelledError,
+)
+
+
+@contextlib.contextmanager
+def _lost_peers(
+    plan: TrainPlan, checkpoint: RunCheckpoint, clock: Clock, latest: list[tuple[int, EpochProgress]]
+) -> Iterator[None]:
+    """When another worker stops or becomes unreachable, commit where this one got (the weights hold every
+    finished update: a failed all-reduce applies none) and say how to go on, in one line."""
+    try:
+        yield
+    except _PEER_ERRORS as exc:
+        if latest:
+            epoch, position = latest[0]
+            with contextlib.suppress(Exception):  # the error to report is the lost worker
+                checkpoint.save_resume_point(epoch, position.batch, clock.elapsed(), position)
+        reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise ClusterError(f"another worker stopped or cannot be reached ({reason}); {plan.saved_note()}") from None
 
 
 @contextlib.contextmanager

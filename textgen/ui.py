@@ -183,6 +183,9 @@ def show_train_result(console: Console, result: TrainResult, as_json: bool) -> N
     if as_json:
         print(json_line(result, event="done"), flush=True)
         return
+    if not result.chief:
+        console.print(f"done ({result.stop_reason.label}) after {result.epochs} epochs; the chief worker saved the run")
+        return
     run = Run(result.path)
     console.print(
         f"done ({result.stop_reason.label}) after {result.epochs} epochs in {format_seconds(result.seconds)}: "

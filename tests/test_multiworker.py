@@ -1,0 +1,158 @@
+"""Multi-worker training on tf.distribute: two real `textgen train --strategy multiworker` processes on
+127.0.0.1 (free ports, one thread each) against one process, a worker killed, a stop on one worker, a resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import read_history, run_textgen, subprocess_env, write_corpus
+
+# 64 streams x 16 characters, a tiny model: about 80 steps an epoch on the corpus below.
+SETTINGS = ["--batch-size", "64", "--seq-len", "16", "--units", "32", "--embedding-dim", "8", "--dropout", "0"]
+SETTINGS += ["--device", "cpu", "--threads", "1", "--lr", "0.01", "--json"]
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    return write_corpus(tmp_path / "books" / "tiny.txt", 20000)  # ~90,000 characters
+
+
+def free_ports(n: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def start_workers(cwd: Path, args: list[str], ports: list[int]) -> list[tuple[subprocess.Popen, Path]]:
+    """One `textgen train ARGS --strategy multiworker` per port, each told its place by TF_CONFIG."""
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    workers = []
+    for index in range(len(ports)):
+        log = cwd / f"worker{index}.log"
+        tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
+        with open(log, "w") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "textgen", "train", *args, "--strategy", "multiworker"],
+                cwd=cwd,
+                env=subprocess_env(TF_CONFIG=tf_config),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
+            )
+        workers.append((proc, log))
+    return workers
+
+
+def finish(workers: list[tuple[subprocess.Popen, Path]], timeout: float = 240) -> list[int]:
+    """Each worker's exit code; a worker still running after ``timeout`` fails the test (it hung)."""
+    deadline = time.monotonic() + timeout
+    codes = []
+    for proc, log in workers:
+        try:
+            codes.append(proc.wait(timeout=max(1.0, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            for p, _ in workers:
+                os.killpg(p.pid, signal.SIGKILL)
+            pytest.fail(f"a worker hung:\n{log.read_text(errors='replace')}")
+    return codes
+
+
+def epoch_lines(log: Path) -> list[dict]:
+    lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    return [line for line in lines if line.get("event") == "epoch"]
+
+
+def wait_for_training(log: Path, proc: subprocess.Popen, steps_file: Path, timeout: float = 180) -> None:
+    """Until the chief has saved a resume point inside the first epoch (its state.json exists)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not steps_file.exists():
+        if proc.poll() is not None:
+            pytest.fail(f"the worker ended early:\n{log.read_text(errors='replace')}")
+        time.sleep(0.2)
+    assert steps_file.exists(), log.read_text(errors="replace")
+
+
+def test_two_workers_follow_one_workers_loss_trajectory(tmp_path: Path, corpus: Path) -> None:
+    """Global batch 64 over two workers (32 streams each, each keeping its own rows) trains as one worker's
+    batch of 64: the same mean training loss over every step of each epoch, and the same validation loss."""
+    one = run_textgen(["train", str(corpus), *SETTINGS, "--epochs", "2", "--run", "one"], tmp_path, timeout=300)
+    assert one.returncode == 0, one.stderr
+    single = [json.loads(line) for line in one.stdout.splitlines() if '"event": "epoch"' in line]
+
+    cluster_dir = tmp_path / "cluster"
+    cluster_dir.mkdir()
+    args = [str(corpus), *SETTINGS, "--epochs", "2", "--run", "two", "--checkpoint-dir", str(tmp_path / "ck")]
+    workers = start_workers(cluster_dir, args, free_ports(2))
+    assert finish(workers) == [0, 0], [log.read_text() for _, log in workers]
+    for _, log in workers:
+        epochs = epoch_lines(log)
+        assert [e["epoch"] for e in epochs] == [1, 2]
+        for mine, theirs in zip(epochs, single, strict=True):
+            assert mine["batches"] == theirs["batches"] > 50
+            assert mine["loss"] == pytest.approx(theirs["loss"], rel=1e-4)
+            assert mine["val_loss"] == pytest.approx(theirs["val_loss"], rel=1e-4)
+    # the chief wrote the run; the other worker wrote nothing beside it
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir() if not p.name.startswith(".")) == ["two"]
+    assert [row["epoch"] for row in read_history(tmp_path / "ck" / "two")] == [0, 1]
+
+
+@pytest.mark.parametrize("victim", [1, 0], ids=["worker", "chief"])
+def test_a_killed_worker_stops_the_other_with_a_clear_error_and_the_cluster_resumes(
+    tmp_path: Path, corpus: Path, victim: int
+) -> None:
+    checkpoint_dir = tmp_path / "ck"
+    args = [str(corpus), *SETTINGS, "--epochs", "3", "--run", "mw", "--checkpoint-dir", str(checkpoint_dir)]
+    args += ["--save-every", "1s"]
+    workers = start_workers(tmp_path, args, free_ports(2))
+    chief_proc, chief_log = workers[0]
+    wait_for_training(chief_log, chief_proc, checkpoint_dir / "mw" / "state.json")
+    os.killpg(workers[victim][0].pid, signal.SIGKILL)
+    survivor_proc, survivor_log = workers[1 - victim]
+    try:
+        code = survivor_proc.wait(timeout=90)
+    except subprocess.TimeoutExpired:
+        os.killpg(survivor_proc.pid, signal.SIGKILL)
+        pytest.fail("the surviving worker hung after its peer was killed")
+    workers[victim][0].wait()
+    assert code == 1
+    lines = [line for line in survivor_log.read_text().splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "another worker stopped or cannot be reached" in lines[0]
+    assert "--resume" in lines[0]
+    assert "Traceback" not in survivor_log.read_text()
+
+    state = json.loads((checkpoint_dir / "mw" / "state.json").read_text())
+    resumed_dir = tmp_path / "resumed"
+    resumed_dir.mkdir()
+    again = start_workers(resumed_dir, [*args, "--resume"], free_ports(2))
+    assert finish(again) == [0, 0], [log.read_text() for _, log in again]
+    done = [json.loads(line) for line in again[0][1].read_text().splitlines() if '"event": "done"' in line]
+    assert done and done[0]["epochs"] == 3
+    assert json.loads((checkpoint_dir / "mw" / "state.json").read_text())["step"] > state["step"]
+
+
+def test_sigterm_on_one_worker_stops_the_cluster_cleanly_with_a_resumable_run(tmp_path: Path, corpus: Path) -> None:
+    checkpoint_dir = tmp_path / "ck"
+    args = [str(corpus), *SETTINGS, "--epochs", "2", "--run", "mw", "--checkpoint-dir", str(checkpoint_dir)]
+    args += ["--save-every", "1s"]
+    workers = start_workers(tmp_path, args, free_ports(2))
+    wait_for_training(workers[0][1], workers[0][0], checkpoint_dir / "mw" / "state.json")
+    os.kill(workers[1][0].pid, signal.SIGTERM)
+    codes = finish(workers, timeout=90)
+    assert codes == [143, 143], [log.read_text() for _, log in workers]
+    chief_output = workers[0][1].read_text()
+    assert "a stop on another worker" in chief_output and "--resume" in chief_output
+    state = json.loads((checkpoint_dir / "mw" / "state.json").read_text())
+    assert state["batch"] > 0 or state["epoch"] > 0  # a resume point where the cluster stopped
