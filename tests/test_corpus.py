@@ -636,9 +636,9 @@ def test_a_corpus_too_big_for_memory_is_refused_before_reading(tmp_path: Path, m
         read_corpus(path)
     message = str(info.value)
     assert "\n" not in message
-    assert "big.txt is too big to train on: it is 100 bytes, training needs about 2.3 KiB" in message
-    assert "(24 bytes per character) and 1000 bytes of memory is available" in message
-    assert "streaming larger corpora is planned, for now split the text, or use a machine with more memory" in message
+    assert "big.txt is too big to read into memory: it is 100 bytes, reading it needs about 1.2 KiB" in message
+    assert "(12 bytes per character) and 1000 bytes of memory is available" in message
+    assert "score it in parts (training streams a corpus of any size)" in message
 
 
 def test_a_corpus_that_fits_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

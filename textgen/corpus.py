@@ -38,11 +38,11 @@ _END = re.compile(r"^\*\*\* ?END OF.*$", re.MULTILINE)
 READ_CHUNK_BYTES = 1 << 20  # files and downloads are read this much at a time: memory stays bounded
 HEAD_BYTES = 64 << 10  # how much of a file the binary / UTF-16 checks look at
 
-# Memory training holds per corpus character: the str (1 byte per character for Latin-1
-# text, up to 4), the int32 ids (4), the int32 input and target arrays cut from them (8)
-# and tf.data's cached copy of those (8): about 24. A file's size in bytes is at least its
-# number of characters, so size * 24 errs on the side of refusing.
-BYTES_PER_CORPUS_CHAR = 24
+# Memory ``read_corpus`` and ``evaluate FILE`` hold per character: the str (1 byte per character
+# for Latin-1 text, up to 4), its compact ids (up to 4) and their int32 copy (4): at most 12. A
+# file's size in bytes is at least its number of characters, so size * 12 errs on the side of
+# refusing. (Training streams the corpus instead: textgen.idcache.)
+BYTES_PER_CORPUS_CHAR = 12
 
 GUTENBERG_MAX_BYTES = 64 << 20  # the largest books are about 15 MB; a much bigger answer is not a book
 DOWNLOAD_DEADLINE_S = 120.0  # for all the URLs together, so a trickling server cannot stall a run
@@ -323,13 +323,13 @@ def available_memory() -> int:
 
 
 def _check_fits_in_memory(path: Path, size: int) -> None:
-    """Refuse, before reading it, a corpus training could not hold in memory."""
+    """Refuse, before reading it, a text too big to hold in memory."""
     needed, available = size * BYTES_PER_CORPUS_CHAR, available_memory()
     if needed > available:
         raise CorpusError(
-            f"{path} is too big to train on: it is {_human(size)}, training needs about {_human(needed)} "
+            f"{path} is too big to read into memory: it is {_human(size)}, reading it needs about {_human(needed)} "
             f"({BYTES_PER_CORPUS_CHAR} bytes per character) and {_human(available)} of memory is available; "
-            f"streaming larger corpora is planned, for now split the text, or use a machine with more memory"
+            f"score it in parts (training streams a corpus of any size)"
         )
 
 

@@ -373,7 +373,7 @@ def _train(plan: TrainPlan, progress: TrainingProgress, strategy: tf.distribute.
             )
             # Commit the training before validating: a kill during validation costs only the validation.
             checkpoint.save_resume_point(epoch, done.batch, clock.elapsed(), done)
-            if stop.requested and done.batch < steps:  # after the last batch: end the epoch first
+            if clock.stopping and done.batch < steps:  # after the last batch: end the epoch first
                 raise TrainingInterrupted(
                     f"stopped at epoch {epoch + 1}, batch {done.batch}/{steps} ({stop.requested}); {plan.saved_note()}",
                     exit_code=stop.exit_code,
@@ -408,7 +408,7 @@ def _train(plan: TrainPlan, progress: TrainingProgress, strategy: tf.distribute.
             if trainer.model.stop_training:
                 stop_reason = StopReason.EARLY_STOPPING
             more = stop_reason is StopReason.EPOCHS and epoch + 1 < cfg.training.epochs
-            if stop.requested and more:  # a stop during validation: the epoch is saved; a last epoch just ends
+            if clock.stopping and more:  # a stop during validation: the epoch is saved; a last epoch just ends
                 raise TrainingInterrupted(
                     f"stopped after epoch {epoch + 1} ({stop.requested}); {plan.saved_note()}",
                     exit_code=stop.exit_code,
@@ -487,7 +487,7 @@ def run_epoch(
         callbacks.on_train_batch_end(batch, {"loss": done.loss, "bpc": bits(done.loss)})
         progress.batch_end(batch, done.loss)
         clock.synchronise(stop)
-        if stop.requested or clock.expired():
+        if clock.stopping or clock.expired():
             break
         save_if_due(epoch, done)
     return done
@@ -518,9 +518,11 @@ def validate(
 class Clock:
     """A run's training time across invocations, and this invocation's ``--time-budget``.
 
-    Under a multi-worker strategy every decision taken from the time (the schedule, the budget) must be
-    the same on every worker, or one would wait for another forever: ``synchronise`` makes the workers
-    agree on this invocation's seconds (their mean) and on whether any worker was asked to stop.
+    Under a multi-worker strategy every decision taken from the time (the schedule, the budget) or from a
+    stop signal must be the same on every worker, or one would wait for another forever: ``synchronise``
+    makes the workers agree on this invocation's seconds (their mean) and on whether any worker was asked
+    to stop, and the loop decides only from what they agreed (a signal that lands after an agreement
+    counts at the next one).
     """
 
     before: float  # seconds trained by earlier invocations
@@ -528,10 +530,12 @@ class Clock:
     agree: Callable[[bool, float], tuple[bool, float]]  # (stop asked here, seconds here) -> (anywhere, agreed)
     started: float = field(default_factory=time.monotonic)
     agreed: float = 0.0  # this invocation's seconds at the last synchronise
+    stopping: bool = False  # whether some worker had been asked to stop at the last synchronise
 
     def synchronise(self, stop: StopRequests) -> None:
-        anywhere, self.agreed = self.agree(stop.requested is not None, time.monotonic() - self.started)
-        if anywhere and not stop.requested:
+        requested = stop.requested  # read once: the signal handler may set it at any moment
+        self.stopping, self.agreed = self.agree(requested is not None, time.monotonic() - self.started)
+        if self.stopping and requested is None and stop.requested is None:
             stop.requested, stop.exit_code = "a stop on another worker", 143
 
     def elapsed(self) -> float:
