@@ -58,7 +58,7 @@ def train(
             f"keeps it: use --device {saved.profile.name}, or auto"
         )
     strategy_name = training.get("strategy") or (saved.training.strategy if saved else "none")
-    role = cluster_role(strategy_name)
+    role = cluster_role(strategy_name, saved=not training.get("strategy"))
     import_tensorflow()
     profile = saved.profile if saved else resolve_profile(device)  # a resumed run keeps its profile
     apply_profile(profile, threads=threads)

@@ -391,7 +391,7 @@ def _summary(run: Run) -> RunSummary:
         raise CheckpointError(f"{run.state_path} is corrupt (finished={finished!r}); train again")
     return RunSummary(
         run=run.name,
-        corpus=Path(cfg.data.corpus).name,
+        corpus=cfg.data.corpus_name,
         model=f"{cfg.model.layers}x{cfg.model.units}" + (f" d{cfg.model.dropout:g}" if cfg.model.dropout else ""),
         epochs=state.get("epoch", 0),
         batches_into_epoch=state.get("batch", 0),

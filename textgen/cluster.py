@@ -34,12 +34,18 @@ class Role:
     chief: bool = True
 
 
-def cluster_role(strategy: str) -> Role:
-    """The role ``$TF_CONFIG`` gives this process under ``strategy`` (alone unless "multiworker")."""
+def cluster_role(strategy: str, saved: bool = False) -> Role:
+    """The role ``$TF_CONFIG`` gives this process under ``strategy`` (alone unless "multiworker"; ``saved``:
+    the strategy comes from the run being resumed, not from the command line)."""
     if strategy != "multiworker":
         return Role()
     raw = os.environ.get("TF_CONFIG", "")
     if not raw.strip():
+        if saved:
+            raise ConfigError(
+                "this run was trained with --strategy multiworker: set $TF_CONFIG on every worker to resume it so, "
+                "or add --strategy none to resume it in this process alone"
+            )
         raise ConfigError(
             f"--strategy multiworker needs $TF_CONFIG, the cluster and this worker's place in it, e.g. {TF_CONFIG_EXAMPLE}"
         )

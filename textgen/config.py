@@ -82,6 +82,11 @@ class DataConfig:
         """The corpus's files."""
         return self.files or (self.corpus,)
 
+    @property
+    def corpus_name(self) -> str:
+        """The corpus, short: a file's name, or how many files and what was given."""
+        return os.path.basename(self.corpus) if not self.files else f"{len(self.files)} files: {self.corpus}"
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:

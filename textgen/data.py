@@ -65,17 +65,21 @@ def load_splits(
         )
     splits = Splits(encoded.vocab, encoded.ids("train"), encoded.ids("val"), encoded.ids("test"), encoded)
     for name, part, streams in (("training", splits.train, train_streams), ("validation", splits.val, None)):
-        check_layout_fits(part, streams or cfg.batch_size, cfg.seq_len, name, encoded.chars)
+        check_layout_fits(part, streams or cfg.batch_size, cfg.seq_len, name, encoded.chars, cfg.batch_size)
     return splits
 
 
-def check_layout_fits(ids: np.ndarray, streams: int, seq_len: int, name: str, corpus_chars: int) -> None:
-    """Raise a CorpusError saying how short ``ids`` is if it cannot fill one batch."""
+def check_layout_fits(
+    ids: np.ndarray, streams: int, seq_len: int, name: str, corpus_chars: int, batch_size: int
+) -> None:
+    """Raise a CorpusError saying how short ``ids`` is if it cannot fill one batch of ``streams`` (``batch_size``
+    times ``--accumulate``)."""
     need = streams * seq_len + 1
     if len(ids) < need:
+        accumulate = f" x --accumulate {streams // batch_size}" if streams != batch_size else ""
         raise CorpusError(
             f"corpus too short: its {name} split has {len(ids):,} characters (of {corpus_chars:,}) but "
-            f"--batch-size {streams} x --seq-len {seq_len} needs {need:,}; use a smaller "
+            f"--batch-size {batch_size}{accumulate} x --seq-len {seq_len} needs {need:,}; use a smaller "
             f"--batch-size or --seq-len, or a longer text"
         )
 

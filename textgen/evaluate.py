@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +18,12 @@ from textgen.model import build_model
 from textgen.results import Evaluation
 from textgen.scoring import compile_eval_step, score
 from textgen.vocab import UNKNOWN_ID
+
+
+def _writable(root: Path) -> bool:
+    """Whether ``root`` (or its closest existing parent) can be written to."""
+    existing = root if root.exists() else next((p for p in root.parents if p.exists()), root)
+    return os.access(existing, os.W_OK)
 
 
 def evaluate_run(
@@ -41,8 +49,11 @@ def evaluate_run(
                 f"the run's corpus {missing[0]} is gone; give the text to score as an argument: textgen evaluate FILE"
             )
         check_corpus_unchanged(run, cfg.data)
-        ids = getattr(load_splits(cfg.data, cache_root(run.path.parent), vocab), split)
-        source = f"{split} split of {Path(cfg.data.corpus).name if len(cfg.data.paths) == 1 else cfg.data.corpus}"
+        root = cache_root(run.path.parent)
+        with tempfile.TemporaryDirectory(prefix="textgen-cache-") as scratch:
+            # Someone else's runs on a read-only mount: encode into scratch space (the map outlives the files).
+            ids = getattr(load_splits(cfg.data, root if _writable(root) else Path(scratch), vocab), split)
+        source = f"{split} split of {cfg.data.corpus_name}"
     if len(ids) < 2:
         raise CorpusError(f"{source} has {len(ids)} characters; at least 2 are needed to score one")
     streams, seq_len = fit_layout(len(ids), cfg.data.batch_size, cfg.data.seq_len)

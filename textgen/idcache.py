@@ -16,6 +16,8 @@ import hashlib
 import json
 import os
 import shutil
+import tempfile
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +32,7 @@ from textgen.vocab import DOCUMENT_BOUNDARY, Vocabulary, merge_counts
 FORMAT = 1  # bump when the ids an entry holds would change for the same inputs
 SPLIT_NAMES = ("train", "val", "test")
 CACHE_DIR_ENV = "TEXTGEN_CACHE_DIR"
+STALE_SCRATCH_S = 3600.0  # a scratch directory untouched this long belongs to an encoding that was killed
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,13 @@ def encoded_corpus(source: CorpusSource, root: Path) -> EncodedCorpus:
     """The cache entry for ``source`` under ``root``, encoded now if there is none."""
     entry = root / source.key()
     if not (entry / "meta.json").is_file():
-        _encode(source, entry)
+        try:
+            _encode(source, entry)
+        except OSError as exc:
+            raise CorpusError(
+                f"cannot write the encoded corpus to {root}: {exc.strerror or exc}; free some space there, "
+                f"or choose another place with ${CACHE_DIR_ENV}"
+            ) from None
     try:
         meta = json.loads((entry / "meta.json").read_text(encoding="utf-8"))
         corpus = EncodedCorpus(
@@ -124,9 +133,11 @@ def _encode(source: CorpusSource, entry: Path) -> None:
     vocab = Vocabulary.from_counts(codes, counts, source.max_vocab, boundary=many)
     known = np.isin(codes, np.array([ord(c) for c in vocab.chars], dtype=np.uint32))
     entry.parent.mkdir(parents=True, exist_ok=True)
-    scratch = entry.parent / f".tmp-{entry.name}-{os.getpid()}"
-    shutil.rmtree(scratch, ignore_errors=True)
-    scratch.mkdir()
+    for stale in entry.parent.glob(f".tmp-{entry.name}-*"):  # left by a killed encoding (or one running now,
+        if time.time() - stale.stat().st_mtime > STALE_SCRATCH_S:  # which writes it far more often than this)
+            shutil.rmtree(stale, ignore_errors=True)
+    # A unique name, also between machines sharing the cache (their process ids may be equal).
+    scratch = Path(tempfile.mkdtemp(prefix=f".tmp-{entry.name}-", dir=entry.parent))
     try:
         sizes = _write_splits(source, scans, vocab, scratch)
         meta = {

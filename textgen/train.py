@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
+import json
 import math
 import signal
 import threading
@@ -192,12 +194,19 @@ def _plan_resume(
     reported.
     """
     saved = run.load_config()
-    if corpus and [str(p) for p in resolve_corpora(corpus)] != [str(Path(p).resolve()) for p in saved.data.paths]:
-        raise ConfigError(
-            f"run {run.name!r} trains on {saved.data.corpus}, not {' '.join(corpus)}; "
-            "drop the corpus to resume it, or start a new run without --resume"
-        )
-    if encoding.lower() != "auto" and not same_codec(encoding, saved.data.encoding):
+    if corpus:
+        given_files, saved_files = resolve_corpora(corpus), [Path(p).resolve() for p in saved.data.paths]
+        if given_files != saved_files:
+            added, removed = set(given_files) - set(saved_files), set(saved_files) - set(given_files)
+            differ = (
+                f" ({len(added)} file(s) added, {len(removed)} gone)" if added or removed else " (in another order)"
+            )
+            differ = differ if len(given_files) > 1 or len(saved_files) > 1 else ""
+            raise ConfigError(
+                f"run {run.name!r} trains on {saved.data.corpus_name}, not {' '.join(corpus)}{differ}; "
+                "drop the corpus to resume it, or start a new run without --resume"
+            )
+    if encoding.lower() != "auto" and (saved.data.encoding == "auto" or not same_codec(encoding, saved.data.encoding)):
         given = {**given, "encoding": encoding}
     given = {**given, **{k: v for k, v in training.items() if k not in RESUMABLE_CHANGES}}
     saved_values = {**asdict(saved.data), **asdict(saved.model), **asdict(saved.training)}
@@ -278,7 +287,8 @@ def build_trainer(cfg: RunConfig, strategy: tf.distribute.Strategy | None = None
         # The fast LSTM draws its dropout masks from (seed, step, group): a resumed run draws what an
         # uninterrupted one would. (Keras' own LSTM, on the GPU profile, ignores it.)
         step = tf.cast(optimizer.iterations, tf.int64) * groups + group
-        seed = tf.stack([tf.constant(tcfg.seed, tf.int64), step])
+        replica = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.int64)
+        seed = tf.stack([tf.constant(tcfg.seed, tf.int64) + replica * 2**32, step])  # each replica its own masks
         with tf.GradientTape() as tape:
             loss = loss_sum(model, profile, x, y, True, seed) / chars_per_update
             scaled = optimizer.scale_loss(loss)
@@ -320,19 +330,25 @@ def train(
     released when it returns."""
     lock, plan.lock = plan.lock, None  # the lock is this call's: a second train(plan) takes it again
     lock = lock or plan.run.lock()
+    strategy = strategy or tf.distribute.get_strategy()
+    unsaved: list[Callable[[], None]] = []  # saves where training got, if it got past the last commit
     try:
-        return _train(plan, progress or NoProgress(), strategy or tf.distribute.get_strategy())
+        with _lost_peers(plan, unsaved) if isinstance(strategy, _MULTI_WORKER) else contextlib.nullcontext():
+            return _train(plan, progress or NoProgress(), strategy, unsaved)
     finally:
         lock.release()
 
 
-def _train(plan: TrainPlan, progress: TrainingProgress, strategy: tf.distribute.Strategy) -> TrainResult:
+def _train(
+    plan: TrainPlan, progress: TrainingProgress, strategy: tf.distribute.Strategy, unsaved: list[Callable[[], None]]
+) -> TrainResult:
     cfg, run = plan.config, plan.run
     keras.utils.set_random_seed(cfg.training.seed)
     if cfg.data.batch_size % strategy.num_replicas_in_sync:
         raise ConfigError(
             f"--batch-size {cfg.data.batch_size} must divide evenly over {strategy.num_replicas_in_sync} replicas"
         )
+    check_same_plan(plan, strategy)
     trainer = build_trainer(cfg, strategy)
     layout = training_layout(plan)
     steps = layout.batches
@@ -344,21 +360,15 @@ def _train(plan: TrainPlan, progress: TrainingProgress, strategy: tf.distribute.
     checkpoint, callbacks = build_callbacks(plan, trainer, steps, clock)
     start_epoch, start_batch = resume.get("epoch", 0), resume.get("batch", 0)
 
-    latest: list[tuple[int, EpochProgress]] = []  # where training is, for a save when another worker is lost
-
-    def save_if_due(epoch: int, position: EpochProgress) -> None:
-        latest[:] = [(epoch, position)]
+    def after_batch(epoch: int, position: EpochProgress) -> None:
+        """Note where training got (for a save if another worker is lost); save it if ``--save-every`` is due."""
+        unsaved[:] = [lambda: checkpoint.save_resume_point(epoch, position.batch, clock.elapsed(), position)]
         if time.monotonic() - checkpoint.saved_at >= cfg.training.save_every:
-            checkpoint.save_resume_point(epoch, position.batch, clock.elapsed(), position)
+            unsaved.pop()()
 
     stop_reason, epochs_done = StopReason.EPOCHS, start_epoch
     last: EpochLog | None = None
-    peers = (
-        _lost_peers(plan, checkpoint, clock, latest)
-        if isinstance(strategy, _MULTI_WORKER)
-        else contextlib.nullcontext()
-    )
-    with _stop_requests() as stop, _end_on_error(callbacks, progress), peers:
+    with _stop_requests() as stop, _end_on_error(callbacks, progress):
         progress.start(plan, steps)
         callbacks.on_train_begin()
         checkpoint.restore(resume, trainer.model)
@@ -369,10 +379,11 @@ def _train(plan: TrainPlan, progress: TrainingProgress, strategy: tf.distribute.
                 else EpochProgress()
             )
             done = run_epoch(
-                trainer, plan.splits.train, layout, epoch, start, callbacks, progress, stop, clock, save_if_due
+                trainer, plan.splits.train, layout, epoch, start, callbacks, progress, stop, clock, after_batch
             )
             # Commit the training before validating: a kill during validation costs only the validation.
             checkpoint.save_resume_point(epoch, done.batch, clock.elapsed(), done)
+            unsaved.clear()
             if clock.stopping and done.batch < steps:  # after the last batch: end the epoch first
                 raise TrainingInterrupted(
                     f"stopped at epoch {epoch + 1}, batch {done.batch}/{steps} ({stop.requested}); {plan.saved_note()}",
@@ -401,6 +412,7 @@ def _train(plan: TrainPlan, progress: TrainingProgress, strategy: tf.distribute.
             # A time budget that cut the epoch resumes where training stopped, not at the next epoch.
             checkpoint.resume_at = (epoch, done.batch, done) if last.partial else (epoch + 1, 0, None)
             callbacks.on_epoch_end(epoch, last.metrics())  # the checkpoint commits the epoch there
+            unsaved.clear()
             progress.epoch_end(last)
             epochs_done = epoch + 1
             if clock.expired():  # during the epoch, or validation ran past it: start no epoch just to stop it
@@ -464,7 +476,7 @@ def run_epoch(
     progress: TrainingProgress,
     stop: StopRequests,
     clock: Clock,
-    save_if_due: Callable[[int, EpochProgress], None],
+    after_batch: Callable[[int, EpochProgress], None],
 ) -> EpochProgress:
     """Train on the epoch's batches from ``start`` on, until they end, a stop is asked for (on any worker),
     or time is up; a mid-epoch resume point is saved whenever ``--save-every`` has passed."""
@@ -484,12 +496,12 @@ def run_epoch(
         done = EpochProgress(
             batch + 1, done.loss_sum + loss, done.batches + 1, done.seconds + time.monotonic() - started
         )
+        after_batch(epoch, done)
         callbacks.on_train_batch_end(batch, {"loss": done.loss, "bpc": bits(done.loss)})
         progress.batch_end(batch, done.loss)
         clock.synchronise(stop)
         if clock.stopping or clock.expired():
             break
-        save_if_due(epoch, done)
     return done
 
 
@@ -769,20 +781,44 @@ _PEER_ERRORS = (
 
 
 @contextlib.contextmanager
-def _lost_peers(
-    plan: TrainPlan, checkpoint: RunCheckpoint, clock: Clock, latest: list[tuple[int, EpochProgress]]
-) -> Iterator[None]:
-    """When another worker stops or becomes unreachable, commit where this one got (the weights hold every
-    finished update: a failed all-reduce applies none) and say how to go on, in one line."""
+def _lost_peers(plan: TrainPlan, unsaved: list[Callable[[], None]]) -> Iterator[None]:
+    """When another worker stops or becomes unreachable, commit where this one got, if past the last commit
+    (the weights hold every finished update: a failed all-reduce applies none), and say how to go on."""
     try:
         yield
     except _PEER_ERRORS as exc:
-        if latest:
-            epoch, position = latest[0]
+        if unsaved:
             with contextlib.suppress(Exception):  # the error to report is the lost worker
-                checkpoint.save_resume_point(epoch, position.batch, clock.elapsed(), position)
+                unsaved.pop()()
         reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
         raise ClusterError(f"another worker stopped or cannot be reached ({reason}); {plan.saved_note()}") from None
+
+
+def check_same_plan(plan: TrainPlan, strategy: tf.distribute.Strategy) -> None:
+    """Refuse to start unless every worker planned the same run from the same place: a worker whose
+    corpus, settings, device profile or resume point differ would hang the others or silently diverge."""
+    if not isinstance(strategy, _MULTI_WORKER):
+        return
+    resume = plan.resume_state or {}
+    settings = plan.config.to_dict()
+    settings["data"] = {k: v for k, v in settings["data"].items() if k not in ("corpus", "files")}  # paths may differ
+    described = json.dumps([settings, [resume.get(k) for k in ("epoch", "batch", "step")]])
+    # 16 bytes of digest, one per value: sums of values and of their squares stay exact in float32, and
+    # n * sum(v^2) == sum(v)^2 holds only when all n workers hold the same v.
+    digest = np.frombuffer(hashlib.blake2b(described.encode(), digest_size=16).digest(), np.uint8)
+    values = tf.constant(np.concatenate([digest, digest.astype(np.float32) ** 2]), tf.float32)
+
+    @tf.function
+    def total(v: tf.Tensor) -> tf.Tensor:
+        return strategy.reduce("SUM", strategy.run(tf.identity, args=(v,)), axis=None)
+
+    sums = total(values).numpy().astype(np.float64)
+    n = strategy.num_replicas_in_sync
+    if not np.array_equal(n * sums[16:], sums[:16] ** 2):
+        raise ConfigError(
+            "the workers planned different runs (corpus files, settings, device profile or resume point differ); "
+            "give every worker the same command, the same corpus files and --device, and one shared --checkpoint-dir"
+        )
 
 
 @contextlib.contextmanager
