@@ -300,3 +300,33 @@ def test_war_and_peace_with_a_time_budget(tmp_path: Path) -> None:
     config = json.loads((tmp_path / "ck" / "wp" / "config.json").read_text())
     assert config["data"]["strip_boilerplate"] is True
     assert config["model"]["units"] == 64
+
+
+# --- many files ---------------------------------------------------------------------------
+
+
+def test_a_directory_of_books_trains_then_samples_and_evaluates(workdir: Path) -> None:
+    """A user's library: train on a directory of books, then sample and evaluate, as subprocesses."""
+    for i in range(3):
+        write_corpus(workdir / "library" / f"book{i}.txt", 2500, seed=i)
+    (workdir / "library" / "notes.md").write_text("not a book", encoding="utf-8")
+    trained = run_textgen(["train", "library", *TINY_FLAGS, "--epochs", "1", "--max-vocab", "20", "--json"], workdir)
+    assert trained.returncode == 0, trained.stderr
+    done = json.loads(trained.stdout.splitlines()[-1])
+    assert done["run"] == "library" and done["documents"] == 3
+    assert done["unknown_chars"] > 0  # the random words use more than 20 distinct characters
+    config = json.loads((workdir / "checkpoints" / "library" / "config.json").read_text())
+    assert [Path(f).name for f in config["data"]["files"]] == ["book0.txt", "book1.txt", "book2.txt"]
+    assert config["data"]["max_vocab"] == 20
+    sampled = run_textgen(["sample", "--length", "50", "--seed", "1", "--last"], workdir)
+    assert sampled.returncode == 0, sampled.stderr
+    evaluated = run_textgen(["evaluate", "--split", "val", "--json", "--last"], workdir)
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert "3 files" in json.loads(evaluated.stdout)["source"]
+    # the second run on the same books opens the encoded corpus in the cache
+    entries = list((workdir / "checkpoints" / ".cache").iterdir())
+    again = run_textgen(
+        ["train", "library/", *TINY_FLAGS, "--epochs", "1", "--max-vocab", "20", "--run", "two"], workdir
+    )
+    assert again.returncode == 0, again.stderr
+    assert list((workdir / "checkpoints" / ".cache").iterdir()) == entries

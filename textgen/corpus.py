@@ -1,4 +1,5 @@
-"""Find, read, decode and clean a corpus file."""
+"""Find corpus files (files, directories, globs), download Project Gutenberg books, and decode and clean
+their text a chunk at a time."""
 
 from __future__ import annotations
 
