@@ -89,3 +89,10 @@ def test_json_round_trip(text: str) -> None:
 def test_from_json_rejects_non_string_chars(bad: str) -> None:
     with pytest.raises(ValueError, match="chars"):
         Vocabulary.from_json(bad)
+
+
+def test_a_document_boundary_is_shown_as_a_blank_line() -> None:
+    from textgen.vocab import DOCUMENT_BOUNDARY, for_display
+
+    assert for_display(f"the end.{DOCUMENT_BOUNDARY}Chapter 1") == "the end.\n\nChapter 1"
+    assert for_display("no boundary") == "no boundary"

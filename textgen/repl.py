@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from textgen.config import SampleConfig, flag
 from textgen.errors import ConfigError
-from textgen.vocab import Vocabulary
+from textgen.vocab import Vocabulary, for_display
 
 if TYPE_CHECKING:
     from textgen.sampling import GenerationState, Piece
@@ -117,7 +117,7 @@ class Session:
                 if num > 1:
                     print(f"--- sample {i + 1}/{num} ---", file=self.out)
                 for piece in self.generator.stream([prompt], settings, state=start):
-                    self.out.write(piece.texts[0])
+                    self.out.write(for_display(piece.texts[0]))
                     self.out.flush()
                     after = piece.state
                 self.out.write("\n")

@@ -23,6 +23,7 @@ from rich.table import Table
 from textgen.checkpoint import Run, resume_hint
 from textgen.errors import TextgenError, TrainingInterrupted
 from textgen.results import EpochLog, Evaluation, RunSummary, TrainResult, bits
+from textgen.vocab import for_display
 
 if TYPE_CHECKING:
     from textgen.config import SampleConfig
@@ -122,7 +123,7 @@ class TrainingDisplay:
     def start(self, plan: TrainPlan, steps: int) -> None:
         cfg, splits = plan.config, plan.splits
         self.epochs, self.steps = cfg.training.epochs, steps
-        self.chars_per_step = cfg.data.batch_size * cfg.data.seq_len
+        self.chars_per_step = cfg.data.batch_size * cfg.training.accumulate * cfg.data.seq_len
         if not self.as_json:
             where = f"resuming at epoch {plan.resume_state['epoch'] + 1}" if plan.resume_state else "new run"
             training = {
@@ -210,7 +211,7 @@ def stream_sample(console: Console, prime: str, pieces: Iterator[Piece]) -> None
     """One sample as it is generated: the prime in bold, then each piece as it arrives."""
     console.print(prime, style="bold", end="", markup=False)
     for piece in pieces:
-        console.out(piece.texts[0], end="", highlight=False)
+        console.out(for_display(piece.texts[0]), end="", highlight=False)
     console.out("")
 
 
@@ -224,7 +225,7 @@ def show_samples(
         else:
             if settings.num > 1:
                 console.out(f"{chr(10) if i else ''}--- sample {i + 1}/{settings.num} (seed {settings.seed}) ---")
-            console.out(prime + text, highlight=False)
+            console.out(prime + for_display(text), highlight=False)
 
 
 # --- evaluate, runs ----------------------------------------------------------------------------

@@ -14,6 +14,11 @@ UNKNOWN_CHAR = "\ufffd"  # how an unknown id is shown when decoding
 DOCUMENT_BOUNDARY = "\x1c"  # U+001C, the file separator: put between the documents of a many-file corpus
 
 
+def for_display(text: str) -> str:
+    """Generated text for a terminal: a document boundary shown as a blank line, where a new text begins."""
+    return text.replace(DOCUMENT_BOUNDARY, "\n\n")
+
+
 def _codepoints(text: str) -> np.ndarray:
     if text.isascii():  # O(1) to ask; a copy a quarter the size
         return np.frombuffer(text.encode("ascii"), dtype=np.uint8)
