@@ -14,7 +14,7 @@ from textgen import corpus as corpusmod
 from textgen import idcache
 from textgen.config import DataConfig
 from textgen.corpus import read_corpus
-from textgen.data import StreamLayout, distributed_batches, load_splits, replica_batches
+from textgen.data import StreamLayout, distributed_batches, load_splits, replica_batches, write_id_file
 from textgen.errors import CorpusError
 from textgen.idcache import split_sizes
 from textgen.vocab import DOCUMENT_BOUNDARY, UNKNOWN_ID, Vocabulary
@@ -73,27 +73,24 @@ def test_stream_layout_picks_ids_by_position_from_a_memory_map(
     np.testing.assert_array_equal(targets, ids[positions + 1])
 
 
-@given(layouts(), st.sampled_from([1, 2, 4]))
-def test_each_replica_reads_the_same_rows_every_batch(shape: tuple[int, int, int], replicas: int) -> None:
+@settings(max_examples=10, deadline=None)  # each example builds tf.data pipelines
+@given(layouts(), st.sampled_from([1, 2, 4]), st.integers(0, 3))
+def test_each_replica_reads_the_same_rows_every_batch(
+    tmp_path_factory: pytest.TempPathFactory, shape: tuple[int, int, int], replicas: int, start: int
+) -> None:
     n, streams, seq_len = shape
     streams *= replicas
     n = max(n, streams * seq_len + 1)
     layout = StreamLayout.of(n, streams, seq_len)
-    ids = np.arange(n)
-    inputs, _ = all_batches(ids, layout)
-    per = streams // replicas
-    for first, count in ((0, replicas), (replicas - 1, 1)):  # one worker with every replica; the last alone
-        parts = list(replica_batches(ids, layout, replicas, first, count))
-        assert len(parts) == layout.batches * count
-        for i, (x, y) in enumerate(parts):
-            k, r = divmod(i, count)
-            replica = first + r
+    ids = write_id_file(np.arange(n, dtype=np.uint16), tmp_path_factory.mktemp("ids") / "train.ids")
+    inputs, targets = all_batches(ids, layout)
+    per, start = streams // replicas, min(start, layout.batches)
+    for replica in range(replicas):
+        batches = [(x.numpy(), y.numpy()) for x, y in replica_batches(ids, layout, replica, replicas, start)]
+        assert len(batches) == layout.batches - start  # from a resumed batch on
+        for k, (x, y) in enumerate(batches, start=start):
             np.testing.assert_array_equal(x, inputs[k, replica * per : (replica + 1) * per])
-            np.testing.assert_array_equal(y, x + 1)
-    # starting at batch 3 gives batches 3, 4, ... (a resumed epoch)
-    start = min(3, layout.batches)
-    later = list(replica_batches(ids, layout, replicas, 0, replicas, start))
-    assert len(later) == (layout.batches - start) * replicas
+            np.testing.assert_array_equal(y, targets[k, replica * per : (replica + 1) * per])
 
 
 @pytest.mark.parametrize(("n", "streams", "seq_len"), [(0, 1, 1), (1, 1, 1), (16, 4, 4), (64, 4, 16)])
@@ -109,12 +106,14 @@ def test_stream_layout_exactly_one_batch() -> None:
 
 
 @settings(max_examples=10, deadline=None)  # each example builds a tf.data pipeline
-@given(layouts(), st.integers(0, 3))
-def test_distributed_batches_yield_the_layout_in_order_as_int32(shape: tuple[int, int, int], start: int) -> None:
+@given(layouts(), st.integers(0, 3), st.sampled_from([np.uint8, np.uint16, np.int32]))
+def test_distributed_batches_yield_the_layout_in_order_as_int32(
+    tmp_path_factory: pytest.TempPathFactory, shape: tuple[int, int, int], start: int, dtype: type
+) -> None:
     import tensorflow as tf
 
     n, streams, seq_len = shape
-    ids = np.arange(n, dtype=np.uint16)
+    ids = write_id_file((np.arange(n) % 200).astype(dtype), tmp_path_factory.mktemp("ids") / "train.ids")
     layout = StreamLayout.of(n, streams, seq_len)
     inputs, targets = all_batches(ids, layout)
     start = min(start, layout.batches)
@@ -127,6 +126,13 @@ def test_distributed_batches_yield_the_layout_in_order_as_int32(shape: tuple[int
             assert x.dtype == np.int32 and y.dtype == np.int32
             np.testing.assert_array_equal(x, inputs[k])
             np.testing.assert_array_equal(y, targets[k])
+
+
+def test_distributed_batches_read_an_id_file_not_an_array() -> None:
+    import tensorflow as tf
+
+    with pytest.raises(TypeError, match="reads an id file"):
+        list(distributed_batches(tf.distribute.get_strategy(), np.arange(100), StreamLayout.of(100, 2, 4)))
 
 
 # --- splits -------------------------------------------------------------------------------

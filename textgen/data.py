@@ -9,7 +9,8 @@ are read from the memory map one at a time, so memory does not grow with the cor
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -104,9 +105,13 @@ class StreamLayout:
     def chars_per_batch(self) -> int:
         return self.streams * self.seq_len
 
+    def stream_start(self, i: int) -> int:
+        """Where stream ``i`` begins in the ids: the streams are consecutive slices of them."""
+        return i * self.batches * self.seq_len
+
     def batch(self, ids: np.ndarray, k: int, rows: slice = slice(None)) -> tuple[np.ndarray, np.ndarray]:
         """Inputs and targets (int32, ``rows`` x ``seq_len``) of batch ``k``, read from ``ids``."""
-        starts = np.arange(self.streams)[rows] * (self.batches * self.seq_len) + k * self.seq_len
+        starts = np.array([self.stream_start(i) for i in range(self.streams)[rows]]) + k * self.seq_len
         window = np.asarray(ids[starts[:, None] + np.arange(self.seq_len + 1)], dtype=np.int32)
         return window[:, :-1], window[:, 1:]
 
@@ -118,35 +123,83 @@ def fit_layout(n: int, streams: int, seq_len: int) -> tuple[int, int]:
     return streams, min(seq_len, (n - 1) // streams)
 
 
-def replica_batches(
-    ids: np.ndarray, layout: StreamLayout, replicas: int, first: int, count: int, start: int = 0
-) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """For every batch from ``start`` on, the rows of replicas ``first`` .. ``first + count - 1`` of
-    ``replicas`` (replica ``r`` always reads streams ``r * per`` to ``(r + 1) * per``), in replica order."""
-    per = layout.streams // replicas
-    for k in range(start, layout.batches):
-        for r in range(first, first + count):
-            yield layout.batch(ids, k, slice(r * per, (r + 1) * per))
-
-
 def distributed_batches(
     strategy: tf.distribute.Strategy, ids: np.ndarray, layout: StreamLayout, start: int = 0
 ) -> Iterable[Any]:
-    """The layout's batches from ``start`` on, read lazily and split over ``strategy``'s replicas by rows:
-    each worker's input pipeline makes only its own replicas' rows, one element per replica in turn
-    (``distribute_datasets_from_function`` deals a worker's elements to its replicas round-robin)."""
+    """The layout's batches from ``start`` on, read from the id file behind ``ids`` by tf.data and split over
+    ``strategy``'s replicas by rows: replica ``r`` always reads streams ``r * per`` to ``(r + 1) * per``.
+    Each worker's pipeline reads only its own replicas' rows, one element per replica in turn
+    (``distribute_datasets_from_function`` deals a worker's elements to its replicas round-robin).
+
+    Each row is a ``FixedLengthRecordDataset`` over its stream (records of ``seq_len`` ids; the targets, over
+    the stream shifted by one id), so memory holds a small read buffer per stream and no Python runs per
+    batch. (A ``from_generator`` pipeline over the memory map made the training step 25-30% slower on
+    2 cores: 11,100 against 15,300 chars/s for War and Peace, alternating runs.)
+    """
     import tensorflow as tf
 
     replicas = strategy.num_replicas_in_sync
     if layout.streams % replicas:
         raise CorpusError(f"{layout.streams} streams cannot be shared evenly by {replicas} replicas")
-    spec = tf.TensorSpec((layout.streams // replicas, layout.seq_len), tf.int32)
 
     def dataset(context: tf.distribute.InputContext) -> tf.data.Dataset:
         local = replicas // context.num_input_pipelines
         first = context.input_pipeline_id * local
-        return tf.data.Dataset.from_generator(
-            lambda: replica_batches(ids, layout, replicas, first, local, start), output_signature=(spec, spec)
-        ).prefetch(tf.data.AUTOTUNE)
+        parts = [replica_batches(ids, layout, r, replicas, start) for r in range(first, first + local)]
+        if len(parts) == 1:
+            return parts[0].prefetch(tf.data.AUTOTUNE)
+        stacked = tf.data.Dataset.zip(tuple(parts)).map(
+            lambda *pairs: tuple(tf.stack([pair[i] for pair in pairs]) for i in range(2))
+        )
+        return stacked.unbatch().prefetch(tf.data.AUTOTUNE)
 
     return strategy.distribute_datasets_from_function(dataset)
+
+
+READ_BUFFER_BYTES = 16 << 10  # per stream: 64 streams read 2 MB at a time
+
+
+def replica_batches(
+    ids: np.ndarray, layout: StreamLayout, replica: int, replicas: int, start: int = 0
+) -> tf.data.Dataset:
+    """Replica ``replica``'s (inputs, targets) of every batch from ``start`` on: rows ``replica * per`` to
+    ``(replica + 1) * per`` of ``layout``'s batches, ``per`` being ``layout.streams // replicas``."""
+    import tensorflow as tf
+
+    per = layout.streams // replicas
+    return tf.data.Dataset.zip(tuple(_rows(ids, layout, replica * per, per, start, shift) for shift in (0, 1)))
+
+
+def _rows(ids: np.ndarray, layout: StreamLayout, first: int, rows: int, start: int, shift: int) -> tf.data.Dataset:
+    """Rows ``first`` .. ``first + rows - 1`` of every batch from ``start`` on, shifted by ``shift`` ids (1 for
+    the targets), as int32 (rows, seq_len) tensors: one reader per stream, interleaved one record each."""
+    import tensorflow as tf
+
+    if not isinstance(ids, np.memmap) or ids.filename is None:
+        raise TypeError("distributed_batches reads an id file: give it a np.memmap (see write_id_file)")
+    itemsize, record = ids.dtype.itemsize, layout.seq_len * ids.dtype.itemsize
+    count = layout.batches - start  # StreamLayout.of leaves an id after the last target: every read fits
+    headers = [
+        ids.offset + (layout.stream_start(i) + start * layout.seq_len + shift) * itemsize
+        for i in range(first, first + rows)
+    ]
+    footers = [os.path.getsize(ids.filename) - h - count * record for h in headers]
+    streams = tf.data.Dataset.from_tensor_slices((tf.constant(headers, tf.int64), tf.constant(footers, tf.int64)))
+    path = str(ids.filename)
+    read = streams.interleave(
+        lambda header, footer: tf.data.FixedLengthRecordDataset(
+            path, record, header_bytes=header, footer_bytes=footer, buffer_size=READ_BUFFER_BYTES
+        ),
+        cycle_length=rows,  # every stream's reader open at once, one record from each in turn
+        block_length=1,
+    )
+    dtype = tf.as_dtype(ids.dtype)
+    return read.batch(rows).map(lambda r: tf.cast(tf.io.decode_raw(r, dtype, little_endian=True), tf.int32))
+
+
+def write_id_file(ids: np.ndarray, path: Path) -> np.memmap:
+    """``ids`` (an array in memory, e.g. a text scored by ``evaluate``) written to ``path`` and mapped back, for
+    ``distributed_batches``."""
+    little = ids.dtype.newbyteorder("<")
+    np.ascontiguousarray(ids, dtype=little).tofile(path)
+    return np.memmap(path, dtype=little, mode="r", shape=(len(ids),))

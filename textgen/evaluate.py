@@ -11,7 +11,7 @@ import numpy as np
 from textgen.checkpoint import Run, check_corpus_unchanged
 from textgen.config import SPLITS
 from textgen.corpus import read_corpus, resolve_corpus, resolve_encoding
-from textgen.data import StreamLayout, fit_layout, load_splits
+from textgen.data import StreamLayout, fit_layout, load_splits, write_id_file
 from textgen.errors import ConfigError, CorpusError
 from textgen.idcache import cache_root
 from textgen.model import build_model
@@ -36,29 +36,37 @@ def evaluate_run(
     or shorter streams.
     """
     cfg, vocab = run.load_config(), run.load_vocab()
-    if file is not None:
-        path = resolve_corpus(file)
-        text = read_corpus(path, cfg.data.strip_boilerplate, resolve_encoding(path, encoding))
-        ids, source = vocab.encode(text), file
-    else:
-        if split not in SPLITS:
-            raise ConfigError(f"--split must be one of {', '.join(SPLITS)} (got {split!r})")
-        missing = [p for p in cfg.data.paths if not Path(p).is_file()]
-        if missing:
-            raise CorpusError(
-                f"the run's corpus {missing[0]} is gone; give the text to score as an argument: textgen evaluate FILE"
-            )
-        check_corpus_unchanged(run, cfg.data)
-        root = cache_root(run.path.parent)
-        with tempfile.TemporaryDirectory(prefix="textgen-cache-") as scratch:
-            # Someone else's runs on a read-only mount: encode into scratch space (the map outlives the files).
-            ids = getattr(load_splits(cfg.data, root if _writable(root) else Path(scratch), vocab), split)
-        source = f"{split} split of {cfg.data.corpus_name}"
-    if len(ids) < 2:
-        raise CorpusError(f"{source} has {len(ids)} characters; at least 2 are needed to score one")
-    streams, seq_len = fit_layout(len(ids), cfg.data.batch_size, cfg.data.seq_len)
-    model = build_model(cfg.model, streams, cfg.profile.precision)
-    run.load_weights(model, which)
-    nats, chars = score(compile_eval_step(model, cfg.profile), model, ids, StreamLayout.of(len(ids), streams, seq_len))
-    unknown = int(np.sum(ids == UNKNOWN_ID))
+    with tempfile.TemporaryDirectory(prefix="textgen-evaluate-") as scratch:
+        ids: np.ndarray
+        if file is not None:
+            path = resolve_corpus(file)
+            text = read_corpus(path, cfg.data.strip_boilerplate, resolve_encoding(path, encoding))
+            ids, source = write_id_file(vocab.encode_compact(text), Path(scratch) / "ids"), file
+        else:
+            ids, source = _split_ids(run, split, Path(scratch)), f"{split} split of {cfg.data.corpus_name}"
+        if len(ids) < 2:
+            raise CorpusError(f"{source} has {len(ids)} characters; at least 2 are needed to score one")
+        streams, seq_len = fit_layout(len(ids), cfg.data.batch_size, cfg.data.seq_len)
+        model = build_model(cfg.model, streams, cfg.profile.precision)
+        run.load_weights(model, which)
+        layout = StreamLayout.of(len(ids), streams, seq_len)
+        nats, chars = score(compile_eval_step(model, cfg.profile), model, ids, layout)
+        unknown = int(np.sum(ids == UNKNOWN_ID))
     return Evaluation(run.name, source, nats / chars, chars, unknown, streams, seq_len)
+
+
+def _split_ids(run: Run, split: str, scratch: Path) -> np.ndarray:
+    """The ids of ``run``'s ``split``, from the id cache (encoded into ``scratch`` if the cache is read-only:
+    someone else's runs on a read-only mount)."""
+    cfg = run.load_config()
+    if split not in SPLITS:
+        raise ConfigError(f"--split must be one of {', '.join(SPLITS)} (got {split!r})")
+    missing = [p for p in cfg.data.paths if not Path(p).is_file()]
+    if missing:
+        raise CorpusError(
+            f"the run's corpus {missing[0]} is gone; give the text to score as an argument: textgen evaluate FILE"
+        )
+    check_corpus_unchanged(run, cfg.data)
+    root = cache_root(run.path.parent)
+    ids: np.ndarray = getattr(load_splits(cfg.data, root if _writable(root) else scratch, run.load_vocab()), split)
+    return ids
