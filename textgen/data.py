@@ -1,9 +1,9 @@
-"""A run's corpus as memory-mapped splits, and batches cut from them lazily in the stateful stream layout.
+"""A run's corpus as id files (memory-mapped splits), and batches read from them in the stateful stream layout.
 
 The layout (``StreamLayout``): a split's ids are cut into ``streams`` contiguous streams, and batch
 ``k`` holds characters ``[k*seq_len, (k+1)*seq_len)`` of every stream, so row ``i`` of batch ``k+1``
-continues row ``i`` of batch ``k`` exactly. Targets are the inputs shifted by one character. Batches
-are read from the memory map one at a time, so memory does not grow with the corpus. Under
+continues row ``i`` of batch ``k`` exactly. Targets are the inputs shifted by one character. tf.data
+reads the batches from the id file a record per stream, so memory does not grow with the corpus. Under
 ``tf.distribute`` each replica always gets the same rows, so each replica's rows continue its own.
 """
 
