@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -73,8 +74,9 @@ class Vocabulary:
         object.__setattr__(self, "_codes", self_codes)
         decode_table = np.concatenate([[ord(UNKNOWN_CHAR)], self_codes]).astype(np.uint32)
         object.__setattr__(self, "_decode_table", decode_table)
-        # A dense code point -> id table; its last slot (one past the largest code) is unknown.
-        encode_table = np.zeros(int(self_codes.max(initial=0)) + 2, dtype=self.id_dtype)
+        # A dense code point -> id table over all of Unicode (1.1 MB of uint8 ids), so encoding is one lookup
+        # with no bounds check: 0, the unknown id, wherever the vocabulary has no character.
+        encode_table = np.zeros(sys.maxunicode + 1, dtype=self.id_dtype)
         encode_table[self_codes] = np.arange(1, len(self_codes) + 1)
         object.__setattr__(self, "_encode_table", encode_table)
 
@@ -95,10 +97,7 @@ class Vocabulary:
 
     def encode_compact(self, text: str) -> np.ndarray:
         """``encode`` in ``id_dtype``, a byte a character for most corpora."""
-        table, codes = self._encode_table, _codepoints(text)
-        if codes.size and codes.max() >= len(table):  # the table's last slot is the unknown id
-            codes = np.minimum(codes, np.uint32(len(table) - 1))
-        return table[codes]
+        return self._encode_table[_codepoints(text)]
 
     def decode(self, ids: np.ndarray | list[int]) -> str:
         """Text for ``ids``; the unknown id decodes to U+FFFD."""
