@@ -19,7 +19,7 @@ from helpers import subprocess_env
 from textgen.checkpoint import Run
 from textgen.config import SampleConfig
 from textgen.repl import HELP, Session
-from textgen.sampling import Piece
+from textgen.generation import Piece
 from textgen.vocab import Vocabulary
 
 # --- Session with a fake generator -----------------------------------------------------------

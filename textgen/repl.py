@@ -12,7 +12,7 @@ from textgen.errors import ConfigError
 from textgen.vocab import Vocabulary, for_display
 
 if TYPE_CHECKING:
-    from textgen.sampling import GenerationState, Piece
+    from textgen.generation import GenerationState, Piece
 
 HELP = """\
 Type a prompt and press Enter; the continuation streams in. Ctrl-C stops it, Ctrl-D exits.

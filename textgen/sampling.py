@@ -1,4 +1,4 @@
-"""Fast batched generation from trained weights.
+"""Fast batched generation from trained weights, in TensorFlow.
 
 Two pieces, kept apart as in keras-hub's samplers:
 
@@ -6,17 +6,18 @@ Two pieces, kept apart as in keras-hub's samplers:
   logits and new states out, computed with plain TensorFlow ops from the weights
   of the trained Keras model;
 * the sampling strategy (``choose_next``): a pure function of logits (greedy,
-  temperature, top-k, top-p).
+  temperature, top-k, top-p). ``textgen.npsampling`` is its NumPy twin, for LiteRT.
 
-``Generator.stream`` runs the whole loop inside one compiled ``tf.while_loop`` per
-chunk, so generating L characters costs L/chunk Python round trips, not L.
+``Generator.generate_steps`` runs the whole loop inside one compiled ``tf.while_loop`` per
+chunk, so generating L characters costs L/chunk Python round trips, not L. The chunking,
+prompts and streaming are ``textgen.generation.Sampler``'s, shared with the LiteRT runtime.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,7 @@ import tensorflow as tf
 
 from textgen.checkpoint import Run
 from textgen.config import ModelConfig, SampleConfig
+from textgen.generation import Sampler, States
 from textgen.lstm import lstm_cell
 from textgen.model import build_model
 from textgen.vocab import UNKNOWN_ID, Vocabulary
@@ -33,17 +35,6 @@ from textgen.vocab import UNKNOWN_ID, Vocabulary
 RECURRENT_BLOCKS = 4
 # Characters per iteration of the generation loop: ~20% more chars/s at batch 1 than 1.
 UNROLL = 4
-# Characters per compiled call, reading or generating, all sequences together: Ctrl-C lands between
-# calls, so it takes effect within one (~0.3 s for the default model at batch 1 and at batch 64). Per
-# sequence at least 256 steps and at most 2048, so batch 1 keeps making few calls: 2,000 characters
-# at batch 1 ran at 8,623 chars/s against 8,774 for the unbounded loop (alternating runs, 10 s each).
-CHARS_PER_CALL = 16384
-
-
-def steps_per_call(batch: int) -> int:
-    """Generation or prompt steps per compiled call for ``batch`` sequences."""
-    return min(2048, max(256, CHARS_PER_CALL // max(batch, 1)))
-
 
 NEG_INF = -1e9  # large enough to zero a probability, finite so softmax stays defined
 
@@ -94,11 +85,17 @@ def choose_next(
 # --- the next-token function and the compiled loop ------------------------------------
 
 
-class Generator:
+class Generator(Sampler):
     """A generation model of any batch size built from a trained model's weights."""
 
-    def __init__(self, cfg: ModelConfig, vocab: Vocabulary, weights: Sequence[np.ndarray]) -> None:
-        self.cfg, self.vocab = cfg, vocab
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        vocab: Vocabulary,
+        weights: Sequence[np.ndarray],
+        recurrent_blocks: int = RECURRENT_BLOCKS,
+    ) -> None:
+        super().__init__(cfg, vocab)
         expected = 1 + 3 * cfg.layers + 2
         if len(weights) != expected:
             raise ValueError(f"expected {expected} weight arrays for {cfg}, got {len(weights)}")
@@ -107,14 +104,16 @@ class Generator:
         # Layer 0's input projection for every character, precomputed: a gather replaces a matmul.
         self.input_table = tf.matmul(embedding, kernels[0]) + biases[0]
         self.kernels, self.biases = kernels, biases
-        self.recurrent_blocks = [tf.split(r, RECURRENT_BLOCKS, axis=1) for r in recurrents]
+        self.recurrent_blocks = [tf.split(r, recurrent_blocks, axis=1) for r in recurrents]
         self.dense_kernel, self.dense_bias = dense_kernel, dense_bias
         state_spec = tuple(tf.TensorSpec([None, cfg.units], tf.float32) for _ in range(2 * cfg.layers))
         scalar = tf.TensorSpec([], tf.float32)
         # Graph mode, not XLA: XLA recompiles for every batch size, prompt length and chunk
         # length (~0.8 s each) and was no faster per step here (benchmarks/sampling.py).
-        self._feed = tf.function(self._feed_impl, input_signature=[tf.TensorSpec([None, None], tf.int32), state_spec])
-        self._generate = tf.function(
+        self.feed_function = tf.function(
+            self._feed_impl, input_signature=[tf.TensorSpec([None, None], tf.int32), state_spec]
+        )
+        self.generate_function = tf.function(
             self._generate_impl,
             input_signature=[
                 tf.TensorSpec([None, vocab.size], tf.float32),
@@ -128,18 +127,14 @@ class Generator:
         )
 
     @classmethod
-    def from_run(cls, run: Run, which: str = "best") -> Generator:
+    def from_run(cls, run: Run, which: str = "best", recurrent_blocks: int | None = None) -> Generator:
         """Load a run's config, vocabulary and ``best`` or ``last`` weights; no corpus needed."""
         cfg, vocab = run.load_config().model, run.load_vocab()
         model = build_model(cfg, batch_size=1, stateful=False)
         run.load_weights(model, which)
-        return cls(cfg, vocab, model.get_weights())
+        return cls(cfg, vocab, model.get_weights(), recurrent_blocks or RECURRENT_BLOCKS)
 
     # The next-token function -----------------------------------------------------------
-
-    def zero_states(self, batch: int) -> tuple[tf.Tensor, ...]:
-        """All-zero (h, c) for every layer: the state at the start of training's epochs."""
-        return tuple(tf.zeros([batch, self.cfg.units]) for _ in range(2 * self.cfg.layers))
 
     def step(self, ids: tf.Tensor, states: tuple[tf.Tensor, ...]) -> tuple[tf.Tensor, tuple[tf.Tensor, ...]]:
         """Logits (B, V) after reading ``ids`` (B,), and the new states."""
@@ -190,96 +185,56 @@ class Generator:
         _, logits, states, tokens = tf.while_loop(lambda t, *_: t < steps, advance, carry)
         return tf.transpose(tokens.stack()), logits, states
 
-    # The public API --------------------------------------------------------------------
+    # Sampler's two steps, through the compiled functions --------------------------------
 
-    def encode_prompts(self, prompts: Sequence[str]) -> list[np.ndarray]:
-        """Each prompt's ids, without characters outside the vocabulary (``Vocabulary.unknown_chars`` names them).
+    def read(self, ids: np.ndarray, states: States) -> tuple[np.ndarray, States]:
+        return _numpy(self.feed_function(tf.constant(ids, tf.int32), _tensors(states)))
 
-        An empty prompt (or one with no known character) becomes a newline, as if at the start of a
-        paragraph: reading nothing would leave all-zero logits, a uniform (greedy: always id 1) first character.
-        """
-        fallback = self.vocab.encode("\n ")
-        fallback = fallback[fallback != UNKNOWN_ID][:1]
-        if not fallback.size:  # neither a newline nor a space in the vocabulary
-            fallback = np.array([1], np.int32)
-        encoded = [ids[ids != UNKNOWN_ID] for ids in (self.vocab.encode(p) for p in prompts)]
-        return [ids if ids.size else fallback for ids in encoded]
-
-    def feed(self, encoded: Sequence[np.ndarray], state: GenerationState | None = None) -> GenerationState:
-        """Read one encoded prompt per sequence, on top of ``state`` (or from zero states): where generation starts."""
-        states = state.states if state is not None else self.zero_states(1)
-        batch = len(encoded)
-        if states[0].shape[0] == 1 and all(np.array_equal(ids, encoded[0]) for ids in encoded):
-            # One prompt from one state: read it once, then copy the result to every row.
-            logits, states = self._feed_in_chunks(encoded[0], states)
-            return GenerationState(tf.tile(logits, [batch, 1]), tuple(tf.tile(s, [batch, 1]) for s in states))
-        if states[0].shape[0] == 1:
-            states = tuple(tf.tile(s, [batch, 1]) for s in states)
-        rows = [self._feed_in_chunks(ids, tuple(s[i : i + 1] for s in states)) for i, ids in enumerate(encoded)]
-        logits = tf.concat([r[0] for r in rows], axis=0)
-        return GenerationState(logits, tuple(tf.concat([r[1][j] for r in rows], axis=0) for j in range(len(states))))
-
-    def _feed_in_chunks(
-        self, ids: np.ndarray, states: tuple[tf.Tensor, ...]
-    ) -> tuple[tf.Tensor, tuple[tf.Tensor, ...]]:
-        """Read one sequence's ids (at least one) in bounded calls; the logits after the last, and the states."""
-        steps = steps_per_call(1)
-        for start in range(0, len(ids), steps):
-            logits, states = self._feed(tf.constant(ids[None, start : start + steps], tf.int32), states)
-        return logits, states
-
-    def stream(
-        self,
-        prompts: Sequence[str],
-        settings: SampleConfig,
-        chunk: int = 64,  # at most steps_per_call(len(prompts))
-        first_chunk: int = 8,
-        state: GenerationState | None = None,
-    ) -> Iterator[Piece]:
-        """Yield the continuations of ``prompts`` piece by piece (``settings.length`` characters each).
-
-        The first piece is short so text appears at once. Each piece carries the state after its
-        last character: pass the last one back as ``state`` to carry a conversation on.
-        """
-        seed = settings.seeded().seed
-        limit = steps_per_call(len(prompts))
-        state = self.feed(self.encode_prompts(prompts), state)
-        produced = 0
-        while produced < settings.length:
-            steps = min(first_chunk if produced == 0 else chunk, limit, settings.length - produced)
-            ids, logits, states = self._generate(
-                state.logits,
-                state.states,
-                tf.constant(steps),
-                tf.constant([seed, produced], tf.int32),
-                tf.constant(float(settings.temperature)),
-                tf.constant(settings.top_k),
-                tf.constant(float(settings.top_p)),
-            )
-            produced += steps
-            state = GenerationState(logits, states)
-            yield Piece([self.vocab.decode(row) for row in ids.numpy()], state)
-
-    def generate(self, prompts: Sequence[str], settings: SampleConfig) -> list[str]:
-        """The full continuations of ``prompts`` (one per prompt)."""
-        pieces = [piece.texts for piece in self.stream(prompts, settings, chunk=steps_per_call(len(prompts)))]
-        return ["".join(row) for row in zip(*pieces, strict=True)]
+    def generate_steps(
+        self, logits: np.ndarray, states: States, steps: int, seed: int, position: int, settings: SampleConfig
+    ) -> tuple[np.ndarray, np.ndarray, States]:
+        return _call_generate(self.generate_function, logits, states, steps, seed, position, settings)
 
 
-@dataclass(frozen=True)
-class GenerationState:
-    """Where a generation stands: next-character logits (B, V) and the LSTM states (h, c of every layer)."""
+class SavedModelGenerator(Sampler):
+    """A ``Generator`` loaded from a SavedModel that ``textgen export --format savedmodel`` wrote: the
+    same compiled functions, kept in the SavedModel beside its serving signatures."""
 
-    logits: tf.Tensor
-    states: tuple[tf.Tensor, ...]
+    def __init__(self, cfg: ModelConfig, vocab: Vocabulary, path: Path) -> None:
+        super().__init__(cfg, vocab)
+        self.loaded = tf.saved_model.load(str(path))
+
+    def read(self, ids: np.ndarray, states: States) -> tuple[np.ndarray, States]:
+        return _numpy(self.loaded.feed(tf.constant(ids, tf.int32), _tensors(states)))
+
+    def generate_steps(
+        self, logits: np.ndarray, states: States, steps: int, seed: int, position: int, settings: SampleConfig
+    ) -> tuple[np.ndarray, np.ndarray, States]:
+        return _call_generate(self.loaded.generate_chunk, logits, states, steps, seed, position, settings)
 
 
-@dataclass(frozen=True)
-class Piece:
-    """The next characters of every sequence, and the state after the last of them."""
+def _tensors(states: States) -> tuple[tf.Tensor, ...]:
+    return tuple(tf.constant(s, tf.float32) for s in states)
 
-    texts: list[str]
-    state: GenerationState
+
+def _numpy(result: tuple[tf.Tensor, tuple[tf.Tensor, ...]]) -> tuple[np.ndarray, States]:
+    logits, states = result
+    return logits.numpy(), tuple(s.numpy() for s in states)
+
+
+def _call_generate(
+    function: Any, logits: np.ndarray, states: States, steps: int, seed: int, position: int, settings: SampleConfig
+) -> tuple[np.ndarray, np.ndarray, States]:
+    ids, new_logits, new_states = function(
+        tf.constant(logits, tf.float32),
+        _tensors(states),
+        tf.constant(steps),
+        tf.constant([seed, position], tf.int32),
+        tf.constant(float(settings.temperature)),
+        tf.constant(settings.top_k),
+        tf.constant(float(settings.top_p)),
+    )
+    return ids.numpy(), new_logits.numpy(), tuple(s.numpy() for s in new_states)
 
 
 def _lstm_cell(
