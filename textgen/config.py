@@ -238,6 +238,34 @@ class DeviceProfile:
 
 
 @dataclasses.dataclass(frozen=True)
+class DistillConfig:
+    """Train on a teacher run's softened predictions as well as on the text (Hinton et al., 2015)."""
+
+    teacher: str  # the teacher run's directory
+    temperature: float = 2.0  # softens both distributions in the soft-target term
+    alpha: float = 0.5  # weight of the true next character; 1 - alpha goes to the teacher's soft targets
+
+    def __post_init__(self) -> None:
+        if not (_finite(self.temperature) and 0.1 <= self.temperature <= 100):  # not sampling's --temp
+            raise ConfigError(f"--temperature must be between 0.1 and 100 (got {self.temperature!r})")
+        _require(_finite(self.alpha) and 0.0 <= self.alpha <= 1.0, "alpha", "between 0 and 1", self.alpha)
+
+
+@dataclasses.dataclass(frozen=True)
+class PruneConfig:
+    """Gradual magnitude pruning (Zhu and Gupta, 2017) of a trained run, fine-tuned as it goes."""
+
+    source: str  # the pruned run's directory
+    sparsity: float = 0.8  # the fraction of each LSTM and output kernel set to zero in the end
+    ramp: float = 0.5  # the fraction of the fine-tuning over which the sparsity rises to its target
+
+    def __post_init__(self) -> None:
+        ok = _finite(self.sparsity) and 0.0 < self.sparsity < 1.0
+        _require(ok, "sparsity", "between 0 and 1 (exclusive)", self.sparsity)
+        _require(_finite(self.ramp) and 0.0 < self.ramp <= 1.0, "ramp", "in (0, 1]", self.ramp)
+
+
+@dataclasses.dataclass(frozen=True)
 class RunConfig:
     """Everything ``train`` decided, enough for ``sample`` to rebuild the model."""
 
@@ -245,17 +273,26 @@ class RunConfig:
     model: ModelConfig
     training: TrainConfig
     profile: DeviceProfile
+    distill: DistillConfig | None = None  # a student trained by ``textgen distill``
+    prune: PruneConfig | None = None  # a run made by ``textgen prune``
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: to_dict(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        return {
+            f.name: to_dict(getattr(self, f.name))
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) is not None
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:
         parts = {"data": DataConfig, "model": ModelConfig, "training": TrainConfig, "profile": DeviceProfile}
-        missing, unknown = sorted(set(parts) - set(data)), sorted(set(data) - set(parts))
+        optional = {"distill": DistillConfig, "prune": PruneConfig}
+        missing, unknown = sorted(set(parts) - set(data)), sorted(set(data) - set(parts) - set(optional))
         if missing or unknown:
             raise ConfigError(f"config sections differ (missing {missing}, unknown {unknown})")
-        return cls(**{name: from_dict(kind, data[name]) for name, kind in parts.items()})
+        return cls(
+            **{name: from_dict(kind, data[name]) for name, kind in {**parts, **optional}.items() if name in data}
+        )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,11 +23,22 @@ from textgen.model import reset_states
 EvalStep = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
 
 
+def model_logits(
+    model: keras.Model, profile: DeviceProfile, x: tf.Tensor, training: bool, seed: tf.Tensor | None = None
+) -> tf.Tensor:
+    """Logits (B, T, V) after inputs ``x``, carrying the LSTM states, through the profile's LSTM path."""
+    return stateful_logits(model, x, training, seed) if profile.fast_lstm else model(x, training=training)
+
+
 def loss_sum(
     model: keras.Model, profile: DeviceProfile, x: tf.Tensor, y: tf.Tensor, training: bool, seed: tf.Tensor | None
 ) -> tf.Tensor:
     """Summed cross-entropy (nats) of targets ``y`` after inputs ``x``, through the profile's LSTM path."""
-    logits = stateful_logits(model, x, training, seed) if profile.fast_lstm else model(x, training=training)
+    return summed_cross_entropy(y, model_logits(model, profile, x, training, seed))
+
+
+def summed_cross_entropy(y: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
+    """Summed cross-entropy (nats) of integer targets ``y`` under ``logits``."""
     return tf.reduce_sum(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
 
 

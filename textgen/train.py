@@ -46,7 +46,16 @@ from textgen.checkpoint import (
     reserve_run,
     resume_hint,
 )
-from textgen.config import DataConfig, DeviceProfile, ModelConfig, RunConfig, TrainConfig, check_fits_in_memory
+from textgen.config import (
+    DataConfig,
+    DeviceProfile,
+    DistillConfig,
+    ModelConfig,
+    PruneConfig,
+    RunConfig,
+    TrainConfig,
+    check_fits_in_memory,
+)
 from textgen.corpus import corpus_fingerprint, resolve_corpora, resolve_encoding, same_codec
 from textgen.data import Splits, StreamLayout, distributed_batches, load_splits
 from textgen.errors import ClusterError, ConfigError, TrainingDiverged, TrainingInterrupted
@@ -55,7 +64,7 @@ from textgen.idcache import cache_root
 from textgen.model import build_model, reset_states
 from textgen.plot import loss_chart, read_history
 from textgen.results import EpochLog, StopReason, TrainResult, bits
-from textgen.scoring import EvalStep, compile_eval_step, loss_sum, score
+from textgen.scoring import EvalStep, compile_eval_step, model_logits, score, summed_cross_entropy
 
 
 @dataclass
@@ -115,9 +124,13 @@ def plan_training(
     model: dict[str, Any] | None = None,
     training: dict[str, Any] | None = None,
     cache_dir: Path | None = None,
+    distill: dict[str, Any] | None = None,
+    prune: dict[str, Any] | None = None,
 ) -> TrainPlan:
     """Resolve the corpus (files, directories, globs) and configs for a new run, or reload a run to resume;
-    either way the run is locked for this process until ``train`` returns.
+    either way the run is locked for this process until ``train`` returns. With ``distill`` (``teacher``, a run
+    name, and ``DistillConfig``'s settings) or ``prune`` (``source``, a run name, and ``PruneConfig``'s), the new
+    run trains on that run's corpus, splits and vocabulary.
 
     ``data``, ``model`` and ``training`` hold only the settings the user gave (``None`` values are
     ignored). On resume, only epochs, time budget, save interval and strategy may change. Encoded
@@ -137,6 +150,8 @@ def plan_training(
         except BaseException:
             lock.release()
             raise
+    if distill or prune:
+        return _plan_derived(checkpoint_dir, run_name, profile, data, model, training, cache_dir, distill, prune)
     if not names:
         raise ConfigError("give a corpus to train on, e.g. textgen train 2600-0.txt")
     files = resolve_corpora(names, download=download)
@@ -158,6 +173,51 @@ def plan_training(
         check_fits_in_memory(model_cfg)
         config = RunConfig(data_cfg, model_cfg, TrainConfig(**training), profile)
         run.create(config, splits.vocab)
+    except BaseException:
+        discard_reserved(run, lock)
+        raise
+    return TrainPlan(run, config, splits, lock=lock)
+
+
+def _plan_derived(
+    checkpoint_dir: Path,
+    run_name: str | None,
+    profile: DeviceProfile,
+    data: dict[str, Any],
+    model: dict[str, Any],
+    training: dict[str, Any],
+    cache_dir: Path,
+    distill: dict[str, Any] | None,
+    prune: dict[str, Any] | None,
+) -> TrainPlan:
+    """A new run made from another: a student of a teacher run (``distill``), or a pruned copy of a run
+    (``prune``), on that run's corpus, splits and vocabulary."""
+    settings = {k: v for k, v in (distill or prune or {}).items() if v is not None}
+    base = find_run(checkpoint_dir, settings.pop("teacher" if distill else "source"), "best")
+    saved = base.load_config()
+    if data:
+        raise ConfigError(f"a {'distilled' if distill else 'pruned'} run reads the streams of {base.name!r} as it did")
+    if prune and model:
+        raise ConfigError("a pruned run keeps its model; give --units, --layers and the like to textgen distill")
+    if training.get("accumulate", 1) != 1 and distill:
+        raise ConfigError("textgen distill does not combine with --accumulate (the teacher reads one batch at a time)")
+    check_corpus_unchanged(base, saved.data)
+    source = str(base.path.resolve())
+    distill_cfg = DistillConfig(teacher=source, **settings) if distill else None
+    prune_cfg = PruneConfig(source=source, **settings) if prune else None
+    if distill_cfg:
+        stem = f"{base.name}-{model.get('units', saved.model.units)}u"
+    else:
+        assert prune_cfg is not None
+        stem = f"{base.name}-pruned{round(100 * prune_cfg.sparsity)}"
+    run, lock = reserve_run(checkpoint_dir, run_name, stem)
+    try:
+        vocab = base.load_vocab()
+        splits = load_splits(saved.data, cache_dir, vocab, train_streams=saved.data.batch_size * _accumulate(training))
+        model_cfg = cfgmod.replace(saved.model, **model) if distill else saved.model
+        check_fits_in_memory(model_cfg)
+        config = RunConfig(saved.data, model_cfg, TrainConfig(**training), profile, distill_cfg, prune_cfg)
+        run.create(config, vocab)
     except BaseException:
         discard_reserved(run, lock)
         raise
@@ -218,7 +278,7 @@ def _plan_resume(
             f"{flags} cannot change when resuming run {run.name!r} (it has {was}); drop them or start a new run"
         )
     check_corpus_unchanged(run, saved.data)
-    config = RunConfig(saved.data, saved.model, cfgmod.replace(saved.training, **training), saved.profile)
+    config = dataclasses.replace(saved, training=cfgmod.replace(saved.training, **training))
     streams = config.data.batch_size * config.training.accumulate
     splits = load_splits(config.data, cache_dir, run.load_vocab(), train_streams=streams)
     if not run.has_state():  # stopped before its first save: start it cleanly
@@ -247,10 +307,14 @@ class Trainer:
     eval_step: EvalStep  # (inputs, targets) per replica -> summed loss
     strategy: tf.distribute.Strategy
     group_states: list[list[keras.Variable]]  # with --accumulate, each group's copy of the LSTM states
+    teacher: keras.Model | None = None  # ``textgen distill``'s teacher, reading the same streams
+    masks: list[tuple[keras.Variable, keras.Variable]] = field(default_factory=list)  # (kernel, mask) when pruning
 
     def reset_states(self) -> None:
-        """Zero the LSTM states, every accumulation group's included."""
+        """Zero the LSTM states, every accumulation group's and the teacher's included."""
         reset_states(self.model)
+        if self.teacher is not None:
+            reset_states(self.teacher)
         for group in self.group_states:
             for state in group:
                 state.assign(tf.zeros_like(state))
@@ -263,13 +327,15 @@ def build_trainer(cfg: RunConfig, strategy: tf.distribute.Strategy | None = None
     replica's rows are N groups of streams, each with its own LSTM states (swapped into the model's in
     turn), whose gradients are summed into one update: the update of an N times bigger batch with the
     activation memory of one group. With the profile's ``fast_lstm`` the LSTM runs through
-    ``textgen.fastlstm`` on the same variables.
+    ``textgen.fastlstm`` on the same variables. A distilled run (``cfg.distill``) also learns the teacher's
+    softened predictions; a pruned run (``cfg.prune``) multiplies its kernels by their masks after every update.
     """
     strategy = strategy or tf.distribute.get_strategy()
     tcfg, profile, groups = cfg.training, cfg.profile, cfg.training.accumulate
     chars_per_update = cfg.data.batch_size * groups * cfg.data.seq_len
+    replica_batch = cfg.data.batch_size // strategy.num_replicas_in_sync
     with strategy.scope():
-        model = build_model(cfg.model, cfg.data.batch_size // strategy.num_replicas_in_sync, profile.precision)
+        model = build_model(cfg.model, replica_batch, profile.precision)
         optimizer: keras.optimizers.Optimizer = keras.optimizers.Adam(
             learning_rate=tcfg.lr, global_clipnorm=tcfg.clip_norm
         )
@@ -282,6 +348,11 @@ def build_trainer(cfg: RunConfig, strategy: tf.distribute.Strategy | None = None
             [keras.Variable(tf.zeros_like(v), trainable=False, name=f"group_{g}_state") for v in lstm_states]
             for g in range(groups if groups > 1 else 0)
         ]
+        teacher = _teacher_model(cfg, replica_batch) if cfg.distill else None
+        masks = [
+            (kernel, keras.Variable(tf.ones_like(kernel), trainable=False, name=f"mask_{i}"))
+            for i, kernel in enumerate(prunable_kernels(model) if cfg.prune else [])
+        ]
 
     def group_gradients(x: tf.Tensor, y: tf.Tensor, group: int) -> tuple[tf.Tensor, list[tf.Tensor]]:
         # The fast LSTM draws its dropout masks from (seed, step, group): a resumed run draws what an
@@ -289,9 +360,16 @@ def build_trainer(cfg: RunConfig, strategy: tf.distribute.Strategy | None = None
         step = tf.cast(optimizer.iterations, tf.int64) * groups + group
         replica = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.int64)
         seed = tf.stack([tf.constant(tcfg.seed, tf.int64) + replica * 2**32, step])  # each replica its own masks
+        teacher_logits = model_logits(teacher, profile, x, False) if teacher is not None else None
         with tf.GradientTape() as tape:
-            loss = loss_sum(model, profile, x, y, True, seed) / chars_per_update
-            scaled = optimizer.scale_loss(loss)
+            logits = model_logits(model, profile, x, True, seed)
+            loss = summed_cross_entropy(y, logits) / chars_per_update
+            if teacher_logits is not None and cfg.distill is not None:
+                soft = soft_cross_entropy(teacher_logits, logits, cfg.distill.temperature) / chars_per_update
+                objective = cfg.distill.alpha * loss + (1.0 - cfg.distill.alpha) * soft
+            else:
+                objective = loss
+            scaled = optimizer.scale_loss(objective)
         return loss, tape.gradient(scaled, model.trainable_variables)
 
     def replica_train_step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
@@ -313,10 +391,55 @@ def build_trainer(cfg: RunConfig, strategy: tf.distribute.Strategy | None = None
 
     @tf.function(jit_compile=profile.jit_compile)
     def train_step(x: Any, y: Any) -> tf.Tensor:
-        return strategy.reduce("SUM", strategy.run(replica_train_step, args=(x, y)), axis=None)
+        loss = strategy.reduce("SUM", strategy.run(replica_train_step, args=(x, y)), axis=None)
+        for kernel, mask in masks:  # pruned weights stay exactly zero whatever the optimizer's moments say
+            kernel.assign(kernel * mask)
+        return loss
 
     eval_step = compile_eval_step(model, profile, strategy)
-    return Trainer(model, optimizer, train_step, eval_step, strategy, group_states)
+    return Trainer(model, optimizer, train_step, eval_step, strategy, group_states, teacher, masks)
+
+
+def _teacher_model(cfg: RunConfig, batch: int) -> keras.Model:
+    """The teacher of a distilled run, with its best weights, stateful on the student's streams."""
+    assert cfg.distill is not None
+    teacher_run = Run(Path(cfg.distill.teacher))
+    teacher_cfg = teacher_run.load_config()
+    teacher = build_model(teacher_cfg.model, batch, cfg.profile.precision)
+    teacher_run.load_weights(teacher, "best")
+    return teacher
+
+
+def soft_cross_entropy(teacher_logits: tf.Tensor, logits: tf.Tensor, temperature: float) -> tf.Tensor:
+    """Distillation's soft-target term, summed over characters: T^2 x the cross-entropy of the student's
+    predictions against the teacher's, both at temperature T (Hinton et al., 2015; T^2 keeps its gradients on
+    the scale of the hard term's as T changes). The teacher gets no gradient."""
+    soft_targets = tf.stop_gradient(tf.nn.softmax(teacher_logits / temperature))
+    return temperature**2 * tf.reduce_sum(tf.nn.softmax_cross_entropy_with_logits(soft_targets, logits / temperature))
+
+
+def prunable_kernels(model: keras.Model) -> list[keras.Variable]:
+    """The weights ``textgen prune`` masks: every LSTM's input and recurrent kernels and the output kernel
+    (the embedding and the biases, ~1% of the default model, stay dense)."""
+    lstms = [layer.cell for layer in model.layers if isinstance(layer, keras.layers.LSTM)]
+    return [v for cell in lstms for v in (cell.kernel, cell.recurrent_kernel)] + [model.get_layer("logits").kernel]
+
+
+def update_masks(masks: list[tuple[keras.Variable, keras.Variable]], sparsity: float) -> None:
+    """Mask the ``sparsity`` fraction of smallest-magnitude weights of each kernel, and zero them.
+
+    Masked weights are exactly zero and stay the smallest, so as the sparsity rises the masked set only grows,
+    and masks recomputed from the weights after a resume are the masks that were in force.
+    """
+    for kernel, mask in masks:
+        weights = kernel.numpy()
+        pruned = round(sparsity * weights.size)
+        keep = np.ones(weights.size, np.float32)
+        if pruned:
+            keep[np.argpartition(np.abs(weights).ravel(), pruned - 1)[:pruned]] = 0.0
+        keep = keep.reshape(weights.shape)
+        mask.assign(keep)
+        kernel.assign(weights * keep)
 
 
 # --- the loop ------------------------------------------------------------------------------
@@ -356,6 +479,8 @@ def _train(
     if resume:
         run.load_weights(trainer.model, "last")
         run.load_optimizer(trainer.optimizer)
+    elif cfg.prune:  # a pruned run starts from the run it prunes
+        Run(Path(cfg.prune.source)).load_weights(trainer.model, "best")
     clock = Clock(before=resume.get("seconds", 0.0), budget=cfg.training.time_budget, agree=compile_agreement(strategy))
     checkpoint, callbacks = build_callbacks(plan, trainer, steps, clock)
     start_epoch, start_batch = resume.get("epoch", 0), resume.get("batch", 0)
@@ -401,7 +526,7 @@ def _train(
                 learning_rate=float(tf.convert_to_tensor(trainer.optimizer.learning_rate.value)),
                 batches=done.batches,
                 seconds=clock.elapsed(),
-                improved=val_loss < checkpoint.best_val_loss,
+                improved=val_loss < checkpoint.best_val_loss and checkpoint.eligible(),
                 partial=done.batch < steps,
             )
             if not math.isfinite(val_loss):
@@ -579,11 +704,22 @@ def build_callbacks(
     plan: TrainPlan, trainer: Trainer, steps: int, clock: Clock
 ) -> tuple[RunCheckpoint, keras.callbacks.CallbackList]:
     """The run's checkpoint and the Keras callbacks the loop drives: state reset, learning-rate
-    schedule, early stopping, TensorBoard logs, and the checkpoint (which also writes the history)."""
-    tcfg, run = plan.config.training, plan.run
-    early_stopping = keras.callbacks.EarlyStopping(
-        monitor="val_loss", patience=tcfg.patience, restore_best_weights=True
-    )
+    schedule, the pruning schedule, early stopping, TensorBoard logs, and the checkpoint (which also writes
+    the history)."""
+    tcfg, run, prune = plan.config.training, plan.run, plan.config.prune
+
+    def schedule_progress(epoch: int, batch: int) -> float:
+        """How far through its schedules the run is: through its epochs, or through its time budget if that
+        is further on, so the schedules end with whichever limit stops the run first."""
+        by_batches = (epoch * steps + batch) / (tcfg.epochs * steps)
+        if clock.budget:  # a resumed run anneals over what it has done plus its new budget
+            return max(by_batches, clock.elapsed() / (clock.before + clock.budget))
+        return by_batches
+
+    # A pruned run's loss rises by design while its sparsity ramps up: it does not stop early, and its best
+    # weights are the best at the full sparsity.
+    patience = tcfg.epochs if prune else tcfg.patience
+    early_stopping = keras.callbacks.EarlyStopping(monitor="val_loss", patience=patience, restore_best_weights=True)
     stateful: dict[str, keras.callbacks.Callback] = {"early_stopping": early_stopping}
     lr_schedule: keras.callbacks.Callback
     if tcfg.lr_schedule == "plateau":
@@ -592,21 +728,16 @@ def build_callbacks(
         )
         stateful["lr_schedule"] = lr_schedule
     else:
-
-        def schedule_progress(epoch: int, batch: int) -> float:
-            """How far through the schedule the run is: through its epochs, or through its time budget
-            if that is further on, so the anneal ends with whichever limit stops the run first."""
-            by_batches = (epoch * steps + batch) / (tcfg.epochs * steps)
-            if clock.budget:  # a resumed run anneals over what it has done plus its new budget
-                return max(by_batches, clock.elapsed() / (clock.before + clock.budget))
-            return by_batches
-
         lr_schedule = CosineSchedule(trainer.optimizer, tcfg.lr, schedule_progress)
-    checkpoint = RunCheckpoint(run, trainer.optimizer, stateful)
+    pruning = PruneSchedule(trainer.masks, prune.sparsity, prune.ramp, schedule_progress) if prune else None
+    checkpoint = RunCheckpoint(
+        run, trainer.optimizer, stateful, eligible=lambda: pruning is None or pruning.sparsity >= pruning.target
+    )
     callbacks = keras.callbacks.CallbackList(
         [
             ResetStatesCallback(trainer),
             lr_schedule,
+            *([pruning] if pruning else []),
             early_stopping,
             keras.callbacks.TensorBoard(str(run.tensorboard_dir), write_graph=False),
             checkpoint,
@@ -616,6 +747,39 @@ def build_callbacks(
         steps=steps,
     )
     return checkpoint, callbacks
+
+
+class PruneSchedule(keras.callbacks.Callback):
+    """Raise the masked fraction of every pruned kernel from 0 to ``target`` over the first ``ramp`` of the run,
+    on Zhu and Gupta's cubic curve (fast at first, while the weights can recover), in steps of 1% of the run
+    (numpy.argpartition over the default model's 1.3M weights takes ~30 ms)."""
+
+    STEPS = 100
+
+    def __init__(
+        self,
+        masks: list[tuple[keras.Variable, keras.Variable]],
+        target: float,
+        ramp: float,
+        progress: Callable[[int, int], float],
+    ) -> None:
+        super().__init__()
+        self.masks, self.target, self.ramp, self.progress = masks, target, ramp, progress
+        self.epoch = 0
+        self.sparsity = -1.0  # none set yet: the first batch (of a new or a resumed run) sets the masks
+
+    def sparsity_at(self, progress: float) -> float:
+        quantised = math.floor(min(max(progress, 0.0), 1.0) * self.STEPS) / self.STEPS
+        return self.target * (1.0 - (1.0 - min(quantised / self.ramp, 1.0)) ** 3)
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self.epoch = epoch
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        sparsity = self.sparsity_at(self.progress(self.epoch, batch))
+        if sparsity != self.sparsity:
+            update_masks(self.masks, sparsity)
+            self.sparsity = sparsity
 
 
 def cosine_lr(peak: float, progress: float) -> float:
@@ -654,9 +818,16 @@ class ResetStatesCallback(keras.callbacks.Callback):
 class RunCheckpoint(keras.callbacks.Callback):
     """Saves the best weights and an atomic resume point at every epoch end."""
 
-    def __init__(self, run: Run, optimizer: keras.optimizers.Optimizer, stateful_callbacks: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        run: Run,
+        optimizer: keras.optimizers.Optimizer,
+        stateful_callbacks: dict[str, Any],
+        eligible: Callable[[], bool] = lambda: True,
+    ) -> None:
         super().__init__()
         self.run, self.optimizer, self.stateful_callbacks = run, optimizer, stateful_callbacks
+        self.eligible = eligible  # whether the weights may be the run's best (a pruned run's: at full sparsity)
         self.best_val_loss = math.inf
         self.history: list[dict[str, Any]] = []  # one row per epoch, committed with every resume point
         self.saved_at = time.monotonic()
@@ -684,7 +855,7 @@ class RunCheckpoint(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         logs = logs or {}
-        if logs["val_loss"] < self.best_val_loss:
+        if logs["val_loss"] < self.best_val_loss and self.eligible():
             self.best_val_loss = logs["val_loss"]
             self.run.save_best(self.model, self.best_val_loss)
         # A row per epoch: an epoch a time budget cut and a resumed run finished replaces its partial row.
