@@ -27,8 +27,8 @@ from textgen.vocab import for_display
 
 if TYPE_CHECKING:
     from textgen.config import SampleConfig
+    from textgen.generation import Piece
     from textgen.idcache import EncodedCorpus
-    from textgen.sampling import Piece
     from textgen.train import TrainPlan
 
 
