@@ -18,8 +18,8 @@ from helpers import subprocess_env
 
 from textgen.checkpoint import Run
 from textgen.config import SampleConfig
-from textgen.repl import HELP, Session
 from textgen.generation import Piece
+from textgen.repl import HELP, Session
 from textgen.vocab import Vocabulary
 
 # --- Session with a fake generator -----------------------------------------------------------

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,8 @@ from helpers import TINY_DATA, assert_one_line_error, invoke, run_textgen, subpr
 from textgen.checkpoint import Run
 from textgen.config import SampleConfig
 from textgen.model import build_model
+from textgen.npsampling import choose_next as np_choose_next
+from textgen.npsampling import uniforms
 from textgen.sampling import Generator, choose_next
 
 GREEDY = SampleConfig(length=40, temperature=0.0, seed=0)
@@ -73,11 +76,40 @@ def keras_model(run: Run):
 # --- strategies: pure functions of fake logits ------------------------------------------------
 
 
-def draws(logits: list[float], n: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0):
+def tf_choose_next(logits: np.ndarray, temperature: float, top_k: int, top_p: float, u: np.ndarray) -> np.ndarray:
+    args = (tf.constant(temperature, tf.float32), tf.constant(top_k), tf.constant(top_p, tf.float32))
+    return choose_next(tf.constant(logits, tf.float32), *args, tf.constant(u)).numpy()
+
+
+# Every strategy test runs on both implementations: the compiled sampler's and LiteRT's NumPy twin.
+@pytest.fixture(params=["tensorflow", "numpy"])
+def choose(request: pytest.FixtureRequest) -> Callable[..., np.ndarray]:
+    return tf_choose_next if request.param == "tensorflow" else np_choose_next
+
+
+def draws(choose, logits: list[float], n: int, temperature=1.0, top_k=0, top_p=1.0, seed=0) -> np.ndarray:
     """``n`` independent draws (one per row) from one row of logits."""
-    rows = tf.tile(tf.constant([logits], tf.float32), [n, 1])
-    ids = choose_next(rows, tf.constant(temperature), tf.constant(top_k), tf.constant(top_p), tf.constant([seed, 0]))
-    return ids.numpy()
+    rows = np.tile(np.array([logits], np.float32), [n, 1])
+    return choose(rows, temperature, top_k, top_p, uniforms(seed, 0, 1, n)[0])
+
+
+def test_tensorflow_and_numpy_draw_the_same_ids() -> None:
+    rng = np.random.default_rng(5)
+    for case, (temperature, top_k, top_p) in enumerate([(1.0, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.9), (0.8, 8, 0.6)]):
+        logits = rng.normal(scale=3.0, size=(512, 40)).astype(np.float32)
+        u = uniforms(case, 100, 1, 512)[0]
+        expected = tf_choose_next(logits, temperature, top_k, top_p, u)
+        np.testing.assert_array_equal(np_choose_next(logits, temperature, top_k, top_p, u), expected)
+        assert len(set(expected.tolist())) > 10  # real draws, not one id
+
+
+def test_uniforms_depend_only_on_seed_position_and_row() -> None:
+    whole = uniforms(3, 0, 50, 8)
+    assert whole.dtype == np.float32 and whole.min() >= 0.0 and whole.max() < 1.0
+    np.testing.assert_array_equal(uniforms(3, 20, 30, 8), whole[20:])  # a later call continues the stream
+    np.testing.assert_array_equal(uniforms(3, 0, 50, 2), whole[:, :2])  # row b is row b in any batch
+    assert not np.array_equal(uniforms(4, 0, 50, 8), whole)
+    assert abs(float(uniforms(0, 0, 1000, 100).mean()) - 0.5) < 0.01
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
@@ -85,26 +117,24 @@ def softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum()
 
 
-def test_temperature_zero_is_argmax_of_the_known_ids() -> None:
+def test_temperature_zero_is_argmax_of_the_known_ids(choose) -> None:
     logits = np.random.default_rng(0).normal(size=(64, 12)).astype(np.float32)
     expected = 1 + np.argmax(logits[:, 1:], axis=-1)
     for top_k, top_p in [(0, 1.0), (3, 1.0), (0, 0.5), (2, 0.3)]:  # filters do not matter when greedy
         for seed in (0, 7):
-            ids = choose_next(
-                tf.constant(logits), tf.constant(0.0), tf.constant(top_k), tf.constant(top_p), tf.constant([seed, 1])
-            )
-            np.testing.assert_array_equal(ids.numpy(), expected)
+            ids = choose(logits, 0.0, top_k, top_p, uniforms(seed, 1, 1, 64)[0])
+            np.testing.assert_array_equal(ids, expected)
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 5])
-def test_top_k_never_emits_outside_the_k_best(k: int) -> None:
+def test_top_k_never_emits_outside_the_k_best(choose, k: int) -> None:
     rng = np.random.default_rng(k)
     logits = rng.normal(scale=0.5, size=10)
     logits[0] = 10.0  # the unknown id is the likeliest, and must not take one of the k places
     best = set((1 + np.argsort(-logits[1:]))[:k].tolist())
     seen: set[int] = set()
     for seed in range(20):
-        ids = draws(logits.tolist(), 200, temperature=1.5, top_k=k, seed=seed)
+        ids = draws(choose, logits.tolist(), 200, temperature=1.5, top_k=k, seed=seed)
         assert set(ids.tolist()) <= best, f"seed {seed}: emitted {set(ids.tolist()) - best} outside the top {k}"
         seen |= set(ids.tolist())
     assert seen == best, "every one of the k best should be drawn at some point"
@@ -117,24 +147,24 @@ PROBS = [0.5, 0.3, 0.15, 0.05]
     ("p", "kept"),
     [(0.4, {1}), (0.7, {1, 2}), (0.85, {1, 2, 3}), (0.9, {1, 2, 3}), (0.97, {1, 2, 3, 4}), (1.0, {1, 2, 3, 4})],
 )
-def test_top_p_keeps_the_smallest_set_reaching_p(p: float, kept: set[int]) -> None:
+def test_top_p_keeps_the_smallest_set_reaching_p(choose, p: float, kept: set[int]) -> None:
     logits = [5.0, *np.log(PROBS).tolist()]  # a large unknown logit, masked before the mass is counted
     seen: set[int] = set()
     for seed in range(10):
-        ids = set(draws(logits, 500, top_p=p, seed=seed).tolist())
+        ids = set(draws(choose, logits, 500, top_p=p, seed=seed).tolist())
         assert ids <= kept, f"top_p={p}: emitted {ids - kept}"
         seen |= ids
     assert seen == kept
 
 
-def test_top_p_applies_to_the_tempered_distribution() -> None:
+def test_top_p_applies_to_the_tempered_distribution(choose) -> None:
     # At temperature 0.5 the probabilities become [0.685, 0.247, 0.062, 0.007]: 0.6 needs only the first id.
     logits = [-50.0, *np.log(PROBS).tolist()]
-    assert set(draws(logits, 2000, temperature=0.5, top_p=0.6).tolist()) == {1}
-    assert set(draws(logits, 2000, temperature=1.0, top_p=0.6).tolist()) == {1, 2}
+    assert set(draws(choose, logits, 2000, temperature=0.5, top_p=0.6).tolist()) == {1}
+    assert set(draws(choose, logits, 2000, temperature=1.0, top_p=0.6).tolist()) == {1, 2}
 
 
-def test_top_p_on_random_distributions() -> None:
+def test_top_p_on_random_distributions(choose) -> None:
     rng = np.random.default_rng(3)
     for case in range(20):
         logits = rng.normal(scale=1.5, size=9)
@@ -145,35 +175,35 @@ def test_top_p_on_random_distributions() -> None:
         if np.min(np.abs(cumulative - p)) < 1e-3:
             continue  # too close to a boundary for float32
         nucleus = set((1 + order[: int(np.searchsorted(cumulative, p)) + 1]).tolist())
-        ids = set(draws(logits.tolist(), 3000, top_p=p, seed=case).tolist())
+        ids = set(draws(choose, logits.tolist(), 3000, top_p=p, seed=case).tolist())
         assert ids <= nucleus, f"case {case}: p={p:.3f} emitted {ids - nucleus}"
         likely = {i for i in nucleus if probs[i - 1] / probs[np.array(list(nucleus)) - 1].sum() > 0.01}
         assert likely <= ids
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.5, 1.0, 3.0])
-def test_the_unknown_id_is_never_emitted(temperature: float) -> None:
+def test_the_unknown_id_is_never_emitted(choose, temperature: float) -> None:
     logits = [8.0, 0.0, 0.5, -0.5, 0.2]
     for top_k, top_p in [(0, 1.0), (1, 1.0), (0, 0.1), (3, 0.9)]:
-        ids = draws(logits, 3000, temperature=temperature, top_k=top_k, top_p=top_p, seed=11)
+        ids = draws(choose, logits, 3000, temperature=temperature, top_k=top_k, top_p=top_p, seed=11)
         assert 0 not in ids
-    assert set(draws(logits, 10, temperature=0.0).tolist()) == {2}
+    assert set(draws(choose, logits, 10, temperature=0.0).tolist()) == {2}
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.5])
-def test_frequencies_follow_the_softmax(temperature: float) -> None:
+def test_frequencies_follow_the_softmax(choose, temperature: float) -> None:
     logits = np.array([1.0, 0.3, -0.4, 1.1, 0.0, -1.5, 0.6])
     expected = softmax(logits[1:] / temperature)
-    ids = np.concatenate([draws(logits.tolist(), 10_000, temperature=temperature, seed=s) for s in (1, 2)])
+    ids = np.concatenate([draws(choose, logits.tolist(), 10_000, temperature=temperature, seed=s) for s in (1, 2)])
     freq = np.bincount(ids, minlength=len(logits))[1:] / len(ids)
     assert np.bincount(ids, minlength=len(logits))[0] == 0
     np.testing.assert_allclose(freq, expected, atol=0.015)
 
 
-def test_a_seed_decides_the_draws() -> None:
+def test_a_seed_decides_the_draws(choose) -> None:
     logits = [0.0, 0.1, 0.2, 0.3, 0.4]
-    np.testing.assert_array_equal(draws(logits, 100, seed=5), draws(logits, 100, seed=5))
-    assert not np.array_equal(draws(logits, 100, seed=5), draws(logits, 100, seed=6))
+    np.testing.assert_array_equal(draws(choose, logits, 100, seed=5), draws(choose, logits, 100, seed=5))
+    assert not np.array_equal(draws(choose, logits, 100, seed=5), draws(choose, logits, 100, seed=6))
 
 
 # --- the generator against the Keras training model ------------------------------------------

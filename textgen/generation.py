@@ -18,6 +18,7 @@ import numpy as np
 
 from textgen.config import ModelConfig, SampleConfig
 from textgen.data import StreamLayout
+from textgen.npsampling import uniforms
 from textgen.vocab import UNKNOWN_ID, Vocabulary
 
 # Characters per compiled call, reading or generating, all sequences together: Ctrl-C lands between
@@ -62,11 +63,10 @@ class Sampler(ABC):
 
     @abstractmethod
     def generate_steps(
-        self, logits: np.ndarray, states: States, steps: int, seed: int, position: int, settings: SampleConfig
+        self, logits: np.ndarray, states: States, uniforms: np.ndarray, settings: SampleConfig
     ) -> tuple[np.ndarray, np.ndarray, States]:
-        """Draw ``steps`` ids per row (B, steps) from ``logits`` on, feeding each back; the logits and
-        states after the last. Draws are seeded by ``seed`` and each step's absolute ``position``, so the
-        text does not depend on how a generation is split into calls."""
+        """Draw one id per row for each row of ``uniforms`` (steps, B) from ``logits`` on, feeding each back
+        (B, steps); the logits and states after the last."""
 
     def zero_states(self, batch: int) -> States:
         """All-zero (h, c) for every layer: the state at the start of training's epochs."""
@@ -125,7 +125,9 @@ class Sampler(ABC):
         produced = 0
         while produced < settings.length:
             steps = min(first_chunk if produced == 0 else chunk, limit, settings.length - produced)
-            ids, logits, states = self.generate_steps(state.logits, state.states, steps, seed, produced, settings)
+            # Drawn at uniforms of (seed, absolute position, row): the text does not depend on chunk sizes.
+            draws = uniforms(seed, produced, steps, len(prompts))
+            ids, logits, states = self.generate_steps(state.logits, state.states, draws, settings)
             produced += steps
             state = GenerationState(logits, states)
             yield Piece([self.vocab.decode(row) for row in ids], state)

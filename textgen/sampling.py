@@ -5,8 +5,9 @@ Two pieces, kept apart as in keras-hub's samplers:
 * the next-token function (``Generator.step``): ids and explicit LSTM states in,
   logits and new states out, computed with plain TensorFlow ops from the weights
   of the trained Keras model;
-* the sampling strategy (``choose_next``): a pure function of logits (greedy,
-  temperature, top-k, top-p). ``textgen.npsampling`` is its NumPy twin, for LiteRT.
+* the sampling strategy (``choose_next``): a pure function of logits and uniform numbers
+  (greedy, temperature, top-k, top-p). ``textgen.npsampling`` is its NumPy twin, for LiteRT,
+  and makes the uniforms for both, so a seed draws the same ids in either.
 
 ``Generator.generate_steps`` runs the whole loop inside one compiled ``tf.while_loop`` per
 chunk, so generating L characters costs L/chunk Python round trips, not L. The chunking,
@@ -28,6 +29,7 @@ from textgen.config import ModelConfig, SampleConfig
 from textgen.generation import Sampler, States
 from textgen.lstm import lstm_cell
 from textgen.model import build_model
+from textgen.npsampling import NEG_INF
 from textgen.vocab import UNKNOWN_ID, Vocabulary
 
 # Column blocks of each recurrent kernel (see _lstm_cell): 4 blocks took batch-64 sampling of
@@ -35,8 +37,6 @@ from textgen.vocab import UNKNOWN_ID, Vocabulary
 RECURRENT_BLOCKS = 4
 # Characters per iteration of the generation loop: ~20% more chars/s at batch 1 than 1.
 UNROLL = 4
-
-NEG_INF = -1e9  # large enough to zero a probability, finite so softmax stays defined
 
 
 # --- strategies: pure functions of logits -------------------------------------------
@@ -64,22 +64,29 @@ def top_p_filter(logits: tf.Tensor, p: tf.Tensor) -> tf.Tensor:
     return tf.where(logits < threshold, tf.cast(NEG_INF, logits.dtype), logits)
 
 
+def draw(logits: tf.Tensor, u: tf.Tensor) -> tf.Tensor:
+    """The id of each row whose cumulative probability first exceeds ``u`` of the total."""
+    cdf = tf.cumsum(tf.nn.softmax(logits), axis=-1)
+    ids = tf.reduce_sum(tf.cast(cdf <= u[:, None] * cdf[:, -1:], tf.int32), axis=-1)
+    return tf.minimum(ids, tf.shape(logits)[-1] - 1)
+
+
 def choose_next(
-    logits: tf.Tensor, temperature: tf.Tensor, top_k: tf.Tensor, top_p: tf.Tensor, seed: tf.Tensor
+    logits: tf.Tensor, temperature: tf.Tensor, top_k: tf.Tensor, top_p: tf.Tensor, u: tf.Tensor
 ) -> tf.Tensor:
-    """Next ids (int32, one per row): argmax at temperature 0, else a filtered, seeded draw."""
+    """Next ids (int32, one per row): argmax at temperature 0, else a filtered draw at the uniforms ``u`` (B,)."""
     logits = mask_unknown(tf.cast(logits, tf.float32))
 
     def greedy() -> tf.Tensor:
         return tf.argmax(logits, axis=-1, output_type=tf.int32)
 
-    def draw() -> tf.Tensor:
+    def filtered_draw() -> tf.Tensor:
         scaled = logits / temperature
         scaled = tf.cond(top_k > 0, lambda: top_k_filter(scaled, top_k), lambda: scaled)
         scaled = tf.cond(top_p < 1.0, lambda: top_p_filter(scaled, top_p), lambda: scaled)
-        return tf.random.stateless_categorical(scaled, 1, seed=seed, dtype=tf.int32)[:, 0]
+        return draw(scaled, u)
 
-    return tf.cond(temperature > 0, draw, greedy)
+    return tf.cond(temperature > 0, filtered_draw, greedy)
 
 
 # --- the next-token function and the compiled loop ------------------------------------
@@ -118,8 +125,7 @@ class Generator(Sampler):
             input_signature=[
                 tf.TensorSpec([None, vocab.size], tf.float32),
                 state_spec,
-                tf.TensorSpec([], tf.int32),  # steps
-                tf.TensorSpec([2], tf.int32),  # seed, position of the first step
+                tf.TensorSpec([None, None], tf.float32),  # uniforms (steps, B): one draw per step and row
                 scalar,  # temperature
                 tf.TensorSpec([], tf.int32),  # top_k
                 scalar,  # top_p
@@ -162,15 +168,15 @@ class Generator(Sampler):
         self,
         logits: tf.Tensor,
         states: tuple[tf.Tensor, ...],
-        steps: tf.Tensor,
-        seed: tf.Tensor,
+        uniforms: tf.Tensor,
         temperature: tf.Tensor,
         top_k: tf.Tensor,
         top_p: tf.Tensor,
     ) -> tuple[tf.Tensor, tf.Tensor, tuple[tf.Tensor, ...]]:
+        steps = tf.shape(uniforms)[0]
+
         def advance(t: tf.Tensor, logits: tf.Tensor, states: tuple, tokens: tf.TensorArray) -> tuple:
-            # Seeded by (seed, absolute position): the text does not depend on chunk sizes.
-            ids = choose_next(logits, temperature, top_k, top_p, tf.stack([seed[0], seed[1] + t]))
+            ids = choose_next(logits, temperature, top_k, top_p, uniforms[t])
             logits, states = self.step(ids, states)
             return t + 1, logits, states, tokens.write(t, ids)
 
@@ -191,9 +197,9 @@ class Generator(Sampler):
         return _numpy(self.feed_function(tf.constant(ids, tf.int32), _tensors(states)))
 
     def generate_steps(
-        self, logits: np.ndarray, states: States, steps: int, seed: int, position: int, settings: SampleConfig
+        self, logits: np.ndarray, states: States, uniforms: np.ndarray, settings: SampleConfig
     ) -> tuple[np.ndarray, np.ndarray, States]:
-        return _call_generate(self.generate_function, logits, states, steps, seed, position, settings)
+        return _call_generate(self.generate_function, logits, states, uniforms, settings)
 
 
 class SavedModelGenerator(Sampler):
@@ -208,9 +214,9 @@ class SavedModelGenerator(Sampler):
         return _numpy(self.loaded.feed(tf.constant(ids, tf.int32), _tensors(states)))
 
     def generate_steps(
-        self, logits: np.ndarray, states: States, steps: int, seed: int, position: int, settings: SampleConfig
+        self, logits: np.ndarray, states: States, uniforms: np.ndarray, settings: SampleConfig
     ) -> tuple[np.ndarray, np.ndarray, States]:
-        return _call_generate(self.loaded.generate_chunk, logits, states, steps, seed, position, settings)
+        return _call_generate(self.loaded.generate_chunk, logits, states, uniforms, settings)
 
 
 def _tensors(states: States) -> tuple[tf.Tensor, ...]:
@@ -223,13 +229,12 @@ def _numpy(result: tuple[tf.Tensor, tuple[tf.Tensor, ...]]) -> tuple[np.ndarray,
 
 
 def _call_generate(
-    function: Any, logits: np.ndarray, states: States, steps: int, seed: int, position: int, settings: SampleConfig
+    function: Any, logits: np.ndarray, states: States, uniforms: np.ndarray, settings: SampleConfig
 ) -> tuple[np.ndarray, np.ndarray, States]:
     ids, new_logits, new_states = function(
         tf.constant(logits, tf.float32),
         _tensors(states),
-        tf.constant(steps),
-        tf.constant([seed, position], tf.int32),
+        tf.constant(uniforms, tf.float32),
         tf.constant(float(settings.temperature)),
         tf.constant(settings.top_k),
         tf.constant(float(settings.top_p)),

@@ -1,0 +1,72 @@
+"""The sampling strategy in NumPy: the twin of ``textgen.sampling.choose_next``, for runtimes without TensorFlow.
+
+Both draw by inverting the cumulative distribution at a uniform number from ``uniforms``, a counter-based
+hash of (seed, position, row) computed here and handed to either implementation, so the same logits and
+seed give the same ids in TensorFlow and in NumPy (tests/test_sampling.py runs every strategy test on both),
+and a sample's text depends neither on how it is split into calls nor on how many rows are drawn at once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from textgen.vocab import UNKNOWN_ID
+
+NEG_INF = np.float32(-1e9)  # large enough to zero a probability, finite so softmax stays defined
+
+_MIX = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xD1B54A32D192ED03), np.uint64(0x8CB92BA72F3D8DD7))
+
+
+def uniforms(seed: int, position: int, steps: int, batch: int) -> np.ndarray:
+    """Uniform numbers in [0, 1), float32 (steps, batch): row ``b`` of step ``position + t`` gets a value that
+    depends only on (seed, position + t, b), through splitmix64's finaliser."""
+    t = np.arange(position, position + steps, dtype=np.uint64)[:, None]
+    b = np.arange(batch, dtype=np.uint64)[None, :]
+    x = np.full_like(t, seed) * _MIX[0] + t * _MIX[1] + b * _MIX[2]
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    x = x ^ (x >> np.uint64(31))
+    # 24 bits: every value is exact in float32, so TensorFlow and NumPy compare against the same number.
+    return (x >> np.uint64(40)).astype(np.float32) * np.float32(2.0**-24)
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    e = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def top_k_filter(logits: np.ndarray, k: int) -> np.ndarray:
+    """Keep the ``k`` largest logits of each row."""
+    k = min(max(k, 1), logits.shape[-1])
+    kth = -np.sort(-logits, axis=-1)[:, k - 1 : k]
+    return np.where(logits < kth, NEG_INF, logits)
+
+
+def top_p_filter(logits: np.ndarray, p: float) -> np.ndarray:
+    """Keep the smallest set of most likely ids whose probability mass reaches ``p``."""
+    sorted_logits = -np.sort(-logits, axis=-1)
+    mass = np.cumsum(_softmax(sorted_logits), axis=-1)
+    mass_before = np.concatenate([np.zeros_like(mass[:, :1]), mass[:, :-1]], axis=-1)
+    threshold = np.where(mass_before < np.float32(p), sorted_logits, np.inf).min(axis=-1, keepdims=True)
+    return np.where(logits < threshold, NEG_INF, logits)
+
+
+def draw(logits: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """The id of each row whose cumulative probability first exceeds ``u`` of the total."""
+    cdf = np.cumsum(_softmax(logits), axis=-1)
+    ids = np.sum(cdf <= (u * cdf[:, -1])[:, None], axis=-1)
+    return np.minimum(ids, logits.shape[-1] - 1).astype(np.int32)
+
+
+def choose_next(logits: np.ndarray, temperature: float, top_k: int, top_p: float, u: np.ndarray) -> np.ndarray:
+    """Next ids (int32, one per row): argmax at temperature 0, else a filtered draw at the uniforms ``u`` (B,)."""
+    logits = np.asarray(logits, np.float32).copy()
+    logits[:, UNKNOWN_ID] = NEG_INF
+    if temperature <= 0:
+        return np.argmax(logits, axis=-1).astype(np.int32)
+    scaled = logits / np.float32(temperature)
+    if top_k > 0:
+        scaled = top_k_filter(scaled, top_k)
+    if top_p < 1.0:
+        scaled = top_p_filter(scaled, top_p)
+    return draw(scaled, u)
