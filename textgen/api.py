@@ -13,16 +13,16 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from textgen.checkpoint import Run, find_run
+from textgen.checkpoint import find_run
 from textgen.cluster import cluster_role, make_strategy
-from textgen.config import DataConfig, ModelConfig, TrainConfig, check_fits_in_memory
+from textgen.config import DataConfig, DistillConfig, ModelConfig, PruneConfig, TrainConfig, check_fits_in_memory
 from textgen.device import apply_profile, configure_for_inference, import_tensorflow, resolve_profile
 from textgen.errors import ConfigError
 from textgen.idcache import cache_root
 
 if TYPE_CHECKING:
-    from textgen.results import Evaluation, TrainResult
-    from textgen.sampling import Generator
+    from textgen.generation import Sampler
+    from textgen.results import Evaluation, ExportResult, TrainResult
     from textgen.train import TrainingProgress
 
 
@@ -41,14 +41,22 @@ def train(
     model: dict[str, Any],
     training: dict[str, Any],
     progress: TrainingProgress | None = None,
+    distill: dict[str, Any] | None = None,
+    prune: dict[str, Any] | None = None,
 ) -> TrainResult:
     """Plan a new run (or reload one with ``resume``) and train it; ``data``, ``model`` and
-    ``training`` hold the settings the user gave (``None`` for the rest).
+    ``training`` hold the settings the user gave (``None`` for the rest). ``distill`` (a ``teacher`` run and
+    ``DistillConfig``'s settings) trains a student of another run, ``prune`` (a ``source`` run and
+    ``PruneConfig``'s settings) a pruned copy of one, on that run's corpus.
 
     Under ``--strategy multiworker`` every worker makes this call with the same arguments; the chief
     plans and writes the run, the others plan a copy in scratch space and train in step with it.
     """
     _check_settings(data, model, training)
+    if distill:
+        DistillConfig(teacher="", **{k: v for k, v in distill.items() if k != "teacher" and v is not None})
+    if prune:
+        PruneConfig(source="", **{k: v for k, v in prune.items() if k != "source" and v is not None})
     if threads is not None and not 0 < threads <= 1024:
         raise ConfigError(f"--threads must be between 1 and 1024 (got {threads})")
     saved = find_run(checkpoint_dir, run_name).load_config() if resume else None
@@ -79,6 +87,8 @@ def train(
         data=data,
         model=model,
         training=training,
+        distill=distill,
+        prune=prune,
     )
     with contextlib.ExitStack() as cleanup:
         if role.chief:
@@ -103,14 +113,35 @@ def copy_run(source: Path, dest_dir: Path) -> None:
                 shutil.copy2(path, dest_dir / source.name / path.name)
 
 
-def open_generator(checkpoint_dir: Path, run_name: str | None, which: str = "best") -> tuple[Generator, Run]:
-    """The sampler of a run (the latest if ``run_name`` is None) with its ``best`` or ``last`` weights."""
+def open_generator(
+    checkpoint_dir: Path, run_name: str | None, which: str = "best", model: Path | None = None
+) -> tuple[Sampler, str]:
+    """The sampler of a run (the latest if ``run_name`` is None) with its ``best`` or ``last`` weights, or of an
+    exported ``model`` (a LiteRT one without importing TensorFlow); and its name."""
+    if model is not None:
+        from textgen.artifact import open_artifact
+
+        if run_name is not None:
+            raise ConfigError("give --run or --model, not both")
+        return open_artifact(model)[0], str(model)
     run = find_run(checkpoint_dir, run_name, which)
     import_tensorflow()
     configure_for_inference()
     from textgen.sampling import Generator
 
-    return Generator.from_run(run, which), run
+    return Generator.from_run(run, which), run.name
+
+
+def export(
+    checkpoint_dir: Path, run_name: str | None, format: str, quantize: str, path: Path | None, which: str = "best"
+) -> ExportResult:
+    """Export a run as a self-contained LiteRT or SavedModel directory (see ``textgen.export``)."""
+    run = find_run(checkpoint_dir, run_name, which)
+    import_tensorflow()
+    configure_for_inference()
+    from textgen.export import export_run
+
+    return export_run(run, format, quantize, path, which)
 
 
 def evaluate(
@@ -120,8 +151,18 @@ def evaluate(
     file: str | None = None,
     which: str = "best",
     encoding: str = "auto",
+    model: Path | None = None,
 ) -> Evaluation:
-    """Cross-entropy of a run on its ``split`` or on a text ``file`` (see ``textgen.evaluate``)."""
+    """Cross-entropy of a run on its ``split`` or on a text ``file``, or of an exported ``model`` on a ``file``
+    (see ``textgen.evaluate``)."""
+    if model is not None:
+        from textgen.artifact import evaluate_artifact
+
+        if run_name is not None:
+            raise ConfigError("give --run or --model, not both")
+        if file is None:
+            raise ConfigError("an exported --model has no corpus splits: give a text FILE to score")
+        return evaluate_artifact(model, file, encoding)
     run = find_run(checkpoint_dir, run_name, which)
     import_tensorflow()
     configure_for_inference()

@@ -19,11 +19,13 @@ from typer._click.exceptions import ClickException, NoArgsIsHelpError
 from typer.core import TyperGroup
 
 from textgen import api, ui
+from textgen.artifact import ExportFormat, Quantize
 from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, run_summaries
 from textgen.config import (
     DataConfig,
     LRSchedule,
     ModelConfig,
+    PruneConfig,
     SampleConfig,
     Split,
     Strategy,
@@ -108,6 +110,12 @@ TempOption = Annotated[float, typer.Option("--temp", help="Temperature; 0 picks 
 TopKOption = Annotated[int, typer.Option(help="Sample only from the K likeliest characters (0 = off)")]
 TopPOption = Annotated[float, typer.Option(help="Sample from the smallest set with this much probability (1 = off)")]
 SeedOption = Annotated[int | None, typer.Option(help="Seed for reproducible text", show_default="random")]
+ModelOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--model", help="An exported model (textgen export) instead of a run", show_default=False, metavar="PATH"
+    ),
+]
 
 
 ENCODING_HELP = "The text's encoding: auto tries UTF-8, then Windows-1252, then Latin-1; or a codec name such as utf-16"
@@ -254,6 +262,115 @@ def train(
         ui.show_train_result(console, result, as_json)
 
 
+DISTILL_EXAMPLES = """
+**Examples**
+
+    textgen distill --teacher 2600-0 --units 128 --time-budget 20m
+
+    textgen distill --teacher 2600-0 --units 256 --temperature 2 --alpha 0.5 --epochs 6 --run wp-256
+
+The student is an ordinary run: sample, evaluate, export it; `textgen train --resume --run NAME` continues it.
+"""
+
+
+@app.command(epilog=DISTILL_EXAMPLES)
+def distill(
+    teacher: Annotated[str, typer.Option(help="The run to learn from (its best weights)", show_default=False)],
+    units: Annotated[int | None, _option("The student's LSTM units per layer", "Model", MODEL.units)] = None,
+    layers: Annotated[int | None, _option("The student's stacked LSTM layers", "Model", MODEL.layers)] = None,
+    embedding_dim: Annotated[int | None, _option("Character embedding size", "Model", "the teacher's")] = None,
+    dropout: Annotated[float | None, _option("The student's dropout", "Model", "the teacher's")] = None,
+    temperature: Annotated[
+        float | None,
+        _option("Softens the teacher's and the student's predictions in the soft-target loss", "Distillation", 2.0),
+    ] = None,
+    alpha: Annotated[
+        float | None,
+        _option("Weight of the true next character; the rest goes to the teacher's soft targets", "Distillation", 0.5),
+    ] = None,
+    lr: Annotated[float | None, _option("Adam's peak learning rate", "Optimisation", TRAINING.lr)] = None,
+    epochs: Annotated[int | None, _option("Maximum epochs", "Optimisation", TRAINING.epochs)] = None,
+    time_budget: Annotated[str | None, _option("Stop cleanly after this long, e.g. 20m", "Optimisation")] = None,
+    seed: Annotated[int | None, _option("Random seed", "Optimisation", TRAINING.seed)] = None,
+    device: Annotated[Device, _option("Device profile", "Run")] = Device.auto,
+    run: Annotated[str | None, _option("The student run's name", "Run", "TEACHER-UNITSu")] = None,
+    checkpoint_dir: Annotated[Path, _option("Where runs are saved", "Run")] = DEFAULT_CHECKPOINT_DIR,
+    as_json: Annotated[bool, _option("One JSON object per epoch and one at the end", "Run", None, "--json")] = False,
+) -> None:
+    """Train a smaller student on a trained run's softened predictions (knowledge distillation)."""
+    with _errors():
+        result = api.train(
+            None,
+            device=device.value,
+            checkpoint_dir=checkpoint_dir,
+            run_name=run,
+            data={},
+            model={"units": units, "layers": layers, "embedding_dim": embedding_dim, "dropout": dropout},
+            training=_training(lr, epochs, time_budget, seed),
+            distill={"teacher": teacher, "temperature": temperature, "alpha": alpha},
+            progress=ui.TrainingDisplay(console, as_json=as_json),
+        )
+        ui.show_train_result(console, result, as_json)
+
+
+PRUNE_EXAMPLES = """
+**Examples**
+
+    textgen prune --run 2600-0 --sparsity 0.8 --time-budget 10m
+
+    textgen export --run 2600-0-pruned80 --format litert --quantize int8   # then compress the file
+
+The pruned run is an ordinary run: sample, evaluate, export it; `textgen train --resume --run NAME` continues it.
+"""
+
+
+@app.command(epilog=PRUNE_EXAMPLES)
+def prune(
+    run: Annotated[str, typer.Option("--run", help="The run to prune (its best weights)", show_default=False)],
+    sparsity: Annotated[
+        float, _option("Fraction of each LSTM and output kernel set to zero in the end", "Pruning")
+    ] = PruneConfig.sparsity,
+    ramp: Annotated[
+        float, _option("Fraction of the fine-tuning over which the sparsity rises to its target", "Pruning")
+    ] = PruneConfig.ramp,
+    lr: Annotated[float | None, _option("Adam's peak learning rate for the fine-tuning", "Optimisation", 1e-3)] = None,
+    epochs: Annotated[int | None, _option("Maximum epochs", "Optimisation", TRAINING.epochs)] = None,
+    time_budget: Annotated[str | None, _option("Stop cleanly after this long, e.g. 10m", "Optimisation")] = None,
+    seed: Annotated[int | None, _option("Random seed", "Optimisation", TRAINING.seed)] = None,
+    device: Annotated[Device, _option("Device profile", "Run")] = Device.auto,
+    name: Annotated[str | None, _option("The pruned run's name", "Run", "RUN-pruned")] = None,
+    checkpoint_dir: Annotated[Path, _option("Where runs are saved", "Run")] = DEFAULT_CHECKPOINT_DIR,
+    as_json: Annotated[bool, _option("One JSON object per epoch and one at the end", "Run", None, "--json")] = False,
+) -> None:
+    """Prune a trained run to a sparsity, fine-tuning it as the smallest weights are masked to zero."""
+    with _errors():
+        result = api.train(
+            None,
+            device=device.value,
+            checkpoint_dir=checkpoint_dir,
+            run_name=name,
+            data={},
+            model={},
+            training=_training(lr or PRUNE_LR, epochs, time_budget, seed),
+            prune={"source": run, "sparsity": sparsity, "ramp": ramp},
+            progress=ui.TrainingDisplay(console, as_json=as_json),
+        )
+        ui.show_train_result(console, result, as_json)
+
+
+# Fine-tuning starts from trained weights: half the peak learning rate of training from scratch.
+PRUNE_LR = 1e-3
+
+
+def _training(lr: float | None, epochs: int | None, time_budget: str | None, seed: int | None) -> dict[str, Any]:
+    return {
+        "lr": lr,
+        "epochs": epochs,
+        "seed": seed,
+        "time_budget": parse_duration(time_budget) if time_budget else None,
+    }
+
+
 SAMPLE_EXAMPLES = """
 **Examples**
 
@@ -278,17 +395,18 @@ def sample(
     top_p: TopPOption = SAMPLING.top_p,
     seed: SeedOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per sample, with the settings used")] = False,
+    model: ModelOption = None,
 ) -> None:
-    """Generate text from a trained run (the latest by default)."""
+    """Generate text from a trained run (the latest by default) or an exported model."""
     with _errors():
         settings = SampleConfig(length=length, num=num, temperature=temp, top_k=top_k, top_p=top_p, seed=seed).seeded()
-        generator, found = api.open_generator(checkpoint_dir, run, "last" if last else "best")
+        generator, found = api.open_generator(checkpoint_dir, run, "last" if last else "best", model)
         ui.warn_unknown(err_console, generator.vocab.unknown_chars(prime))
         prompts = [prime] * settings.num
         if settings.num == 1 and console.is_terminal and not as_json:
             ui.stream_sample(console, prime, generator.stream(prompts, settings))
         else:
-            record = {"run": found.name, "weights": "last" if last else "best"}
+            record = {"model": found} if model else {"run": found, "weights": "last" if last else "best"}
             ui.show_samples(console, generator.generate(prompts, settings), prime, settings, as_json, **record)
 
 
@@ -313,14 +431,15 @@ def repl(
     top_k: TopKOption = SAMPLING.top_k,
     top_p: TopPOption = SAMPLING.top_p,
     seed: SeedOption = None,
+    model: ModelOption = None,
 ) -> None:
     """Type a prompt, watch the continuation stream in; the model is loaded once."""
     with _errors():
         settings = SampleConfig(length=length, temperature=temp, top_k=top_k, top_p=top_p, seed=seed)
-        generator, found = api.open_generator(checkpoint_dir, run, "last" if last else "best")
+        generator, found = api.open_generator(checkpoint_dir, run, "last" if last else "best", model)
         generator.generate([" "], SampleConfig(length=2, seed=0))  # compile now, not on the first prompt
     session = Session(generator, settings, sys.stdout, lambda msg: err_console.print(f"[yellow]{escape(msg)}[/]"))
-    console.print(f"[bold]{escape(found.name)}[/] loaded. {GREETING}")
+    console.print(f"[bold]{escape(found)}[/] loaded. {GREETING}")
     for line in read_lines("> "):
         if not session.handle(line):
             return
@@ -348,11 +467,47 @@ def evaluate(
     last: LastOption = False,
     encoding: Annotated[str, typer.Option(help=ENCODING_HELP + " (for FILE)")] = "auto",
     as_json: JsonOption = False,
+    model: ModelOption = None,
 ) -> None:
-    """Cross-entropy of a run on held-out text: nats/char, bits/char and perplexity."""
+    """Cross-entropy of a run (or an exported model) on held-out text: nats/char, bits/char and perplexity."""
     with _errors():
-        result = api.evaluate(checkpoint_dir, run, split.value, file, "last" if last else "best", encoding)
+        which = "last" if last else "best"
+        result = api.evaluate(checkpoint_dir, run, split.value, file, which, encoding, model)
         ui.show_evaluation(console, err_console, result, as_json)
+
+
+EXPORT_EXAMPLES = """
+**Examples**
+
+    textgen export --format litert --quantize int8     # the latest run, for phones and browsers
+
+    textgen export --run 2600-0 --format savedmodel -o serving/wp/1
+
+    textgen sample --model exports/2600-0-litert-int8 --temp 0.8   # no TensorFlow needed
+
+The directory holds the network and textgen.json (vocabulary, model config); nothing else from the run is needed.
+"""
+
+
+@app.command(epilog=EXPORT_EXAMPLES)
+def export(
+    format: Annotated[ExportFormat, typer.Option(help="litert: a .tflite next-token step; savedmodel: TensorFlow's")],
+    run: RunOption = None,
+    checkpoint_dir: CheckpointDirOption = DEFAULT_CHECKPOINT_DIR,
+    last: LastOption = False,
+    quantize: Annotated[
+        Quantize, typer.Option(help="LiteRT weights: float32, float16 (half size) or int8 (dynamic range)")
+    ] = Quantize.none,
+    output: Annotated[
+        Path | None,
+        typer.Option("-o", "--output", help="Directory to write", show_default="exports/RUN-FORMAT[-QUANTIZE]"),
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Export a run as a self-contained model for LiteRT or TensorFlow Serving."""
+    with _errors():
+        result = api.export(checkpoint_dir, run, format.value, quantize.value, output, "last" if last else "best")
+        ui.show_export(console, result, as_json)
 
 
 RUNS_EXAMPLES = """

@@ -123,3 +123,14 @@ class RunSummary:
         if not self.usable:
             return "incomplete"
         return self.finished.label if self.finished else "resumable"
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """Where an export went and what it holds."""
+
+    run: str
+    path: Path
+    format: str
+    quantize: str
+    bytes: int  # on disk, the whole directory

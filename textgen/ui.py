@@ -22,7 +22,7 @@ from rich.table import Table
 
 from textgen.checkpoint import Run, resume_hint
 from textgen.errors import TextgenError, TrainingInterrupted
-from textgen.results import EpochLog, Evaluation, RunSummary, TrainResult, bits
+from textgen.results import EpochLog, Evaluation, ExportResult, RunSummary, TrainResult, bits
 from textgen.vocab import for_display
 
 if TYPE_CHECKING:
@@ -248,6 +248,19 @@ def show_evaluation(console: Console, err_console: Console, result: Evaluation, 
             f"[yellow]warning:[/] {result.unknown_chars:,} characters are not in the run's vocabulary; "
             "they were scored as unknown"
         )
+
+
+def show_export(console: Console, result: ExportResult, as_json: bool) -> None:
+    if as_json:
+        print(json_line(result))
+        return
+    quantized = "" if result.quantize == "none" else f", {result.quantize} weights"
+    console.print(
+        f"exported {result.run} as {result.format}{quantized}: {result.path} ({result.bytes / 1e6:.1f} MB); "
+        f"try: textgen sample --model {result.path}",
+        markup=False,
+        highlight=False,
+    )
 
 
 def show_runs(console: Console, runs: list[RunSummary], checkpoint_dir: Path, as_json: bool) -> None:

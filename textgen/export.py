@@ -1,0 +1,151 @@
+"""``textgen export``: a run's network as a self-contained LiteRT or SavedModel directory (``textgen.artifact``).
+
+Both are built from the sampler's own next-token function (``textgen.sampling.Generator``), so an
+artifact computes what ``textgen sample`` computes. The SavedModel holds three serving signatures:
+
+* ``step``: ``ids`` (B,) int32 and the states ``h_0``, ``c_0``, ... (B, units) -> ``logits`` (B, V) and the new states;
+* ``generate``: ``prompt`` (B, P) int32 ids (P >= 1), ``length``, ``temperature`` (0 = greedy), ``top_k``
+  (0 = off), ``top_p`` (1 = off), ``seed`` -> ``ids`` (B, length): the whole loop in the graph;
+* ``vocabulary``: -> ``chars`` (V,) strings, the character of each id (id 0, the unknown one, is U+FFFD);
+
+and, for ``textgen sample --model``, the sampler's compiled ``feed`` and ``generate_chunk`` functions.
+The LiteRT file holds the ``step`` signature (LiteRT converts a step with explicit states, not a Keras LSTM
+loop), with ``--quantize float16`` (half-size weights) or ``int8`` (dynamic-range: int8 weights, float
+activations).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import tempfile
+from pathlib import Path
+
+import tensorflow as tf
+
+from textgen.artifact import LITERT_FILE, STEP_SIGNATURE, ArtifactInfo, ExportFormat, Quantize, is_artifact, state_names
+from textgen.checkpoint import Run
+from textgen.errors import CheckpointError, ConfigError
+from textgen.files import fsync_directory
+from textgen.results import ExportResult
+from textgen.sampling import Generator
+from textgen.vocab import UNKNOWN_CHAR
+
+
+def default_path(run: Run, format: str, quantize: str) -> Path:
+    """``exports/<run>-<format>[-<quantize>]`` in the working directory."""
+    suffix = "" if quantize == Quantize.none.value else f"-{quantize}"
+    return Path("exports") / f"{run.name}-{format}{suffix}"
+
+
+def export_run(run: Run, format: str, quantize: str, path: Path | None = None, which: str = "best") -> ExportResult:
+    """Write ``run``'s ``which`` weights to ``path`` as a LiteRT or SavedModel artifact, atomically: an
+    earlier export at ``path`` is replaced in one rename, anything else there is refused."""
+    if format == ExportFormat.savedmodel.value and quantize != Quantize.none.value:
+        raise ConfigError("--quantize applies to --format litert; a SavedModel keeps float32 weights")
+    path = Path(path) if path is not None else default_path(run, format, quantize)
+    if path.exists() and not is_artifact(path):
+        raise ConfigError(f"{path} exists and is not a textgen export; choose another -o PATH or remove it")
+    cfg = run.load_config()
+    # LiteRT: one recurrent matmul per step (the column blocks that help TensorFlow's executor do not help it).
+    generator = Generator.from_run(run, which, recurrent_blocks=1 if format == ExportFormat.litert.value else None)
+    info = ArtifactInfo(
+        format=format,
+        quantize=quantize,
+        model=cfg.model,
+        vocab=generator.vocab,
+        run=run.name,
+        weights=which,
+        batch_size=cfg.data.batch_size,
+        seq_len=cfg.data.seq_len,
+        strip_boilerplate=cfg.data.strip_boilerplate,
+    )
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        building = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+        try:
+            _write(generator, info, building)
+            _replace_directory(building, path)
+        finally:
+            shutil.rmtree(building, ignore_errors=True)
+    except OSError as exc:
+        raise CheckpointError(f"cannot write {path} ({exc.strerror or exc}); choose another -o PATH") from None
+    size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    return ExportResult(run.name, path, format, quantize, size)
+
+
+def _write(generator: Generator, info: ArtifactInfo, directory: Path) -> None:
+    module, signatures = export_module(generator)
+    if info.format == ExportFormat.savedmodel.value:
+        tf.saved_model.save(module, str(directory), signatures=signatures)
+    else:
+        with tempfile.TemporaryDirectory(prefix="textgen-export-") as scratch:
+            tf.saved_model.save(module, scratch, signatures={STEP_SIGNATURE: signatures[STEP_SIGNATURE]})
+            (directory / LITERT_FILE).write_bytes(litert_bytes(scratch, info.quantize))
+    (directory / "textgen.json").write_text(info.to_json(), encoding="utf-8")
+
+
+def litert_bytes(saved_model: str, quantize: str) -> bytes:
+    """The ``step`` signature of ``saved_model`` converted to LiteRT, with ``quantize``'s weights."""
+    converter = tf.lite.TFLiteConverter.from_saved_model(saved_model, signature_keys=[STEP_SIGNATURE])
+    if quantize != Quantize.none.value:
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]  # alone: dynamic-range int8
+    if quantize == Quantize.float16.value:
+        converter.target_spec.supported_types = [tf.float16]
+    result: bytes = converter.convert()
+    return result
+
+
+def export_module(generator: Generator) -> tuple[tf.Module, dict[str, tf.types.experimental.GenericFunction]]:
+    """A ``tf.Module`` holding the sampler's functions, and the serving signatures (see the module docstring)."""
+    cfg, vocab = generator.cfg, generator.vocab
+    names = state_names(cfg.layers)
+    state_specs = [tf.TensorSpec([None, cfg.units], tf.float32, name=n) for n in names]
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int32, name="ids"), *state_specs])
+    def step(ids: tf.Tensor, *states: tf.Tensor) -> dict[str, tf.Tensor]:
+        logits, new_states = generator.step(ids, states)
+        return {"logits": logits, **dict(zip(names, new_states, strict=True))}
+
+    @tf.function(
+        input_signature=[
+            tf.TensorSpec([None, None], tf.int32, name="prompt"),
+            tf.TensorSpec([], tf.int32, name="length"),
+            tf.TensorSpec([], tf.float32, name="temperature"),
+            tf.TensorSpec([], tf.int32, name="top_k"),
+            tf.TensorSpec([], tf.float32, name="top_p"),
+            tf.TensorSpec([], tf.int32, name="seed"),
+        ]
+    )
+    def generate(prompt: tf.Tensor, length: tf.Tensor, temperature: tf.Tensor, top_k: tf.Tensor, top_p: tf.Tensor,
+                 seed: tf.Tensor) -> dict[str, tf.Tensor]:  # fmt: skip
+        zeros = tf.zeros([tf.shape(prompt)[0], cfg.units])
+        logits, states = generator.feed_function(prompt, tuple(zeros for _ in names))
+        # The graph's own seeded stream (textgen's uniforms are made in NumPy, outside the graph).
+        draws = tf.random.stateless_uniform(tf.stack([length, tf.shape(prompt)[0]]), tf.stack([seed, 0]))
+        ids, _, _ = generator.generate_function(logits, states, draws, temperature, top_k, top_p)
+        return {"ids": ids}
+
+    chars = tf.constant([UNKNOWN_CHAR, *vocab.chars])
+
+    @tf.function(input_signature=[])
+    def vocabulary() -> dict[str, tf.Tensor]:
+        return {"chars": chars}
+
+    module = tf.Module()
+    module.feed, module.generate_chunk = generator.feed_function, generator.generate_function
+    module.step, module.generate, module.vocabulary = step, generate, vocabulary
+    return module, {STEP_SIGNATURE: step, "generate": generate, "vocabulary": vocabulary}
+
+
+def _replace_directory(new: Path, path: Path) -> None:
+    """Put directory ``new`` at ``path``, replacing an earlier export there (a rename each way)."""
+    old: Path | None = None
+    if path.exists():
+        old = path.parent / f".{path.name}.old-{secrets.token_hex(4)}"
+        os.replace(path, old)
+    os.replace(new, path)
+    fsync_directory(path.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
