@@ -43,7 +43,7 @@ def evaluate_run(
             text = read_corpus(path, cfg.data.strip_boilerplate, resolve_encoding(path, encoding))
             ids, source = write_id_file(vocab.encode_compact(text), Path(scratch) / "ids"), file
         else:
-            ids, source = _split_ids(run, split, Path(scratch)), f"{split} split of {cfg.data.corpus_name}"
+            ids, source = split_ids(run, split, Path(scratch)), f"{split} split of {cfg.data.corpus_name}"
         if len(ids) < 2:
             raise CorpusError(f"{source} has {len(ids)} characters; at least 2 are needed to score one")
         streams, seq_len = fit_layout(len(ids), cfg.data.batch_size, cfg.data.seq_len)
@@ -55,7 +55,7 @@ def evaluate_run(
     return Evaluation(run.name, source, nats / chars, chars, unknown, streams, seq_len)
 
 
-def _split_ids(run: Run, split: str, scratch: Path) -> np.ndarray:
+def split_ids(run: Run, split: str, scratch: Path) -> np.ndarray:
     """The ids of ``run``'s ``split``, from the id cache (encoded into ``scratch`` if the cache is read-only:
     someone else's runs on a read-only mount)."""
     cfg = run.load_config()

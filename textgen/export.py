@@ -64,6 +64,9 @@ def export_run(run: Run, format: str, quantize: str, path: Path | None = None, w
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         building = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+        umask = os.umask(0)
+        os.umask(umask)
+        building.chmod(0o777 & ~umask)  # an ordinary directory to ship, not mkdtemp's private 0700
         try:
             _write(generator, info, building)
             _replace_directory(building, path)

@@ -26,7 +26,7 @@ from textgen.results import EpochLog, Evaluation, ExportResult, RunSummary, Trai
 from textgen.vocab import for_display
 
 if TYPE_CHECKING:
-    from textgen.config import SampleConfig
+    from textgen.config import RunConfig, SampleConfig
     from textgen.generation import Piece
     from textgen.idcache import EncodedCorpus
     from textgen.train import TrainPlan
@@ -139,6 +139,7 @@ class TrainingDisplay:
                 f"model    {describe(dataclasses.asdict(cfg.model))}",
                 f"training {describe(training)}",
                 f"device   {cfg.profile.name}: {cfg.profile.notes}{' (the run keeps its profile)' if plan.resume_state else ''}",
+                *_derived_from(cfg),
             ):
                 self.console.print(line)
         self.progress.start()
@@ -250,17 +251,34 @@ def show_evaluation(console: Console, err_console: Console, result: Evaluation, 
         )
 
 
+def _derived_from(cfg: RunConfig) -> list[str]:
+    """The plan's line for a run made from another: the teacher of a distilled run, the source of a pruned one."""
+    if cfg.distill:
+        return [
+            f"distill  {escape(describe({**dataclasses.asdict(cfg.distill), 'teacher': Path(cfg.distill.teacher).name}))}"
+        ]
+    if cfg.prune:
+        return [
+            f"prune    {escape(describe({**dataclasses.asdict(cfg.prune), 'source': Path(cfg.prune.source).name}))}"
+        ]
+    return []
+
+
 def show_export(console: Console, result: ExportResult, as_json: bool) -> None:
     if as_json:
         print(json_line(result))
         return
     quantized = "" if result.quantize == "none" else f", {result.quantize} weights"
     console.print(
-        f"exported {result.run} as {result.format}{quantized}: {result.path} ({result.bytes / 1e6:.1f} MB); "
+        f"exported {result.run} as {result.format}{quantized}: {result.path} ({_size(result.bytes)}); "
         f"try: textgen sample --model {result.path}",
         markup=False,
         highlight=False,
     )
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.0f} kB"
 
 
 def show_runs(console: Console, runs: list[RunSummary], checkpoint_dir: Path, as_json: bool) -> None:
