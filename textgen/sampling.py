@@ -65,8 +65,9 @@ def top_p_filter(logits: tf.Tensor, p: tf.Tensor) -> tf.Tensor:
 
 
 def draw(logits: tf.Tensor, u: tf.Tensor) -> tf.Tensor:
-    """The id of each row whose cumulative probability first exceeds ``u`` of the total."""
-    cdf = tf.cumsum(tf.nn.softmax(logits), axis=-1)
+    """The id of each row whose cumulative probability first exceeds ``u`` of the total (the unnormalised
+    exponentials, as ``textgen.npsampling.draw``)."""
+    cdf = tf.cumsum(tf.exp(logits - tf.reduce_max(logits, axis=-1, keepdims=True)), axis=-1)
     ids = tf.reduce_sum(tf.cast(cdf <= u[:, None] * cdf[:, -1:], tf.int32), axis=-1)
     return tf.minimum(ids, tf.shape(logits)[-1] - 1)
 
