@@ -6,9 +6,11 @@ cannot change afterwards.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
 import sys
+from collections.abc import Iterator
 
 from textgen.config import DeviceProfile
 from textgen.errors import ConfigError, DeviceError
@@ -67,10 +69,18 @@ def import_tensorflow() -> None:
 
         return
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    with native_stderr_silenced():
+        import keras  # noqa: F401
+
+
+@contextlib.contextmanager
+def native_stderr_silenced() -> Iterator[None]:
+    """File descriptor 2 pointed at /dev/null: what native code logs there is dropped (Python's errors are not)."""
+    sys.stderr.flush()
     saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
     try:
         os.dup2(devnull, 2)
-        import keras  # noqa: F401
+        yield
     finally:
         os.dup2(saved, 2)
         os.close(saved)

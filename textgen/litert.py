@@ -7,16 +7,13 @@ with the batch size a runtime input; the loop around it and the sampling strateg
 
 from __future__ import annotations
 
-import contextlib
-import os
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
 from textgen.artifact import STEP_SIGNATURE, state_names
 from textgen.config import ModelConfig, SampleConfig
+from textgen.device import native_stderr_silenced
 from textgen.errors import ConfigError
 from textgen.generation import Sampler, States
 from textgen.npsampling import choose_next
@@ -51,7 +48,7 @@ class LiteRTGenerator(Sampler):
             self.interpreter.resize_tensor_input(self.ids_input, [batch])
             for index in self.state_inputs:
                 self.interpreter.resize_tensor_input(index, [batch, self.cfg.units])
-            with _native_stderr_silenced():  # the runtime announces its XNNPACK delegate on the first allocation
+            with native_stderr_silenced():  # the runtime announces its XNNPACK delegate on the first allocation
                 self.interpreter.allocate_tensors()
             self.batch = batch
 
@@ -81,18 +78,3 @@ class LiteRTGenerator(Sampler):
             out[:, t] = ids = choose_next(logits, settings.temperature, settings.top_k, settings.top_p, u)
             logits, states = self.step(ids, states)
         return out, logits, states
-
-
-@contextlib.contextmanager
-def _native_stderr_silenced() -> Iterator[None]:
-    """File descriptor 2 pointed at /dev/null: what native code logs there is dropped (Python's errors are not)."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
