@@ -296,3 +296,28 @@ def test_sampler_settings_apply_to_exports(exports: dict[str, Path]) -> None:
     texts = sampler.generate(["a", "the "], SampleConfig(length=64, temperature=0.7, top_k=3, top_p=0.9, seed=5))
     assert [len(t) for t in texts] == [64, 64]
     assert not sampler.vocab.unknown_chars("".join(texts).replace("\n", ""))
+
+
+def test_a_two_layer_run_exports_with_its_four_states(tmp_path: Path) -> None:
+    from helpers import TINY_DATA
+
+    from textgen.device import CPU
+    from textgen.train import plan_training, train
+
+    plan = plan_training(
+        str(write_corpus(tmp_path / "tiny.txt", 2000)),
+        CPU,
+        checkpoint_dir=tmp_path / "checkpoints",
+        run_name="two",
+        data=TINY_DATA,
+        model={"units": 16, "layers": 2, "embedding_dim": 8},
+        training={"epochs": 2, "lr": 0.02},
+    )
+    train(plan)
+    greedy = SampleConfig(length=60, temperature=0.0, seed=0)
+    expected = Generator.from_run(plan.run).generate([PROMPT, "a"], greedy)
+    for format in ("litert", "savedmodel"):
+        exported = api.export(tmp_path / "checkpoints", "two", format, "none", tmp_path / format).path
+        sampler, info = open_artifact(exported)
+        assert info.model.layers == 2 and len(sampler.zero_states(1)) == 4
+        assert sampler.generate([PROMPT, "a"], greedy) == expected
