@@ -288,7 +288,14 @@ def test_bad_exports_and_models_are_one_line(run: Run, exports: dict[str, Path],
     ]
     for args, fragment in cases:
         assert_one_line_error(invoke(*args), fragment)
+    assert_one_line_error(invoke("sample", "--model", str(occupied / "notes.txt")), "is not a textgen export")
     assert (occupied / "notes.txt").read_text() == "mine"
+
+
+def test_a_file_inside_an_export_names_the_export(exports: dict[str, Path]) -> None:
+    result = invoke("sample", "--model", str(exports["litert-int8"] / "model.tflite"), "--length", "20", "--json")
+    assert result.exit_code == 0, result.stderr
+    assert len(json.loads(result.stdout)["text"]) == 20
 
 
 def test_sampler_settings_apply_to_exports(exports: dict[str, Path]) -> None:

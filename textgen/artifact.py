@@ -89,10 +89,12 @@ class ArtifactInfo:
                 raise ValueError("written by another textgen version")
             chars = info.pop("chars")
             return cls(**{**info, "model": from_dict(ModelConfig, info["model"]), "vocab": Vocabulary(tuple(chars))})
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             raise ConfigError(
                 f"--model {path} is not a textgen export (it has no {INFO_FILE}); make one with textgen export"
             ) from None
+        except OSError as exc:
+            raise ConfigError(f"cannot read {info_path} ({exc.strerror or exc})") from None
         except (ValueError, KeyError, TypeError, ConfigError) as exc:
             raise ConfigError(f"{info_path} is damaged ({exc}); export the run again") from None
 
@@ -103,7 +105,11 @@ def is_artifact(path: Path) -> bool:
 
 
 def open_artifact(path: Path, threads: int | None = None) -> tuple[Sampler, ArtifactInfo]:
-    """A sampler for an exported model: LiteRT without TensorFlow, a SavedModel with it."""
+    """A sampler for an exported model (its directory, or a file in it such as ``model.tflite``): LiteRT without
+    TensorFlow, a SavedModel with it."""
+    path = Path(path)
+    if path.is_file() and is_artifact(path.parent):
+        path = path.parent
     info = ArtifactInfo.read(path)
     if info.format == ExportFormat.litert.value:
         from textgen.litert import LiteRTGenerator
