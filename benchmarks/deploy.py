@@ -141,7 +141,7 @@ def main() -> None:
         scratch = Path(scratch_dir)
         plan = [(teacher.name, "run"), (teacher.name, "litert"), (teacher.name, "litert-float16")]
         plan += [(teacher.name, "litert-int8"), (teacher.name, "savedmodel")]
-        baselines = [pair.partition("=")[2] for pair in args.scratch]
+        baselines = list(dict.fromkeys(pair.partition("=")[2] for pair in args.scratch))
         plan += [(name, kind) for name in args.students for kind in ("run", "litert-int8")]
         plan += [(name, "run") for name in baselines]
         plan += [(name, kind) for name in args.pruned for kind in ("litert", "litert-int8")]

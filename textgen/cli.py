@@ -23,6 +23,7 @@ from textgen.artifact import ExportFormat, Quantize
 from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, run_summaries
 from textgen.config import (
     DataConfig,
+    DistillConfig,
     LRSchedule,
     ModelConfig,
     PruneConfig,
@@ -282,11 +283,19 @@ def distill(
     dropout: Annotated[float | None, _option("The student's dropout", "Model", "the teacher's")] = None,
     temperature: Annotated[
         float | None,
-        _option("Softens the teacher's and the student's predictions in the soft-target loss", "Distillation", 2.0),
+        _option(
+            "Softens the teacher's and the student's predictions in the soft-target loss",
+            "Distillation",
+            DistillConfig.temperature,
+        ),
     ] = None,
     alpha: Annotated[
         float | None,
-        _option("Weight of the true next character; the rest goes to the teacher's soft targets", "Distillation", 0.5),
+        _option(
+            "Weight of the true next character; the rest goes to the teacher's soft targets",
+            "Distillation",
+            DistillConfig.alpha,
+        ),
     ] = None,
     lr: Annotated[float | None, _option("Adam's peak learning rate", "Optimisation", TRAINING.lr)] = None,
     epochs: Annotated[int | None, _option("Maximum epochs", "Optimisation", TRAINING.epochs)] = None,

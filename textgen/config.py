@@ -242,8 +242,10 @@ class DistillConfig:
     """Train on a teacher run's softened predictions as well as on the text (Hinton et al., 2015)."""
 
     teacher: str  # the teacher run's directory
-    temperature: float = 2.0  # softens both distributions in the soft-target term
-    alpha: float = 0.5  # weight of the true next character; 1 - alpha goes to the teacher's soft targets
+    # On War and Peace (a 1 x 512 teacher at 1.182 val, a 1 x 128 student, 6 epochs): temperature 1 with alpha 0
+    # reached 1.535 val nats/char, training from scratch 1.556, and Hinton's temperature 2 with alpha 0.5 1.622.
+    temperature: float = 1.0  # softens both distributions in the soft-target term
+    alpha: float = 0.0  # weight of the true next character; 1 - alpha goes to the teacher's soft targets
 
     def __post_init__(self) -> None:
         if not (_finite(self.temperature) and 0.1 <= self.temperature <= 100):  # not sampling's --temp
