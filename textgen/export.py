@@ -49,7 +49,8 @@ def export_run(run: Run, format: str, quantize: str, path: Path | None = None, w
         raise ConfigError(f"{path} exists and is not a textgen export; choose another -o PATH or remove it")
     cfg = run.load_config()
     # LiteRT: one recurrent matmul per step (the column blocks that help TensorFlow's executor do not help it).
-    generator = Generator.from_run(run, which, recurrent_blocks=1 if format == ExportFormat.litert.value else None)
+    litert = format == ExportFormat.litert.value
+    generator = Generator.from_run(run, which, recurrent_blocks=1 if litert else None, input_table=False)
     info = ArtifactInfo(
         format=format,
         quantize=quantize,
