@@ -41,6 +41,21 @@ def write_corpus(path: Path, n_words: int = 3000, seed: int = 0) -> Path:
     return path
 
 
+def train_tiny_run(base: Path, name: str, model: dict, training: dict, n_words: int = 3000):
+    """A tiny run trained in-process on a corpus generated under ``base`` (a few seconds); its ``Run``."""
+    from textgen.device import CPU, apply_profile
+    from textgen.train import plan_training, train
+
+    apply_profile(CPU)
+    corpus = str(write_corpus(base / "tiny.txt", n_words))
+    checkpoints = base / "checkpoints"
+    plan = plan_training(
+        corpus, CPU, checkpoint_dir=checkpoints, run_name=name, data=TINY_DATA, model=model, training=training
+    )
+    train(plan)
+    return plan.run
+
+
 def read_history(run_path: Path) -> list[dict[str, float]]:
     """history.csv as a list of rows of floats."""
     with open(Path(run_path) / "history.csv", newline="") as fh:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import assert_one_line_error, invoke, run_textgen, subprocess_env, write_corpus
+from helpers import assert_one_line_error, invoke, run_textgen, subprocess_env, train_tiny_run, write_corpus
 
 from textgen import api
 from textgen.artifact import INFO_FILE, open_artifact
@@ -306,23 +306,9 @@ def test_sampler_settings_apply_to_exports(exports: dict[str, Path]) -> None:
 
 
 def test_a_two_layer_run_exports_with_its_four_states(tmp_path: Path) -> None:
-    from helpers import TINY_DATA
-
-    from textgen.device import CPU
-    from textgen.train import plan_training, train
-
-    plan = plan_training(
-        str(write_corpus(tmp_path / "tiny.txt", 2000)),
-        CPU,
-        checkpoint_dir=tmp_path / "checkpoints",
-        run_name="two",
-        data=TINY_DATA,
-        model={"units": 16, "layers": 2, "embedding_dim": 8},
-        training={"epochs": 2, "lr": 0.02},
-    )
-    train(plan)
+    run = train_tiny_run(tmp_path, "two", {"units": 16, "layers": 2, "embedding_dim": 8}, {"epochs": 2, "lr": 0.02})
     greedy = SampleConfig(length=60, temperature=0.0, seed=0)
-    expected = Generator.from_run(plan.run).generate([PROMPT, "a"], greedy)
+    expected = Generator.from_run(run).generate([PROMPT, "a"], greedy)
     for format in ("litert", "savedmodel"):
         exported = api.export(tmp_path / "checkpoints", "two", format, "none", tmp_path / format).path
         sampler, info = open_artifact(exported)

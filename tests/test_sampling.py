@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import TINY_DATA, assert_one_line_error, invoke, run_textgen, subprocess_env, write_corpus
+from helpers import assert_one_line_error, invoke, run_textgen, subprocess_env, train_tiny_run
 
 from textgen.checkpoint import Run
 from textgen.config import SampleConfig
@@ -37,22 +37,10 @@ def run1(trained_run, tmp_path_factory: pytest.TempPathFactory) -> Run:
 @pytest.fixture(scope="module")
 def run2(tmp_path_factory: pytest.TempPathFactory) -> Run:
     """A tiny 2-layer run (a few seconds)."""
-    from textgen.device import CPU, apply_profile
-    from textgen.train import plan_training, train
-
-    apply_profile(CPU)
-    base = tmp_path_factory.mktemp("two-layers")
-    plan = plan_training(
-        str(write_corpus(base / "tiny.txt", 3000)),
-        CPU,
-        checkpoint_dir=base / "checkpoints",
-        run_name="two",
-        data=TINY_DATA,
-        model={"units": 16, "layers": 2, "embedding_dim": 8},
-        training={"epochs": 3, "lr": 0.02},  # enough for a varied greedy text
-    )
-    train(plan)
-    return plan.run
+    model = {"units": 16, "layers": 2, "embedding_dim": 8}
+    return train_tiny_run(
+        tmp_path_factory.mktemp("two-layers"), "two", model, {"epochs": 3, "lr": 0.02}
+    )  # varied greedy text
 
 
 @pytest.fixture(scope="module")

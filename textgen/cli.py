@@ -263,12 +263,21 @@ def train(
         ui.show_train_result(console, result, as_json)
 
 
+# Options shared by the commands that train a run from another (distill, prune).
+EpochsOption = Annotated[int | None, _option("Maximum epochs", "Optimisation", TRAINING.epochs)]
+TimeBudgetOption = Annotated[str | None, _option("Stop cleanly after this long, e.g. 10m", "Optimisation")]
+TrainSeedOption = Annotated[int | None, _option("Random seed", "Optimisation", TRAINING.seed)]
+DeviceOption = Annotated[Device, _option("Device profile", "Run")]
+RunsDirOption = Annotated[Path, _option("Where runs are saved", "Run")]
+TrainJsonOption = Annotated[bool, _option("One JSON object per epoch and one at the end", "Run", None, "--json")]
+
+
 DISTILL_EXAMPLES = """
 **Examples**
 
     textgen distill --teacher 2600-0 --units 128 --time-budget 20m
 
-    textgen distill --teacher 2600-0 --units 256 --temperature 2 --alpha 0.5 --epochs 6 --run wp-256
+    textgen distill --teacher 2600-0 --units 256 --layers 2 --epochs 6 --run wp-2x256
 
 The student is an ordinary run: sample, evaluate, export it; `textgen train --resume --run NAME` continues it.
 """
@@ -298,28 +307,20 @@ def distill(
         ),
     ] = None,
     lr: Annotated[float | None, _option("Adam's peak learning rate", "Optimisation", TRAINING.lr)] = None,
-    epochs: Annotated[int | None, _option("Maximum epochs", "Optimisation", TRAINING.epochs)] = None,
-    time_budget: Annotated[str | None, _option("Stop cleanly after this long, e.g. 20m", "Optimisation")] = None,
-    seed: Annotated[int | None, _option("Random seed", "Optimisation", TRAINING.seed)] = None,
-    device: Annotated[Device, _option("Device profile", "Run")] = Device.auto,
+    epochs: EpochsOption = None,
+    time_budget: TimeBudgetOption = None,
+    seed: TrainSeedOption = None,
+    device: DeviceOption = Device.auto,
     run: Annotated[str | None, _option("The student run's name", "Run", "TEACHER-UNITSu")] = None,
-    checkpoint_dir: Annotated[Path, _option("Where runs are saved", "Run")] = DEFAULT_CHECKPOINT_DIR,
-    as_json: Annotated[bool, _option("One JSON object per epoch and one at the end", "Run", None, "--json")] = False,
+    checkpoint_dir: RunsDirOption = DEFAULT_CHECKPOINT_DIR,
+    as_json: TrainJsonOption = False,
 ) -> None:
     """Train a smaller student on a trained run's softened predictions (knowledge distillation)."""
-    with _errors():
-        result = api.train(
-            None,
-            device=device.value,
-            checkpoint_dir=checkpoint_dir,
-            run_name=run,
-            data={},
-            model={"units": units, "layers": layers, "embedding_dim": embedding_dim, "dropout": dropout},
-            training=_training(lr, epochs, time_budget, seed),
-            distill={"teacher": teacher, "temperature": temperature, "alpha": alpha},
-            progress=ui.TrainingDisplay(console, as_json=as_json),
-        )
-        ui.show_train_result(console, result, as_json)
+    model = {"units": units, "layers": layers, "embedding_dim": embedding_dim, "dropout": dropout}
+    distill = {"teacher": teacher, "temperature": temperature, "alpha": alpha}
+    _train_from_run(
+        device, checkpoint_dir, run, model, _training(lr, epochs, time_budget, seed), as_json, distill=distill
+    )
 
 
 PRUNE_EXAMPLES = """
@@ -343,32 +344,50 @@ def prune(
         float, _option("Fraction of the fine-tuning over which the sparsity rises to its target", "Pruning")
     ] = PruneConfig.ramp,
     lr: Annotated[float | None, _option("Adam's peak learning rate for the fine-tuning", "Optimisation", 1e-3)] = None,
-    epochs: Annotated[int | None, _option("Maximum epochs", "Optimisation", TRAINING.epochs)] = None,
-    time_budget: Annotated[str | None, _option("Stop cleanly after this long, e.g. 10m", "Optimisation")] = None,
-    seed: Annotated[int | None, _option("Random seed", "Optimisation", TRAINING.seed)] = None,
-    device: Annotated[Device, _option("Device profile", "Run")] = Device.auto,
+    epochs: EpochsOption = None,
+    time_budget: TimeBudgetOption = None,
+    seed: TrainSeedOption = None,
+    device: DeviceOption = Device.auto,
     name: Annotated[str | None, _option("The pruned run's name", "Run", "RUN-pruned")] = None,
-    checkpoint_dir: Annotated[Path, _option("Where runs are saved", "Run")] = DEFAULT_CHECKPOINT_DIR,
-    as_json: Annotated[bool, _option("One JSON object per epoch and one at the end", "Run", None, "--json")] = False,
+    checkpoint_dir: RunsDirOption = DEFAULT_CHECKPOINT_DIR,
+    as_json: TrainJsonOption = False,
 ) -> None:
     """Prune a trained run to a sparsity, fine-tuning it as the smallest weights are masked to zero."""
+    training = _training(lr or PRUNE_LR, epochs, time_budget, seed)
+    _train_from_run(
+        device, checkpoint_dir, name, {}, training, as_json, prune={"source": run, "sparsity": sparsity, "ramp": ramp}
+    )
+
+
+# Fine-tuning starts from trained weights: half the peak learning rate of training from scratch.
+PRUNE_LR = 1e-3
+
+
+def _train_from_run(
+    device: Device,
+    checkpoint_dir: Path,
+    run_name: str | None,
+    model: dict[str, Any],
+    training: dict[str, Any],
+    as_json: bool,
+    distill: dict[str, Any] | None = None,
+    prune: dict[str, Any] | None = None,
+) -> None:
+    """Train a run made from another (``distill`` or ``prune``, see ``api.train``) on that run's corpus."""
     with _errors():
         result = api.train(
             None,
             device=device.value,
             checkpoint_dir=checkpoint_dir,
-            run_name=name,
+            run_name=run_name,
             data={},
-            model={},
-            training=_training(lr or PRUNE_LR, epochs, time_budget, seed),
-            prune={"source": run, "sparsity": sparsity, "ramp": ramp},
+            model=model,
+            training=training,
             progress=ui.TrainingDisplay(console, as_json=as_json),
+            distill=distill,
+            prune=prune,
         )
         ui.show_train_result(console, result, as_json)
-
-
-# Fine-tuning starts from trained weights: half the peak learning rate of training from scratch.
-PRUNE_LR = 1e-3
 
 
 def _training(lr: float | None, epochs: int | None, time_budget: str | None, seed: int | None) -> dict[str, Any]:
