@@ -61,6 +61,13 @@ def sample_json(args: list[str], cwd: Path) -> list[dict]:
     return [json.loads(line) for line in result.stdout.splitlines()]
 
 
+def run_python(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` in a fresh process, with a user's environment."""
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=subprocess_env(), capture_output=True, text=True, timeout=180
+    )
+
+
 def run_sample(run: Run, *args: str) -> list[str]:
     result = invoke("sample", "--checkpoint-dir", str(run.path.parent), "--run", run.name, "--json", *args)
     assert result.exit_code == 0, result.stderr
@@ -167,14 +174,7 @@ def test_the_savedmodel_generates_with_its_signatures_alone(exports: dict[str, P
     """TensorFlow alone, no textgen: the generate, step and vocabulary signatures."""
     script = tmp_path / "serve.py"
     script.write_text(textwrap.dedent(SERVING.replace("{units}", str(run.load_config().model.units))))
-    result = subprocess.run(
-        [sys.executable, str(script), str(exports["savedmodel"]), PROMPT],
-        cwd=tmp_path,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    result = run_python([str(script), str(exports["savedmodel"]), PROMPT], tmp_path)
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout.splitlines()[-1])
     assert out["greedy"] == run_sample(run, "--temp", "0", "--prime", PROMPT, "--length", "120", "--num", "2")
@@ -204,14 +204,7 @@ assert "tensorflow" not in sys.modules and "keras" not in sys.modules, "TensorFl
 )
 def test_litert_paths_never_import_tensorflow(args: list[str], exports: dict[str, Path], corpus: Path, tmp_path: Path):
     paths = {**{k: str(v) for k, v in exports.items()}, "corpus": str(corpus)}
-    result = subprocess.run(
-        [sys.executable, "-c", NO_TENSORFLOW, *[a.format(**paths) for a in args]],
-        cwd=tmp_path,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_python(["-c", NO_TENSORFLOW, *[a.format(**paths) for a in args]], tmp_path)
     assert result.returncode == 0, result.stderr
 
 
