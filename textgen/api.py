@@ -13,12 +13,13 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from textgen.checkpoint import find_run
+from textgen.checkpoint import find_run, study_path
 from textgen.cluster import cluster_role, make_strategy
 from textgen.config import DataConfig, DistillConfig, ModelConfig, PruneConfig, TrainConfig, check_fits_in_memory
 from textgen.device import apply_profile, configure_for_inference, import_tensorflow, resolve_profile
 from textgen.errors import ConfigError
 from textgen.idcache import cache_root
+from textgen.recipe import BEST_RECIPE, apply_recipe, read_recipe
 
 if TYPE_CHECKING:
     from textgen.generation import Sampler
@@ -43,6 +44,8 @@ def train(
     progress: TrainingProgress | None = None,
     distill: dict[str, Any] | None = None,
     prune: dict[str, Any] | None = None,
+    recipe: Path | None = None,
+    from_study: str | None = None,
 ) -> TrainResult:
     """Plan a new run (or reload one with ``resume``) and train it; ``data``, ``model`` and
     ``training`` hold the settings the user gave (``None`` for the rest). ``distill`` (a ``teacher`` run and
@@ -51,7 +54,19 @@ def train(
 
     Under ``--strategy multiworker`` every worker makes this call with the same arguments; the chief
     plans and writes the run, the others plan a copy in scratch space and train in step with it.
+
+    ``recipe`` (a recipe file or a run's config.json) or ``from_study`` (a ``textgen tune`` study's best recipe)
+    supplies the settings not given.
     """
+    if recipe is not None and from_study is not None:
+        raise ConfigError("give --config or --from-study, not both")
+    if from_study is not None:
+        recipe = study_path(checkpoint_dir, from_study) / BEST_RECIPE
+        if not recipe.is_file():
+            raise ConfigError(f"study {from_study!r} in {checkpoint_dir}/ has no finished trial yet (no {recipe})")
+    if recipe is not None:
+        merged = apply_recipe(read_recipe(recipe), data=data, model=model, training=training)
+        data, model, training = merged["data"], merged["model"], {**training, **merged["training"]}
     _check_settings(data, model, training)
     if distill:
         DistillConfig(teacher="", **{k: v for k, v in distill.items() if k != "teacher" and v is not None})
@@ -176,4 +191,4 @@ def _check_settings(data: dict[str, Any], model: dict[str, Any], training: dict[
     given = [{k: v for k, v in d.items() if v is not None} for d in (data, model, training)]
     DataConfig(corpus="", **given[0])
     check_fits_in_memory(ModelConfig(vocab_size=1, **given[1]))
-    TrainConfig(**given[2])
+    TrainConfig.of(**given[2])

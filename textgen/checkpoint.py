@@ -453,13 +453,18 @@ def resume_hint(run: Run) -> str:
     return f"continue with: textgen train --resume --run {run.name}{where}"
 
 
-def check_run_name(name: str) -> str:
-    """``name`` if it is a valid run directory name."""
+def check_run_name(name: str, flag: str = "--run") -> str:
+    """``name`` if it is a valid run (or study) directory name."""
     if not _RUN_NAME.match(name):
         raise ConfigError(
-            f"--run must be 1 to 100 letters, digits, '.', '_' or '-', starting with a letter or digit (got {name!r})"
+            f"{flag} must be 1 to 100 letters, digits, '.', '_' or '-', starting with a letter or digit (got {name!r})"
         )
     return name
+
+
+def study_path(checkpoint_dir: Path, name: str) -> Path:
+    """Where ``textgen tune`` keeps a study: its database, its best recipe and its trials' runs."""
+    return Path(checkpoint_dir) / "studies" / check_run_name(name, "--study")
 
 
 def ensure_writable(checkpoint_dir: Path) -> None:

@@ -22,10 +22,12 @@ from textgen import api, ui
 from textgen.artifact import ExportFormat, Quantize
 from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, run_summaries
 from textgen.config import (
+    OPTIMIZER_DEFAULTS,
     DataConfig,
     DistillConfig,
     LRSchedule,
     ModelConfig,
+    Optimizer,
     PruneConfig,
     SampleConfig,
     Split,
@@ -103,6 +105,7 @@ def _errors() -> Iterator[None]:
 
 
 MODEL, DATA, TRAINING, SAMPLING = ModelConfig(vocab_size=1), DataConfig(corpus=""), TrainConfig(), SampleConfig()
+SGD_DEFAULTS = OPTIMIZER_DEFAULTS["sgd"]
 JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable output: one JSON object per line")]
 RunOption = Annotated[str | None, typer.Option("--run", help="Run name", show_default="the latest run")]
 CheckpointDirOption = Annotated[Path, typer.Option(help="Where runs are saved")]
@@ -143,6 +146,10 @@ TRAIN_EXAMPLES = """
 
     textgen train 'books/*.txt' a.txt --accumulate 4   # a glob and a file; 4 x 64 streams per update
 
+    textgen train 2600-0.txt --optimizer adamw --weight-decay 0.05 --lr 3e-3
+
+    textgen train my_book.txt --from-study my_book --time-budget 2h   # the best recipe textgen tune found
+
     TF_CONFIG='{...}' textgen train books/ --strategy multiworker --checkpoint-dir /shared/ck   # on each machine
 
 A name without a path is looked up in ./corpora and in $TEXTGEN_CORPUS_PATH.
@@ -180,7 +187,28 @@ def train(
     dropout: Annotated[
         float | None, _option("Dropout on the embedding, between layers and before the output", "Model", MODEL.dropout)
     ] = None,
-    lr: Annotated[float | None, _option("Adam's peak learning rate", "Optimisation", TRAINING.lr)] = None,
+    lr: Annotated[
+        float | None, _option("Peak learning rate", "Optimisation", f"{TRAINING.lr:g}; sgd: {SGD_DEFAULTS['lr']:g}")
+    ] = None,
+    optimizer: Annotated[
+        Optimizer | None,
+        _option(
+            "The update rule: adam; adamw (Adam with decoupled weight decay); rmsprop; sgd (Nesterov momentum)",
+            "Optimisation",
+            TRAINING.optimizer,
+        ),
+    ] = None,
+    weight_decay: Annotated[
+        float | None,
+        _option(
+            "Decoupled weight decay of the kernels and the embedding (not the biases), for any --optimizer",
+            "Optimisation",
+            f"0; adamw: {OPTIMIZER_DEFAULTS['adamw']['weight_decay']:g}",
+        ),
+    ] = None,
+    momentum: Annotated[
+        float | None, _option("SGD's Nesterov momentum", "Optimisation", f"{SGD_DEFAULTS['momentum']:g}")
+    ] = None,
     lr_schedule: Annotated[
         LRSchedule | None,
         _option(
@@ -231,6 +259,19 @@ def train(
     save_every: Annotated[
         str | None, _option("Save a resume point this often within an epoch, e.g. 5m", "Run", "5m")
     ] = None,
+    recipe: Annotated[
+        Path | None,
+        _option(
+            "Train a recipe: the best.json of textgen tune, or a run's config.json (its model, batch layout and "
+            "optimizer; the flags you give override it)",
+            "Recipe",
+            None,
+            "--config",
+        ),
+    ] = None,
+    from_study: Annotated[
+        str | None, _option("Train the best recipe of a textgen tune study (by name)", "Recipe", None)
+    ] = None,
     as_json: Annotated[bool, _option("One JSON object per epoch and one at the end", "Run", None, "--json")] = False,
 ) -> None:
     """Train a character-level LSTM on text files, saving checkpoints as it goes."""
@@ -251,6 +292,9 @@ def train(
                 "epochs": epochs,
                 "lr": lr,
                 "lr_schedule": lr_schedule.value if lr_schedule else None,
+                "optimizer": optimizer.value if optimizer else None,
+                "weight_decay": weight_decay,
+                "momentum": momentum,
                 "clip_norm": clip_norm,
                 "seed": seed,
                 "time_budget": parse_duration(time_budget) if time_budget else None,
@@ -259,6 +303,8 @@ def train(
                 "strategy": strategy.value if strategy else None,
             },
             progress=ui.TrainingDisplay(console, as_json=as_json),
+            recipe=recipe,
+            from_study=from_study,
         )
         ui.show_train_result(console, result, as_json)
 

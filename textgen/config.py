@@ -138,7 +138,25 @@ class Strategy(str, enum.Enum):
     multiworker = "multiworker"  # MultiWorkerMirroredStrategy: the cluster in $TF_CONFIG
 
 
+class Optimizer(str, enum.Enum):
+    """The update rule (Keras' optimizers; each takes a decoupled --weight-decay)."""
+
+    adam = "adam"
+    adamw = "adamw"  # Adam with decoupled weight decay (Loshchilov and Hutter, 2019): 0.01 unless given
+    rmsprop = "rmsprop"
+    sgd = "sgd"  # with Nesterov momentum: 0.9 unless given
+
+
+# What each optimizer gets for the settings the user leaves out: AdamW decays, and SGD needs momentum and a far
+# larger step than the adaptive rules' 2e-3.
+OPTIMIZER_DEFAULTS: dict[str, dict[str, float]] = {
+    "adamw": {"weight_decay": 0.01},
+    "sgd": {"lr": 0.1, "momentum": 0.9},
+}
+
+
 LR_SCHEDULES = tuple(s.value for s in LRSchedule)
+OPTIMIZERS = tuple(s.value for s in Optimizer)
 STRATEGIES = tuple(s.value for s in Strategy)
 SPLITS = tuple(s.value for s in Split)
 
@@ -159,9 +177,27 @@ class TrainConfig:
     save_every: float = 300.0  # seconds of training between mid-epoch resume points
     accumulate: int = 1  # batches of streams whose gradients are summed into one update
     strategy: str = "none"  # one of STRATEGIES: how training is spread over devices and machines
+    optimizer: str = "adam"  # one of OPTIMIZERS
+    weight_decay: float = 0.0  # decoupled: each update shrinks the kernels and the embedding by lr x this
+    momentum: float = 0.0  # SGD's Nesterov momentum
+
+    @classmethod
+    def of(cls, **given: Any) -> TrainConfig:
+        """The config of the settings given, with the optimizer's own defaults for the rest (OPTIMIZER_DEFAULTS)."""
+        given = {k: v for k, v in given.items() if v is not None}
+        return cls(**{**OPTIMIZER_DEFAULTS.get(given.get("optimizer", cls.optimizer), {}), **given})
 
     def __post_init__(self) -> None:
         _positive_int(self, "epochs")
+        _require(self.optimizer in OPTIMIZERS, "optimizer", " or ".join(OPTIMIZERS), self.optimizer)
+        decay_ok = _finite(self.weight_decay) and 0.0 <= self.weight_decay < 1.0
+        _require(decay_ok, "weight_decay", "in [0, 1)", self.weight_decay)
+        _require(_finite(self.momentum) and 0.0 <= self.momentum < 1.0, "momentum", "in [0, 1)", self.momentum)
+        if self.momentum and self.optimizer != "sgd":
+            raise ConfigError(
+                f"--momentum is SGD's (got --optimizer {self.optimizer}, which keeps its own moving averages); "
+                "add --optimizer sgd or drop --momentum"
+            )
         _require(
             isinstance(self.accumulate, int) and 1 <= self.accumulate <= 64,
             "accumulate",

@@ -171,7 +171,7 @@ def plan_training(
         splits = load_splits(data_cfg, cache_dir, train_streams=data_cfg.batch_size * _accumulate(training))
         model_cfg = ModelConfig(vocab_size=splits.vocab.size, **model)
         check_fits_in_memory(model_cfg)
-        config = RunConfig(data_cfg, model_cfg, TrainConfig(**training), profile)
+        config = RunConfig(data_cfg, model_cfg, TrainConfig.of(**training), profile)
         run.create(config, splits.vocab)
     except BaseException:
         discard_reserved(run, lock)
@@ -216,7 +216,7 @@ def _plan_derived(
         splits = load_splits(saved.data, cache_dir, vocab, train_streams=saved.data.batch_size * _accumulate(training))
         model_cfg = cfgmod.replace(saved.model, **model) if distill else saved.model
         check_fits_in_memory(model_cfg)
-        config = RunConfig(saved.data, model_cfg, TrainConfig(**training), profile, distill_cfg, prune_cfg)
+        config = RunConfig(saved.data, model_cfg, TrainConfig.of(**training), profile, distill_cfg, prune_cfg)
         run.create(config, vocab)
     except BaseException:
         discard_reserved(run, lock)
@@ -336,9 +336,7 @@ def build_trainer(cfg: RunConfig, strategy: tf.distribute.Strategy | None = None
     replica_batch = cfg.data.batch_size // strategy.num_replicas_in_sync
     with strategy.scope():
         model = build_model(cfg.model, replica_batch, profile.precision)
-        optimizer: keras.optimizers.Optimizer = keras.optimizers.Adam(
-            learning_rate=tcfg.lr, global_clipnorm=tcfg.clip_norm
-        )
+        optimizer = make_optimizer(tcfg)
         if profile.precision == "mixed_float16":
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         model.compile(optimizer=optimizer)  # callbacks reach the optimizer through model.optimizer
@@ -398,6 +396,20 @@ def build_trainer(cfg: RunConfig, strategy: tf.distribute.Strategy | None = None
 
     eval_step = compile_eval_step(model, profile, strategy)
     return Trainer(model, optimizer, train_step, eval_step, strategy, group_states, teacher, masks)
+
+
+def make_optimizer(tcfg: TrainConfig) -> keras.optimizers.Optimizer:
+    """The run's optimizer, with global-norm clipping and decoupled weight decay on everything but the biases."""
+    settings = {"learning_rate": tcfg.lr, "global_clipnorm": tcfg.clip_norm, "weight_decay": tcfg.weight_decay or None}
+    optimizer: keras.optimizers.Optimizer
+    if tcfg.optimizer == "sgd":
+        optimizer = keras.optimizers.SGD(momentum=tcfg.momentum, nesterov=tcfg.momentum > 0, **settings)
+    else:
+        kind = {"adam": keras.optimizers.Adam, "adamw": keras.optimizers.AdamW, "rmsprop": keras.optimizers.RMSprop}
+        optimizer = kind[tcfg.optimizer](**settings)
+    if tcfg.weight_decay:
+        optimizer.exclude_from_weight_decay(var_names=["bias"])
+    return optimizer
 
 
 def _teacher_model(cfg: RunConfig, batch: int) -> keras.Model:

@@ -1,0 +1,64 @@
+"""A recipe: the settings that make a run what it is (model, batch layout, optimizer), without its corpus or
+budget, so that ``textgen train CORPUS --config FILE`` trains it again on any text for any time.
+
+A recipe file is JSON with ``data``, ``model`` and ``training`` sections holding only ``RECIPE_FIELDS``;
+``textgen tune`` writes its best trial's as ``best.json``. A run's ``config.json`` reads as a recipe too.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from textgen.config import RunConfig, to_dict
+from textgen.errors import ConfigError
+from textgen.files import atomic_write_text
+
+RECIPE_FIELDS: dict[str, tuple[str, ...]] = {
+    "data": ("batch_size", "seq_len", "max_vocab"),
+    "model": ("embedding_dim", "units", "layers", "dropout"),
+    "training": ("lr", "lr_schedule", "clip_norm", "optimizer", "weight_decay", "momentum", "accumulate"),
+}
+Recipe = dict[str, dict[str, Any]]  # section -> settings
+BEST_RECIPE = "best.json"  # a study's best trial's recipe, in its directory
+
+
+def recipe_of(config: RunConfig) -> Recipe:
+    """The recipe a run was trained with."""
+    sections = {"data": to_dict(config.data), "model": to_dict(config.model), "training": to_dict(config.training)}
+    return {part: {k: sections[part][k] for k in names} for part, names in RECIPE_FIELDS.items()}
+
+
+def write_recipe(path: Path, recipe: Recipe, **about: Any) -> None:
+    """Save a recipe atomically, with ``about`` (where it came from) beside its sections."""
+    atomic_write_text(path, json.dumps({**recipe, **about}, indent=2) + "\n")
+
+
+def read_recipe(path: Path) -> Recipe:
+    """The recipe in a recipe file or a run's ``config.json`` (whose corpus, budget and the like are left out)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"--config {path}: no such file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"--config {path} is not a readable JSON file ({exc})") from None
+    if not isinstance(data, dict) or not any(isinstance(data.get(part), dict) for part in RECIPE_FIELDS):
+        raise ConfigError(f"--config {path} has no data, model or training section: is it a recipe or config.json?")
+    run_config = "profile" in data  # a run's config.json: everything beyond the recipe is left out
+    recipe: Recipe = {}
+    for part, names in RECIPE_FIELDS.items():
+        section = data.get(part) or {}
+        unknown = sorted(set(section) - set(names))
+        if unknown and not run_config:
+            raise ConfigError(f"--config {path}: unknown {part} settings {unknown} (a recipe holds {list(names)})")
+        recipe[part] = {k: v for k, v in section.items() if k in names}
+    return recipe
+
+
+def apply_recipe(recipe: Recipe, **given: dict[str, Any]) -> Recipe:
+    """Each section of ``recipe`` overridden by the settings given (``None`` values are not given)."""
+    return {
+        part: {**recipe.get(part, {}), **{k: v for k, v in given.get(part, {}).items() if v is not None}}
+        for part in RECIPE_FIELDS
+    }
