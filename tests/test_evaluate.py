@@ -69,6 +69,23 @@ def test_evaluate_scores_a_split_in_the_runs_own_layout(trained_run) -> None:
     assert result.perplexity == pytest.approx(np.exp(expected), rel=1e-5)
 
 
+def test_streams_reads_the_split_as_that_many_streams(trained_run) -> None:
+    """--streams scores runs of different --batch-size alike: by the hand computation for that many streams."""
+    run = trained_run.run
+    data = run.load_config().data
+    val = load_splits(data, cache_root(run.path.parent), run.load_vocab()).val
+    result = evaluate_run(run, split="val", streams=3)
+    assert (result.streams, result.seq_len) == (3, data.seq_len)
+    expected, count = hand_cross_entropy(run, val, 3, (len(val) - 1) // (3 * data.seq_len) * data.seq_len)
+    assert result.chars == count
+    assert result.nats_per_char == pytest.approx(expected, rel=1e-5)
+    checkpoints = str(run.path.parent)
+    out = invoke("evaluate", "--checkpoint-dir", checkpoints, "--run", run.name, "--streams", "3", "--json")
+    assert out.exit_code == 0, out.stderr
+    assert json.loads(out.stdout)["streams"] == 3
+    assert_one_line_error(invoke("evaluate", "--checkpoint-dir", checkpoints, "--streams", "0"), "--streams must be")
+
+
 def test_evaluate_on_val_reproduces_the_best_validation_loss_of_training(trained_run) -> None:
     """Training's validation and textgen evaluate are one routine: the same number for the same weights."""
     run = trained_run.run

@@ -167,9 +167,12 @@ def evaluate(
     which: str = "best",
     encoding: str = "auto",
     model: Path | None = None,
+    streams: int | None = None,
 ) -> Evaluation:
     """Cross-entropy of a run on its ``split`` or on a text ``file``, or of an exported ``model`` on a ``file``
-    (see ``textgen.evaluate``)."""
+    (see ``textgen.evaluate``), read as the run's batch of streams or as ``streams`` of them."""
+    if streams is not None and not 0 < streams <= 4096:
+        raise ConfigError(f"--streams must be between 1 and 4096 (got {streams})")
     if model is not None:
         from textgen.artifact import evaluate_artifact
 
@@ -177,13 +180,13 @@ def evaluate(
             raise ConfigError("give --run or --model, not both")
         if file is None:
             raise ConfigError("an exported --model has no corpus splits: give a text FILE to score")
-        return evaluate_artifact(model, file, encoding)
+        return evaluate_artifact(model, file, encoding, streams)
     run = find_run(checkpoint_dir, run_name, which)
     import_tensorflow()
     configure_for_inference()
     from textgen.evaluate import evaluate_run
 
-    return evaluate_run(run, split=split, file=file, which=which, encoding=encoding)
+    return evaluate_run(run, split=split, file=file, which=which, encoding=encoding, streams=streams)
 
 
 def _check_settings(data: dict[str, Any], model: dict[str, Any], training: dict[str, Any]) -> None:

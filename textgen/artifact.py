@@ -124,7 +124,7 @@ def open_artifact(path: Path, threads: int | None = None) -> tuple[Sampler, Arti
     return SavedModelGenerator(info.model, info.vocab, Path(path)), info
 
 
-def evaluate_artifact(path: Path, file: str, encoding: str = "auto") -> Evaluation:
+def evaluate_artifact(path: Path, file: str, encoding: str = "auto", streams: int | None = None) -> Evaluation:
     """Score an exported model on a text ``file``, laid out as its run's validation was (a LiteRT model without
     TensorFlow)."""
     sampler, info = open_artifact(path)
@@ -132,7 +132,7 @@ def evaluate_artifact(path: Path, file: str, encoding: str = "auto") -> Evaluati
     ids = info.vocab.encode(read_corpus(corpus, info.strip_boilerplate, resolve_encoding(corpus, encoding)))
     if len(ids) < 2:
         raise CorpusError(f"{file} has {len(ids)} characters; at least 2 are needed to score one")
-    streams, seq_len = fit_layout(len(ids), info.batch_size, info.seq_len)
+    streams, seq_len = fit_layout(len(ids), streams or info.batch_size, info.seq_len)
     nats, chars = sampler.score(ids, StreamLayout.of(len(ids), streams, seq_len))
     unknown = int(np.sum(ids == UNKNOWN_ID))
     return Evaluation(str(path), file, nats / chars, chars, unknown, streams, seq_len)

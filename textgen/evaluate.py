@@ -27,13 +27,18 @@ def _writable(root: Path) -> bool:
 
 
 def evaluate_run(
-    run: Run, split: str = "test", file: str | None = None, which: str = "best", encoding: str = "auto"
+    run: Run,
+    split: str = "test",
+    file: str | None = None,
+    which: str = "best",
+    encoding: str = "auto",
+    streams: int | None = None,
 ) -> Evaluation:
     """Score ``run`` on its ``split`` (the contiguous split training used) or on a text ``file``.
 
     The text is read as training's validation reads it (``textgen.scoring``): the run's batch of
-    contiguous streams, state carried across batches; a text too short for that is read as fewer
-    or shorter streams.
+    contiguous streams (or ``streams`` of them), state carried across batches; a text too short for that is
+    read as fewer or shorter streams.
     """
     cfg, vocab = run.load_config(), run.load_vocab()
     with tempfile.TemporaryDirectory(prefix="textgen-evaluate-") as scratch:
@@ -46,7 +51,7 @@ def evaluate_run(
             ids, source = split_ids(run, split, Path(scratch)), f"{split} split of {cfg.data.corpus_name}"
         if len(ids) < 2:
             raise CorpusError(f"{source} has {len(ids)} characters; at least 2 are needed to score one")
-        streams, seq_len = fit_layout(len(ids), cfg.data.batch_size, cfg.data.seq_len)
+        streams, seq_len = fit_layout(len(ids), streams or cfg.data.batch_size, cfg.data.seq_len)
         model = build_model(cfg.model, streams, cfg.profile.precision)
         run.load_weights(model, which)
         layout = StreamLayout.of(len(ids), streams, seq_len)
