@@ -23,8 +23,9 @@ from textgen.recipe import BEST_RECIPE, apply_recipe, read_recipe
 
 if TYPE_CHECKING:
     from textgen.generation import Sampler
-    from textgen.results import Evaluation, ExportResult, TrainResult
+    from textgen.results import Evaluation, ExportResult, StudyResult, TrainResult
     from textgen.train import TrainingProgress
+    from textgen.tune import TuneProgress
 
 
 def train(
@@ -195,3 +196,48 @@ def _check_settings(data: dict[str, Any], model: dict[str, Any], training: dict[
     DataConfig(corpus="", **given[0])
     check_fits_in_memory(ModelConfig(vocab_size=1, **given[1]))
     TrainConfig.of(**given[2])
+
+
+def tune(
+    corpus: list[str] | None,
+    *,
+    device: str,
+    checkpoint_dir: Path,
+    study: str | None,
+    time_budget: float | None,
+    trial_budget: float | None,
+    trials: int | None = None,
+    seed: int | None = None,
+    fixed: dict[str, dict[str, Any]] | None = None,
+    progress: TuneProgress | None = None,
+) -> StudyResult:
+    """Run or continue a ``textgen tune`` study (see ``textgen.tune``); ``fixed`` holds the recipe settings the user
+    gave, which are not searched."""
+    if trials is not None and not 0 < trials <= 10_000:
+        raise ConfigError(f"--trials must be between 1 and 10000 (got {trials})")
+    fixed = fixed or {}
+    _check_settings(fixed.get("data", {}), fixed.get("model", {}), {**fixed.get("training", {}), "seed": seed})
+    import_tensorflow()
+    profile = resolve_profile(device)
+    apply_profile(profile)
+    from textgen.tune import tune as run_study
+
+    return run_study(
+        corpus,
+        profile,
+        study_name=study,
+        checkpoint_dir=checkpoint_dir,
+        time_budget=time_budget,
+        trial_budget=trial_budget,
+        trials=trials,
+        seed=seed,
+        fixed=fixed,
+        progress=progress,
+    )
+
+
+def show_study(checkpoint_dir: Path, study: str | None) -> StudyResult:
+    """A study's trials and best recipe (the latest study if ``study`` is None), without TensorFlow."""
+    from textgen.study import show_study as read_study
+
+    return read_study(checkpoint_dir, study)

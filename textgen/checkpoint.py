@@ -282,7 +282,11 @@ class RunLock:
     never a stale lock to clean up by hand. Reading a run (sample, evaluate, runs) takes no lock.
     """
 
-    def __init__(self, run: Run) -> None:
+    def __init__(
+        self,
+        run: Run,
+        busy: str = "run {name!r} is being trained by process {pid}; wait for it, stop it, or pick another --run",
+    ) -> None:
         try:
             fd = os.open(run.path / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
@@ -294,9 +298,7 @@ class RunLock:
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
             os.close(fd)
-            raise CheckpointError(
-                f"run {run.name!r} is being trained by process {holder}; wait for it, stop it, or pick another --run"
-            ) from None
+            raise CheckpointError(busy.format(name=run.name, pid=holder)) from None
         try:
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)  # for the message another process shows

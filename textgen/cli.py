@@ -594,6 +594,107 @@ def export(
         ui.show_export(console, result, as_json)
 
 
+TUNE_EXAMPLES = """
+**Examples**
+
+    textgen tune 2600-0.txt --time-budget 2h --trial-budget 10m    # ~12 recipes, 10 minutes each
+
+    textgen tune 2600-0.txt --time-budget 3h                        # continue it: 1 more hour
+
+    textgen tune --show                                             # the latest study's trials
+
+    textgen tune my_book.txt --units 256 --layers 1 --time-budget 1h   # search the rest
+
+    textgen train 2600-0.txt --from-study 2600-0 --time-budget 1h  # train the best recipe
+
+The first trial is textgen train's default recipe; trials behind the others at the same training time are
+stopped early. Each trial is a run in CHECKPOINT_DIR/studies/STUDY/. Ctrl-C saves the running trial; the same
+command continues the study, resuming that trial.
+"""
+
+
+FIXED = "Fixed settings (searched unless given)"
+
+
+@app.command(epilog=TUNE_EXAMPLES)
+def tune(
+    corpus: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="The text to tune on, as for textgen train (not needed to continue or show a study)",
+            show_default=False,
+        ),
+    ] = None,
+    time_budget: Annotated[
+        str | None,
+        typer.Option(
+            help="Wall-clock for the whole study, all invocations together, e.g. 2h",
+            show_default="2h; a continued study: its own",
+        ),
+    ] = None,
+    trial_budget: Annotated[
+        str | None,
+        typer.Option(help="Training time of each trial, e.g. 10m", show_default="10m; a continued study: its own"),
+    ] = None,
+    trials: Annotated[
+        int | None, typer.Option(help="Stop after this many trials", show_default="as many as the time allows")
+    ] = None,
+    study: Annotated[
+        str | None, typer.Option(help="The study's name", show_default="the corpus name; with --show, the latest")
+    ] = None,
+    seed: Annotated[
+        int | None,
+        typer.Option(
+            help="Seed of the search and of every trial's training", show_default="0; a continued study: its own"
+        ),
+    ] = None,
+    units: Annotated[int | None, _option("LSTM units per layer", FIXED)] = None,
+    layers: Annotated[int | None, _option("Stacked LSTM layers", FIXED)] = None,
+    embedding_dim: Annotated[int | None, _option("Character embedding size", FIXED)] = None,
+    dropout: Annotated[float | None, _option("Dropout", FIXED)] = None,
+    batch_size: Annotated[int | None, _option("Parallel streams per batch", FIXED)] = None,
+    seq_len: Annotated[int | None, _option("Characters per stream per batch", FIXED)] = None,
+    optimizer: Annotated[Optimizer | None, _option("The update rule", FIXED)] = None,
+    lr: Annotated[float | None, _option("Peak learning rate", FIXED)] = None,
+    weight_decay: Annotated[float | None, _option("AdamW's decoupled weight decay", FIXED)] = None,
+    clip_norm: Annotated[float | None, _option("Clip the global gradient norm to this", FIXED)] = None,
+    device: Annotated[Device, typer.Option(help="Device profile of every trial")] = Device.auto,
+    checkpoint_dir: CheckpointDirOption = DEFAULT_CHECKPOINT_DIR,
+    show: Annotated[bool, typer.Option("--show", help="List a study's trials and best recipe, and exit")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="One JSON object per trial and one for the study at the end")
+    ] = False,
+) -> None:
+    """Search for the training recipe that scores best on a corpus's validation split, in a time budget."""
+    with _errors():
+        if show:
+            ui.show_study(console, api.show_study(checkpoint_dir, study), as_json)
+            return
+        display = ui.TuneDisplay(console, as_json=as_json)
+        result = api.tune(
+            corpus,
+            device=device.value,
+            checkpoint_dir=checkpoint_dir,
+            study=study,
+            time_budget=parse_duration(time_budget) if time_budget else None,
+            trial_budget=parse_duration(trial_budget, "--trial-budget") if trial_budget else None,
+            trials=trials,
+            seed=seed,
+            fixed={
+                "data": {"batch_size": batch_size, "seq_len": seq_len},
+                "model": {"units": units, "layers": layers, "embedding_dim": embedding_dim, "dropout": dropout},
+                "training": {
+                    "optimizer": optimizer.value if optimizer else None,
+                    "lr": lr,
+                    "weight_decay": weight_decay,
+                    "clip_norm": clip_norm,
+                },
+            },
+            progress=display,
+        )
+        ui.show_study(console, result, as_json, shown_live=display.live_shown)
+
+
 RUNS_EXAMPLES = """
 **Examples**
 

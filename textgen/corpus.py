@@ -511,3 +511,11 @@ def _clean_chunks(path: Path, codec: str) -> Iterator[str]:
             carry = text[cut:] + held
             if not data:
                 return
+
+
+def corpus_stem(names: list[str], files: list[Path]) -> str:
+    """What a new run (or study) is named after: the book, the directory, or the first pattern's directory."""
+    first = Path(names[0]).expanduser() if names else files[0]
+    if len(files) == 1:
+        return files[0].stem
+    return first.name if first.is_dir() else files[0].parent.name

@@ -134,3 +134,36 @@ class ExportResult:
     format: str
     quantize: str
     bytes: int  # on disk, the whole directory
+
+
+@dataclass(frozen=True)
+class TrialSummary:
+    """One trial of a ``textgen tune`` study."""
+
+    number: int
+    state: str  # complete, pruned, running, interrupted, failed or waiting
+    recipe: dict[str, Any]  # the settings tried, flat (units, lr, optimizer, ...)
+    val_loss: float | None  # complete: validation nats/char as SCORE_STREAMS streams; pruned: its last report
+    seconds: float  # wall-clock spent on the trial, all invocations
+    run: str  # the trial's run directory
+    note: str = ""  # why it failed, or which trial it resumes
+    val_bpc: float | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "val_bpc", None if self.val_loss is None else bits(self.val_loss))
+
+
+@dataclass(frozen=True)
+class StudyResult:
+    """A ``textgen tune`` study: its trials, the best one, and how much of its time budget it has used."""
+
+    study: str
+    path: Path
+    corpus: list[str]
+    trial_budget: float
+    time_budget: float | None  # None when only shown (textgen tune --show)
+    seconds: float  # wall-clock spent on trials, all invocations
+    trials: list[TrialSummary]
+    best: TrialSummary | None
+    best_recipe: Path | None  # best.json: textgen train CORPUS --config it (or --from-study the study)
+    stop_reason: str = ""  # time_budget, trials, or shown

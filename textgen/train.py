@@ -56,7 +56,7 @@ from textgen.config import (
     TrainConfig,
     check_fits_in_memory,
 )
-from textgen.corpus import corpus_fingerprint, resolve_corpora, resolve_encoding, same_codec
+from textgen.corpus import corpus_fingerprint, corpus_stem, resolve_corpora, resolve_encoding, same_codec
 from textgen.data import Splits, StreamLayout, distributed_batches, load_splits
 from textgen.errors import ClusterError, ConfigError, TrainingDiverged, TrainingInterrupted
 from textgen.files import atomic_write_text
@@ -155,18 +155,10 @@ def plan_training(
     if not names:
         raise ConfigError("give a corpus to train on, e.g. textgen train 2600-0.txt")
     files = resolve_corpora(names, download=download)
-    run, lock = reserve_run(checkpoint_dir, run_name, _run_stem(names, files))  # before the corpus is encoded
+    run, lock = reserve_run(checkpoint_dir, run_name, corpus_stem(names, files))  # before the corpus is encoded
     try:
-        size, digest = corpus_fingerprint(files)
-        codecs = {resolve_encoding(f, encoding) for f in files}
-        data_cfg = DataConfig(
-            corpus=str(files[0]) if len(files) == 1 else " ".join(names),
-            files=tuple(str(f) for f in files) if len(files) > 1 else (),
-            strip_boilerplate=not keep_boilerplate,
-            encoding=codecs.pop() if len(codecs) == 1 else "auto",
-            corpus_size=size,
-            corpus_hash=digest,
-            **{"batch_size": profile.batch_size, **data},
+        data_cfg = new_data_config(
+            names, files, keep_boilerplate, encoding, **{"batch_size": profile.batch_size, **data}
         )
         splits = load_splits(data_cfg, cache_dir, train_streams=data_cfg.batch_size * _accumulate(training))
         model_cfg = ModelConfig(vocab_size=splits.vocab.size, **model)
@@ -177,6 +169,23 @@ def plan_training(
         discard_reserved(run, lock)
         raise
     return TrainPlan(run, config, splits, lock=lock)
+
+
+def new_data_config(
+    names: list[str], files: list[Path], keep_boilerplate: bool, encoding: str, **data: Any
+) -> DataConfig:
+    """The data config of a new run on ``files`` (resolved from ``names``), fingerprinted, with each file's codec."""
+    size, digest = corpus_fingerprint(files)
+    codecs = {resolve_encoding(f, encoding) for f in files}
+    return DataConfig(
+        corpus=str(files[0]) if len(files) == 1 else " ".join(names),
+        files=tuple(str(f) for f in files) if len(files) > 1 else (),
+        strip_boilerplate=not keep_boilerplate,
+        encoding=codecs.pop() if len(codecs) == 1 else "auto",
+        corpus_size=size,
+        corpus_hash=digest,
+        **data,
+    )
 
 
 def _plan_derived(
@@ -226,14 +235,6 @@ def _plan_derived(
 
 def _accumulate(training: dict[str, Any]) -> int:
     return int(training.get("accumulate", TrainConfig.accumulate))
-
-
-def _run_stem(names: list[str], files: list[Path]) -> str:
-    """What a new run is named after: the book, the directory, or the first pattern's directory."""
-    first = Path(names[0]).expanduser() if names else files[0]
-    if len(files) == 1:
-        return files[0].stem
-    return first.name if first.is_dir() else files[0].parent.name
 
 
 RESUMABLE_CHANGES = {"epochs", "time_budget", "save_every", "strategy"}

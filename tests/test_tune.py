@@ -1,0 +1,231 @@
+"""textgen tune: the search space, the same-time pruner, a real study on a tiny corpus (it runs, prunes, resumes
+after Ctrl-C or a kill) and its best recipe reproduced by train --config / --from-study."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+from helpers import assert_one_line_error, invoke, subprocess_env, wait_for, write_corpus
+from optuna.distributions import FloatDistribution
+from optuna.trial import TrialState
+
+from textgen.checkpoint import Run, study_path
+from textgen.device import CPU
+from textgen.errors import ConfigError
+from textgen.recipe import read_recipe, recipe_of
+from textgen.study import load_study
+from textgen.tune import SameTimePruner, SearchSpace
+
+# A tiny model, so that a trial of a few seconds trains several epochs; the rest of the recipe is searched.
+TINY = ["--units", "32", "--layers", "1", "--embedding-dim", "8", "--batch-size", "8", "--seq-len", "32"]
+FIXED = {
+    "data": {"batch_size": 8, "seq_len": 32},
+    "model": {"units": 32, "layers": 1, "embedding_dim": 8},
+    "training": {},
+}
+
+
+def _finished(study: optuna.Study, curve: dict[int, float], value: float | None = None) -> None:
+    study.add_trial(
+        optuna.trial.create_trial(
+            params={"lr": 1e-3},
+            distributions={"lr": FloatDistribution(1e-4, 1e-2, log=True)},
+            value=min(curve.values()) if value is None else value,
+            intermediate_values=curve,
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    ("reports", "pruned"),
+    [
+        ({2000: 2.0}, True),  # behind both finished trials' best by 2 s (1.5 and 1.8)
+        ({2000: 1.6}, False),  # ahead of their median (1.65)
+        ({500: 9.0}, False),  # in the warm-up
+        ({1200: 9.0}, False),  # only one finished trial had reported by 1.2 s
+        ({2000: 1.4, 3000: 1.9}, False),  # its best by then counts, as the finished trials' does
+    ],
+)
+def test_the_pruner_compares_trials_at_the_same_training_time(reports: dict[int, float], pruned: bool) -> None:
+    study = optuna.create_study(pruner=SameTimePruner(min_trials=2, warmup_ms=1000))
+    _finished(study, {1000: 2.5, 2000: 1.5, 4000: 1.2})
+    _finished(study, {1500: 2.2, 1900: 1.8, 5000: 1.1})
+    trial = study.ask()
+    for step, value in reports.items():
+        trial.report(value, step)
+    assert trial.should_prune() is pruned
+
+
+def test_the_search_space_keeps_fixed_settings_and_fits_the_corpus() -> None:
+    space = SearchSpace(FIXED, val_chars=700, profile=CPU)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(20):
+        recipe = space.suggest(study.ask())
+        assert recipe["data"] == FIXED["data"] and {**recipe["model"], **FIXED["model"]} == recipe["model"]
+        training = recipe["training"]
+        assert training["momentum"] == (0.9 if training["optimizer"] == "sgd" else 0.0)
+        assert (training["weight_decay"] > 0) == (training["optimizer"] == "adamw")
+        assert (training["lr"] >= 0.02) == (training["optimizer"] == "sgd")  # SGD's own range
+    free = SearchSpace({}, val_chars=6_000, profile=CPU)  # 64 x 100 does not fit: the first trial leaves it out
+    assert free.batch_sizes == [16, 32, 64] and "batch_size" not in free.first_params()
+    for _ in range(20):
+        data = free.suggest(study.ask())["data"]
+        assert data["batch_size"] * data["seq_len"] < 6_000
+    assert SearchSpace({}, val_chars=200_000, profile=CPU).first_params() == {
+        "optimizer": "adam",
+        "lr": 2e-3,
+        "clip_norm": 5.0,
+        "units": 512,
+        "layers": 1,
+        "embedding_dim": 64,
+        "dropout": 0.1,
+        "batch_size": 64,
+        "seq_len": 100,
+    }
+    with pytest.raises(ConfigError, match="too short to tune on"):
+        SearchSpace({}, val_chars=700, profile=CPU)
+
+
+def _tune(base: Path, *extra: str) -> list[str]:
+    return ["tune", str(base / "tiny.txt"), "--checkpoint-dir", str(base / "ck"), *TINY, *extra]
+
+
+def _lines(stdout: str) -> list[dict]:
+    return [json.loads(line) for line in stdout.splitlines() if line.strip()]
+
+
+def test_a_study_runs_prunes_continues_and_its_best_recipe_trains_again(tmp_path: Path) -> None:
+    write_corpus(tmp_path / "tiny.txt", 3000)
+    out = invoke(*_tune(tmp_path, "--time-budget", "1m", "--trial-budget", "3s", "--trials", "3", "--json"))
+    assert out.exit_code == 0, out.stderr
+    *trials, study = _lines(out.stdout)
+    assert [t["event"] for t in trials] == ["trial"] * 3 and study["event"] == "study"
+    assert [t["number"] for t in study["trials"]] == [0, 1, 2] and study["stop_reason"] == "trials"
+    first = trials[0]["recipe"]  # textgen train's own recipe first, with the fixed settings
+    assert (first["optimizer"], first["lr"], first["dropout"], first["clip_norm"]) == ("adam", 2e-3, 0.1, 5.0)
+    assert all(t["state"] == "complete" and t["val_loss"] > 0 for t in trials)
+    directory = study_path(tmp_path / "ck", "tiny")
+    for t in trials:  # each trial is an ordinary run, trained for the trial budget
+        run = Run(directory / t["run"])
+        assert run.load_state()["finished"] == "time_budget"
+        saved = recipe_of(run.load_config())
+        flat = {**saved["data"], **saved["model"], **saved["training"]}
+        assert {k: flat[k] for k in t["recipe"]} == t["recipe"]
+    best = min(trials, key=lambda t: t["val_loss"])
+    assert study["best"]["number"] == best["number"]
+    recipe = read_recipe(directory / "best.json")
+    assert recipe == recipe_of(Run(directory / best["run"]).load_config())
+
+    # Two finished trials whose curves are far ahead at every moment (their final scores are not: the best stays):
+    # the next trials are stopped once past the warm-up.
+    stored = load_study(tmp_path / "ck", "tiny")
+    for _ in range(2):
+        _finished(stored, {1: 0.01}, value=99.0)
+    out = invoke(*_tune(tmp_path, "--time-budget", "1m", "--trial-budget", "3s", "--trials", "7", "--json"))
+    assert out.exit_code == 0, out.stderr
+    *more, study = _lines(out.stdout)
+    assert [t["number"] for t in more] == [5, 6]  # the study went on; finished trials were not rerun
+    assert all(t["state"] == "pruned" for t in more)
+
+    # The best recipe, trained from scratch by a new run (flags given on top win).
+    for how in (["--config", str(directory / "best.json")], ["--from-study", "tiny"]):
+        name = f"again-{how[0][2:]}"
+        args = ["train", str(tmp_path / "tiny.txt"), *how, "--epochs", "1", "--run", name]
+        out = invoke(*args, "--checkpoint-dir", str(tmp_path / "ck"), "--json")
+        assert out.exit_code == 0, out.stderr
+        assert recipe_of(Run(tmp_path / "ck" / name).load_config()) == recipe
+    out = invoke("train", str(tmp_path / "tiny.txt"), "--from-study", "tiny", "--epochs", "1", "--units", "16",
+                 "--run", "smaller", "--checkpoint-dir", str(tmp_path / "ck"), "--json")  # fmt: skip
+    assert out.exit_code == 0, out.stderr
+    assert Run(tmp_path / "ck" / "smaller").load_config().model.units == 16
+
+    # --show reads the study without training anything.
+    out = invoke("tune", "--show", "--checkpoint-dir", str(tmp_path / "ck"))
+    assert out.exit_code == 0, out.stderr
+    assert f"best: trial {best['number']}" in out.stdout and "--from-study tiny" in out.stdout
+    assert out.stdout.count("pruned") >= 2
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGKILL])
+def test_a_stopped_study_resumes_its_trial(tmp_path: Path, stop: signal.Signals) -> None:
+    """Ctrl-C saves the running trial; a kill leaves it running in the database. Either way the same command
+    resumes it (its run trains on from its resume point) and never reruns a finished trial."""
+    write_corpus(tmp_path / "tiny.txt", 3000)
+    args = [sys.executable, "-m", "textgen", *_tune(tmp_path, "--time-budget", "1m", "--trial-budget", "6s", "--json")]
+    log = tmp_path / "out.txt"
+    with open(log, "w") as fh:
+        proc = subprocess.Popen([*args, "--trials", "3"], stdout=fh, stderr=subprocess.STDOUT, env=subprocess_env())
+    wait_for(log, '"event": "trial"', proc)  # trial 0 done
+    directory = study_path(tmp_path / "ck", "tiny")
+    wait_for(directory / "trial-001" / "state.json", "", proc)  # trial 1 has saved a resume point
+    proc.send_signal(stop)
+    code = proc.wait(timeout=60)
+    assert code == (130 if stop == signal.SIGINT else -9)
+    if stop == signal.SIGINT:
+        assert "trial 1 of study 'tiny' is saved; run the same command to continue" in log.read_text()
+    done_state = (directory / "trial-000" / "state.json").read_text()
+    interrupted_at = Run(directory / "trial-001").load_state()["seconds"]
+
+    again = subprocess.run([*args, "--trials", "3"], capture_output=True, text=True, env=subprocess_env(), timeout=120)
+    assert again.returncode == 0, again.stderr
+    *trials, study = _lines(again.stdout)
+    resumed = trials[0]
+    assert resumed["run"] == "trial-001" and resumed["note"] == "resumes trial 1"
+    assert resumed["state"] in ("complete", "pruned")
+    assert (directory / "trial-000" / "state.json").read_text() == done_state  # not trained again
+    state = Run(directory / "trial-001").load_state()
+    assert state["seconds"] > interrupted_at
+    assert state["seconds"] < 6 + interrupted_at  # the rest of the trial's budget, not a new one
+    states = {t["number"]: t["state"] for t in study["trials"]}
+    assert states[1] == "interrupted" and sum(s in ("complete", "pruned") for s in states.values()) == 3
+
+
+def test_bad_tune_inputs(tmp_path: Path) -> None:
+    write_corpus(tmp_path / "tiny.txt", 3000)
+    ck = str(tmp_path / "ck")
+    assert_one_line_error(invoke("tune", "--show", "--checkpoint-dir", ck), "no study", "textgen tune")
+    assert_one_line_error(
+        invoke("tune", str(tmp_path / "tiny.txt"), "--time-budget", "1m", "--trial-budget", "2m"),
+        "--time-budget must hold at least one --trial-budget",
+    )
+    assert_one_line_error(invoke("tune", "--checkpoint-dir", ck, "--study", "nope"), "there is no study 'nope'")
+    assert_one_line_error(invoke("tune", str(tmp_path / "tiny.txt"), "--checkpoint-dir", ck), "too short to tune on")
+    out = invoke(*_tune(tmp_path, "--time-budget", "10s", "--trial-budget", "2s", "--trials", "1", "--json"))
+    assert out.exit_code == 0, out.stderr
+    assert_one_line_error(
+        invoke(*_tune(tmp_path, "--time-budget", "10s", "--trial-budget", "3s")), "cannot change", "trial budget 2s"
+    )
+    assert_one_line_error(invoke("train", str(tmp_path / "tiny.txt"), "--from-study", "nope", "--checkpoint-dir", ck),
+                          "no finished trial")  # fmt: skip
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"model": {"units": 32, "colour": "red"}}))
+    assert_one_line_error(invoke("train", str(tmp_path / "tiny.txt"), "--config", str(bad)), "unknown model settings")
+    assert_one_line_error(invoke("train", str(tmp_path / "tiny.txt"), "--config", str(tmp_path / "none.json")),
+                          "no such file")  # fmt: skip
+
+
+def test_a_runs_config_reads_as_its_recipe(trained_run) -> None:
+    recipe = read_recipe(trained_run.run.config_path)
+    assert recipe == recipe_of(trained_run.run.load_config())
+    assert set(recipe["training"]) == {
+        "lr", "lr_schedule", "clip_norm", "optimizer", "weight_decay", "momentum", "accumulate",
+    }  # fmt: skip
+
+
+def test_an_interrupted_trial_counts_as_resumable_not_failed() -> None:
+    from textgen.study import counts_as_done, is_interrupted
+
+    study = optuna.create_study()
+    study.tell(study.ask(), state=TrialState.FAIL)
+    failed = study.ask()
+    failed.set_user_attr("error", "training diverged")
+    study.tell(failed, state=TrialState.FAIL)
+    a, b = study.get_trials()
+    assert is_interrupted(a) and not counts_as_done(a)
+    assert not is_interrupted(b) and counts_as_done(b)

@@ -1,0 +1,117 @@
+"""A ``textgen tune`` study as it is stored: Optuna's SQLite database in ``studies/<study>/``, read into
+``TrialSummary`` rows. Reading needs neither TensorFlow nor a lock (``textgen tune --show``)."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, study_path
+from textgen.errors import ConfigError
+from textgen.recipe import BEST_RECIPE
+from textgen.results import StudyResult, TrialSummary
+
+DATABASE = "study.db"
+
+
+def storage_of(directory: Path) -> optuna.storages.RDBStorage:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna.storages.RDBStorage(f"sqlite:///{directory / DATABASE}")
+
+
+def load_study(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR, name: str | None = None) -> optuna.Study:
+    """The study called ``name`` under ``checkpoint_dir``, or the most recently updated one."""
+    if name is None:
+        databases = sorted((checkpoint_dir / "studies").glob(f"*/{DATABASE}"), key=lambda p: p.stat().st_mtime)
+        if not databases:
+            raise ConfigError(f"no study in {checkpoint_dir}/studies/; start one: textgen tune 2600-0.txt")
+        name = databases[-1].parent.name
+    directory = study_path(checkpoint_dir, name)
+    if not (directory / DATABASE).is_file():
+        raise ConfigError(
+            f"no study {name!r} in {checkpoint_dir}/studies/; start one: textgen tune CORPUS --study {name}"
+        )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.load_study(study_name=name, storage=storage_of(directory))
+
+
+def is_interrupted(trial: FrozenTrial) -> bool:
+    """A trial stopped by a signal or a kill (a failed one records its error)."""
+    return trial.state == TrialState.FAIL and "error" not in trial.user_attrs
+
+
+def counts_as_done(trial: FrozenTrial) -> bool:
+    """Whether a trial counts against --trials: it finished, was pruned, or failed (an interrupted one is resumed)."""
+    return trial.state in (TrialState.COMPLETE, TrialState.PRUNED) or (
+        trial.state == TrialState.FAIL and not is_interrupted(trial)
+    )
+
+
+def spent_seconds(study: optuna.Study) -> float:
+    """Wall-clock the study's trials have taken, all invocations."""
+    return sum(float(t.user_attrs.get("seconds", 0.0)) for t in study.get_trials(deepcopy=False))
+
+
+def trial_summary(trial: FrozenTrial, resumed_by: dict[int, int]) -> TrialSummary:
+    state = {
+        TrialState.COMPLETE: "complete",
+        TrialState.PRUNED: "pruned",
+        TrialState.RUNNING: "running",
+        TrialState.WAITING: "waiting",
+    }.get(trial.state, "interrupted" if is_interrupted(trial) else "failed")
+    values = [v for v in trial.intermediate_values.values() if math.isfinite(v)]
+    value = trial.value if trial.state == TrialState.COMPLETE else (values[-1] if values else None)
+    notes = []
+    if "resumes" in trial.user_attrs:
+        notes.append(f"resumes trial {trial.user_attrs['resumes']}")
+    if trial.number in resumed_by:
+        notes.append(f"resumed as trial {resumed_by[trial.number]}")
+    if "error" in trial.user_attrs:
+        notes.append(str(trial.user_attrs["error"]))
+    if trial.state == TrialState.PRUNED:
+        notes.append("behind the finished trials at the same training time")
+    return TrialSummary(
+        number=trial.number,
+        state=state,
+        recipe=dict(trial.user_attrs.get("recipe", trial.params)),
+        val_loss=value,
+        seconds=float(trial.user_attrs.get("seconds", 0.0)),
+        run=str(trial.user_attrs.get("run", "")),
+        note="; ".join(notes),
+    )
+
+
+def study_result(
+    study: optuna.Study, directory: Path, time_budget: float | None = None, stop_reason: str = "shown"
+) -> StudyResult:
+    """The study as it stands."""
+    trials = study.get_trials(deepcopy=False)
+    resumed_by = {int(t.user_attrs["resumes"]): t.number for t in trials if "resumes" in t.user_attrs}
+    summaries = [trial_summary(t, resumed_by) for t in trials]
+    complete = [s for s in summaries if s.state == "complete" and s.val_loss is not None]
+    settings: dict[str, Any] = study.user_attrs.get("settings", {})
+    best_recipe = directory / BEST_RECIPE
+    return StudyResult(
+        study=study.study_name,
+        path=directory,
+        corpus=list(settings.get("corpus", [])),
+        trial_budget=float(settings.get("trial_budget", 0.0)),
+        time_budget=time_budget,
+        seconds=spent_seconds(study),
+        trials=summaries,
+        best=min(complete, key=lambda s: s.val_loss or math.inf) if complete else None,
+        best_recipe=best_recipe if best_recipe.is_file() else None,
+        stop_reason=stop_reason,
+    )
+
+
+def show_study(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR, name: str | None = None) -> StudyResult:
+    """A study's trials and best recipe, read without a lock (a running study shows where it is)."""
+    study = load_study(checkpoint_dir, name)
+    return study_result(study, study_path(checkpoint_dir, study.study_name))

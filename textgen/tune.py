@@ -1,0 +1,470 @@
+"""``textgen tune``: a wall-clock-budgeted search over training recipes, with Optuna.
+
+Each trial is an ordinary run (``textgen.train``) of one recipe for ``trial_budget`` seconds, saved as
+``studies/<study>/trial-NNN`` under the checkpoint directory, so it can be sampled, evaluated or trained further.
+A finished trial is scored on the validation split read as ``SCORE_STREAMS`` streams, whatever its batch size:
+the same weights read War and Peace's validation split 0.03 nats/char worse as 256 streams than as 16 (each
+stream starts cold), which would otherwise favour small batches. The study (Optuna's SQLite database) and the best
+recipe (``best.json``) live in the same directory; running the same command again continues the study.
+
+Why Optuna rather than KerasTuner: its ask-and-tell interface drives textgen's own training loop as it is (KerasTuner
+wants a ``model.fit`` to call), its TPE sampler handles the conditional settings (SGD's learning rate, AdamW's
+decay), and its storage makes the study resumable. Its pruners compare trials at equal step numbers; these trials
+report at epoch ends, whose times differ with the model and batch, so ``SameTimePruner`` compares them at equal
+training time instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import statistics
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Protocol
+
+import keras
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, Run, RunLock, study_path
+from textgen.config import DeviceProfile, ModelConfig, TrainConfig, flag
+from textgen.data import load_splits
+from textgen.errors import ConfigError, TextgenError, TrainingDiverged, TrainingInterrupted
+from textgen.evaluate import evaluate_run
+from textgen.idcache import cache_root
+from textgen.recipe import BEST_RECIPE, Recipe, recipe_of, write_recipe
+from textgen.results import EpochLog, StudyResult, TrialSummary
+from textgen.study import (
+    DATABASE,
+    counts_as_done,
+    is_interrupted,
+    spent_seconds,
+    storage_of,
+    study_result,
+    trial_summary,
+)
+from textgen.train import NoProgress, TrainingProgress, TrainPlan, new_data_config, plan_training, train
+
+SCORE_STREAMS = 64
+TRIAL_EPOCHS = 10_000  # trials end with their time budget
+MIN_TRIALS_TO_PRUNE = 2  # finished trials a running one is compared with before it can be stopped
+PRUNE_WARMUP = 0.2  # no trial is stopped in its first fifth: slow starters (small learning rates) catch up later
+STARTUP_TRIALS = 4  # random recipes before TPE models the results (the first trial is the default recipe)
+
+
+BATCH_SIZES = (16, 32, 64, 128, 256)
+SEQ_LENS = (50, 400)  # in steps of 50
+
+
+class SearchSpace:
+    """What a study searches: every recipe setting but those the user fixed, within what the corpus can hold (its
+    validation split must fill one batch of ``batch_size`` x ``seq_len``)."""
+
+    def __init__(self, fixed: Recipe, val_chars: int, profile: DeviceProfile) -> None:
+        self.fixed, self.val_chars = fixed, val_chars
+        seq_len = fixed.get("data", {}).get("seq_len") or SEQ_LENS[0]
+        candidates = sorted({*BATCH_SIZES, profile.batch_size})
+        self.batch_sizes = [b for b in candidates if b * seq_len < val_chars]
+        given = fixed.get("data", {}).get("batch_size")
+        if not self.batch_sizes and given is None:
+            raise ConfigError(
+                f"the corpus is too short to tune on: its validation split has {val_chars:,} characters, fewer than "
+                f"one batch of {candidates[0]} x {seq_len}; give a longer text"
+            )
+        self.default = {**default_params(profile), **{k: v for part in fixed.values() for k, v in part.items()}}
+
+    def suggest(self, trial: optuna.Trial) -> Recipe:
+        """The recipe a trial tries: TPE's choice, the fixed settings as given."""
+
+        def pick(part: str, key: str, suggest: Any, *args: Any, name: str | None = None, **kwargs: Any) -> Any:
+            given = self.fixed.get(part, {}).get(key)
+            return given if given is not None else suggest(name or key, *args, **kwargs)
+
+        optimizer = pick("training", "optimizer", trial.suggest_categorical, ["adam", "adamw", "rmsprop", "sgd"])
+        sgd = optimizer == "sgd"  # a step ~50x the adaptive rules': its own range
+        lr_range, lr_name = ((0.02, 1.0), "sgd_lr") if sgd else ((5e-4, 1e-2), "lr")
+        lr = pick("training", "lr", trial.suggest_float, *lr_range, name=lr_name, log=True)
+        decay = (
+            pick("training", "weight_decay", trial.suggest_float, 1e-3, 0.3, log=True) if optimizer == "adamw" else 0.0
+        )
+        batch_size = pick("data", "batch_size", trial.suggest_categorical, self.batch_sizes)
+        longest = min(SEQ_LENS[1], (self.val_chars - 1) // batch_size // 50 * 50)
+        return {
+            "data": {
+                "batch_size": batch_size,
+                "seq_len": pick("data", "seq_len", trial.suggest_int, 50, max(longest, 50), step=50),
+            },
+            "model": {
+                "units": pick("model", "units", trial.suggest_categorical, [128, 256, 384, 512, 768, 1024]),
+                "layers": pick("model", "layers", trial.suggest_int, 1, 3),
+                "embedding_dim": pick("model", "embedding_dim", trial.suggest_categorical, [16, 32, 64, 128]),
+                "dropout": pick("model", "dropout", trial.suggest_float, 0.0, 0.4, step=0.05),
+            },
+            "training": {
+                "optimizer": optimizer,
+                "lr": lr,
+                "weight_decay": decay,
+                "momentum": TrainConfig.of(optimizer=optimizer).momentum,  # SGD's 0.9
+                "clip_norm": pick("training", "clip_norm", trial.suggest_float, 0.5, 10.0, log=True),
+            },
+        }
+
+    def first_params(self) -> dict[str, Any]:
+        """textgen train's own recipe (with the fixed settings), to try first: the one to beat. A batch the corpus
+        cannot hold is left to the search."""
+        params = dict(self.default)
+        if params["batch_size"] * params["seq_len"] >= self.val_chars:
+            params.pop("batch_size")
+            params.pop("seq_len")
+        return params
+
+
+def default_params(profile: DeviceProfile) -> dict[str, Any]:
+    """textgen train's default recipe in the search space's terms."""
+    model, training = ModelConfig(vocab_size=1), TrainConfig()
+    return {
+        "optimizer": training.optimizer,
+        "lr": training.lr,
+        "clip_norm": training.clip_norm,
+        "units": model.units,
+        "layers": model.layers,
+        "embedding_dim": model.embedding_dim,
+        "dropout": model.dropout,
+        "batch_size": profile.batch_size,
+        "seq_len": 100,
+    }
+
+
+class SameTimePruner(optuna.pruners.BasePruner):
+    """Stop a trial whose validation loss is behind the median of the finished trials' at the same training time.
+
+    Steps are training milliseconds. A curve's value at a time is the best it had reported by then, for the
+    running trial and the finished ones alike; a trial is compared only once ``min_trials`` finished trials had
+    reported by its time, and not before ``warmup_ms``.
+    """
+
+    def __init__(self, min_trials: int = MIN_TRIALS_TO_PRUNE, warmup_ms: int = 0) -> None:
+        self.min_trials, self.warmup_ms = min_trials, warmup_ms
+
+    def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
+        step = trial.last_step
+        if step is None or step < self.warmup_ms:
+            return False
+        mine = best_by(trial.intermediate_values, step)
+        finished = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        others = [v for t in finished if (v := best_by(t.intermediate_values, step)) is not None]
+        return mine is not None and len(others) >= self.min_trials and mine > statistics.median(others)
+
+
+def best_by(curve: dict[int, float], step: int) -> float | None:
+    """The lowest value a curve had reported by ``step``, if any."""
+    values = [v for s, v in curve.items() if s <= step and math.isfinite(v)]
+    return min(values) if values else None
+
+
+class TuneProgress(Protocol):
+    """What the study reports as it goes (the CLI's table implements it)."""
+
+    def begin(self, study: StudyResult) -> None: ...
+    def trial_begin(self, trial: TrialSummary, budget: float) -> TrainingProgress: ...
+    def trial_end(self, trial: TrialSummary) -> None: ...
+    def end(self, result: StudyResult) -> None: ...  # also after Ctrl-C or an error
+
+
+class Reporter(NoProgress):
+    """A trial's training progress, passed on to the display; at each epoch end the validation loss goes to Optuna,
+    which may stop the trial there (the run has just committed the epoch)."""
+
+    def __init__(self, trial: optuna.Trial, display: TrainingProgress, started: float, spent: float) -> None:
+        self.trial, self.display, self.started, self.spent = trial, display, started, spent
+
+    def start(self, plan: TrainPlan, steps: int) -> None:
+        self.display.start(plan, steps)
+
+    def epoch_begin(self, epoch: int, first_batch: int) -> None:
+        self.display.epoch_begin(epoch, first_batch)
+
+    def batch_end(self, batch: int, loss: float) -> None:
+        self.display.batch_end(batch, loss)
+
+    def validating(self) -> None:
+        self.display.validating()
+
+    def epoch_end(self, log: EpochLog) -> None:
+        self.display.epoch_end(log)
+        self.trial.set_user_attr("seconds", self.spent + time.monotonic() - self.started)
+        if math.isfinite(log.val_loss):
+            self.trial.report(log.val_loss, round(log.seconds * 1000))
+        if self.trial.should_prune():
+            raise optuna.TrialPruned(f"behind the finished trials' median at {log.seconds:.0f}s")
+
+    def end(self) -> None:
+        self.display.end()
+
+
+DEFAULT_TIME_BUDGET, DEFAULT_TRIAL_BUDGET = 2 * 3600.0, 600.0
+
+
+def tune(
+    corpus: list[str] | None,
+    profile: DeviceProfile,
+    *,
+    study_name: str | None,
+    checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR,
+    time_budget: float | None = None,
+    trial_budget: float | None = None,
+    trials: int | None = None,
+    seed: int | None = None,
+    fixed: Recipe | None = None,
+    progress: TuneProgress | None = None,
+) -> StudyResult:
+    """Run (or continue) a study until its wall-clock ``time_budget`` has no room for another ``trial_budget``, or it
+    has ``trials`` trials; Ctrl-C saves the running trial, which the next call resumes. ``fixed`` holds the recipe
+    settings not to search. A continued study keeps its corpus, trial budget, device profile, seed and fixed
+    settings, and its time budget unless a new one is given."""
+    from textgen.corpus import corpus_stem, resolve_corpora
+
+    names = list(corpus or [])
+    files = resolve_corpora(names) if names else []
+    name = study_name or (corpus_stem(names, files) if files else None)
+    if name is None:
+        raise ConfigError("give a corpus to tune on, e.g. textgen tune 2600-0.txt, or --study NAME to continue one")
+    directory = study_path(checkpoint_dir, name)
+    new = not (directory / DATABASE).is_file()
+    if new and not files:
+        raise ConfigError(f"there is no study {name!r} yet; give a corpus to tune on, e.g. textgen tune book.txt")
+    given: dict[str, Any] = {
+        "corpus": [str(f) for f in files],
+        "trial_budget": trial_budget,
+        "time_budget": time_budget,
+        "device": profile.name,
+        "seed": seed,
+        "fixed": {part: kept for part, values in (fixed or {}).items() if (kept := _not_none(values))},
+    }
+    directory.mkdir(parents=True, exist_ok=True)
+    busy = "study {name!r} is being tuned by process {pid}; wait for it, stop it, or pick another --study"
+    lock = RunLock(Run(directory), busy)
+    try:
+        if new:
+            settings = {
+                **given,
+                "trial_budget": trial_budget or DEFAULT_TRIAL_BUDGET,
+                "time_budget": time_budget or DEFAULT_TIME_BUDGET,
+                "seed": seed or 0,
+            }
+        else:
+            study = _open_study(directory, name, None)
+            settings = _continued_settings(study, given)
+        if settings["time_budget"] < settings["trial_budget"]:
+            raise ConfigError(
+                f"--time-budget must hold at least one --trial-budget (got {settings['time_budget']:g}s for "
+                f"{settings['trial_budget']:g}s trials)"
+            )
+        space = _search_space(settings, profile, checkpoint_dir)  # a new study's corpus must hold it: checked first
+        if new:
+            study = _open_study(directory, name, settings)
+        study.set_user_attr("settings", settings)
+        _requeue_interrupted(study)
+        return _run_study(study, directory, settings, space, profile, trials, checkpoint_dir, progress)
+    except BaseException:
+        if new and not (directory / DATABASE).is_file():
+            (directory / ".lock").unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+        raise
+    finally:
+        lock.release()
+
+
+def _not_none(values: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _search_space(settings: dict[str, Any], profile: DeviceProfile, checkpoint_dir: Path) -> SearchSpace:
+    """The study's search space on its corpus (encoded once into the id cache that training reads)."""
+    files = [Path(f) for f in settings["corpus"]]
+    probe = new_data_config(settings["corpus"], files, False, "auto", batch_size=1, seq_len=1)
+    return SearchSpace(settings["fixed"], len(load_splits(probe, cache_root(checkpoint_dir)).val), profile)
+
+
+def _open_study(directory: Path, name: str, settings: dict[str, Any] | None) -> optuna.Study:
+    """A new study (``settings`` given) or the stored one, with the TPE sampler and the same-time pruner."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # multivariate TPE
+        study = optuna.create_study(
+            study_name=name, storage=storage_of(directory), direction="minimize", load_if_exists=True
+        )
+        settings = settings or study.user_attrs["settings"]
+        # The sampler's seed moves on with the study, or a continued study would draw its first random recipes again.
+        study.sampler = optuna.samplers.TPESampler(
+            seed=settings["seed"] + len(study.trials), n_startup_trials=STARTUP_TRIALS, multivariate=True, group=True
+        )
+    study.pruner = SameTimePruner(warmup_ms=round(PRUNE_WARMUP * settings["trial_budget"] * 1000))
+    return study
+
+
+def _continued_settings(study: optuna.Study, given: dict[str, Any]) -> dict[str, Any]:
+    """A continued study's settings: what it started with, and a new time budget if one is given. The others
+    cannot change (its trials are compared with each other)."""
+    saved = dict(study.user_attrs["settings"])
+    keys = ("corpus", "trial_budget", "device", "seed", "fixed")
+    changed = [k for k in keys if given[k] not in (None, [], {}) and given[k] != saved[k]]
+    if changed:
+        was = "; ".join(f"{k.replace('_', ' ')} {_describe(k, saved[k])}" for k in changed)
+        raise ConfigError(
+            f"study {study.study_name!r} was started with {was}; its trials are compared with each other, so that "
+            "cannot change: give it as before (or leave it out), or start another --study"
+        )
+    return {**saved, "time_budget": given["time_budget"] or saved["time_budget"]}
+
+
+def _describe(key: str, value: Any) -> str:
+    """A study setting as the user gave it."""
+    if key == "corpus":
+        return " ".join(value)
+    if key == "trial_budget":
+        return f"{value:g}s"
+    if key == "fixed":
+        return " ".join(f"{flag(k)} {v}" for part in value.values() for k, v in part.items()) or "nothing fixed"
+    return str(value)
+
+
+def _requeue_interrupted(study: optuna.Study) -> None:
+    """Trials left running by a killed process are interrupted ones (the lock says nobody runs them); each
+    interrupted trial not yet resumed is queued again with its recipe and its run, for the next trial to resume."""
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        study.tell(trial.number, state=TrialState.FAIL)
+    trials = study.get_trials(deepcopy=False)
+    resumed = {t.user_attrs.get("resumes") for t in trials}
+    for trial in trials:
+        if is_interrupted(trial) and trial.number not in resumed and "run" in trial.user_attrs:
+            study.enqueue_trial(trial.params, user_attrs={"resumes": trial.number, "run": trial.user_attrs["run"]})
+
+
+class _NoTuneProgress:
+    def begin(self, study: StudyResult) -> None: ...
+    def trial_begin(self, trial: TrialSummary, budget: float) -> TrainingProgress:
+        return NoProgress()
+
+    def trial_end(self, trial: TrialSummary) -> None: ...
+    def end(self, result: StudyResult) -> None: ...
+
+
+def _run_study(
+    study: optuna.Study,
+    directory: Path,
+    settings: dict[str, Any],
+    space: SearchSpace,
+    profile: DeviceProfile,
+    max_trials: int | None,
+    checkpoint_dir: Path,
+    progress: TuneProgress | None,
+) -> StudyResult:
+    progress = progress or _NoTuneProgress()
+    trial_budget, time_budget = float(settings["trial_budget"]), float(settings["time_budget"])
+    if not study.trials:
+        study.enqueue_trial(space.first_params())
+    stop_reason = "interrupted"
+    progress.begin(study_result(study, directory, time_budget, ""))
+    try:
+        while True:
+            if (
+                max_trials is not None
+                and sum(counts_as_done(t) for t in study.get_trials(deepcopy=False)) >= max_trials
+            ):
+                stop_reason = "trials"
+                break
+            if time_budget - spent_seconds(study) < trial_budget + _overhead(study, trial_budget):
+                stop_reason = "time_budget"
+                break
+            _run_trial(study, directory, settings, space, profile, checkpoint_dir, progress)
+    finally:
+        result = study_result(study, directory, time_budget, stop_reason)
+        progress.end(result)
+    return result
+
+
+def _overhead(study: optuna.Study, trial_budget: float) -> float:
+    """The most a finished trial took beyond its training budget (building, compiling, scoring): a trial starts only
+    if the study's budget holds all of it."""
+    finished = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    return max((float(t.user_attrs.get("seconds", 0.0)) - trial_budget for t in finished), default=0.0)
+
+
+def _run_trial(
+    study: optuna.Study,
+    directory: Path,
+    settings: dict[str, Any],
+    space: SearchSpace,
+    profile: DeviceProfile,
+    checkpoint_dir: Path,
+    progress: TuneProgress,
+) -> None:
+    """Ask for a trial, train its recipe (or resume the interrupted trial it repeats) for the trial budget, score it
+    and tell the study; the best recipe so far is saved as best.json."""
+    trial = study.ask()
+    started, trial_budget = time.monotonic(), float(settings["trial_budget"])
+    recipe = space.suggest(trial)
+    flat = {**recipe["data"], **recipe["model"], **recipe["training"]}
+    run = Run(directory / trial.user_attrs.get("run", f"trial-{trial.number:03d}"))
+    trial.set_user_attr("run", run.name)
+    trial.set_user_attr("recipe", flat)
+    resume = run.config_path.is_file()
+    trained = float(run.load_state().get("seconds", 0.0)) if resume and run.has_state() else 0.0
+    note = f"resumes trial {trial.user_attrs['resumes']}" if "resumes" in trial.user_attrs else ""
+    running = TrialSummary(trial.number, "running", flat, None, 0.0, run.name, note)
+    reporter = Reporter(trial, progress.trial_begin(running, trial_budget), started, 0.0)
+
+    def finish(state: TrialState, value: float | None = None, error: str | None = None) -> None:
+        trial.set_user_attr("seconds", time.monotonic() - started)
+        if error:
+            trial.set_user_attr("error", error)
+        study.tell(trial, value, state=state)
+        progress.trial_end(trial_summary(study.get_trials(deepcopy=False)[trial.number], {}))
+
+    try:
+        if trial_budget - trained >= 1.0:  # else it had trained its whole budget when it was stopped
+            plan = plan_training(
+                None if resume else settings["corpus"],
+                profile,
+                checkpoint_dir=directory,
+                run_name=run.name,
+                resume=resume,
+                data=recipe["data"],
+                model=recipe["model"],
+                training={
+                    **recipe["training"],
+                    "time_budget": trial_budget - trained,
+                    "epochs": TRIAL_EPOCHS,
+                    "seed": settings["seed"],
+                },
+                cache_dir=cache_root(checkpoint_dir),
+            )
+            train(plan, reporter)
+        value = evaluate_run(run, split="val", streams=SCORE_STREAMS).nats_per_char
+    except optuna.TrialPruned:
+        finish(TrialState.PRUNED)
+        return
+    except TrainingDiverged as exc:  # a recipe that diverges is a bad recipe: the search goes on
+        finish(TrialState.FAIL, error=str(exc).split(";")[0])
+        return
+    except (TrainingInterrupted, KeyboardInterrupt) as exc:
+        finish(TrialState.FAIL)
+        reason = str(exc).split(";")[0] if isinstance(exc, TrainingInterrupted) else "interrupted"
+        code = exc.exit_code if isinstance(exc, TrainingInterrupted) else 130
+        raise TrainingInterrupted(
+            f"{reason}: trial {trial.number} of study {study.study_name!r} is saved; run the same command to "
+            "continue the study",
+            exit_code=code,
+        ) from None
+    except TextgenError as exc:  # not the recipe's fault (a corpus gone, a disk full): stop the study
+        finish(TrialState.FAIL, error=str(exc))
+        raise
+    finally:
+        keras.backend.clear_session()  # each trial builds its own model: free the last one's graphs
+    finish(TrialState.COMPLETE, value)
+    if study.best_trial.number == trial.number:
+        about = {"study": study.study_name, "trial": trial.number, "val_loss": value, "trial_budget": trial_budget}
+        write_recipe(directory / BEST_RECIPE, recipe_of(run.load_config()), tuned=about)
