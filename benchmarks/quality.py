@@ -3,6 +3,11 @@
     TEXTGEN_CORPUS_PATH=../shared/corpora python benchmarks/quality.py --time-budget 10m -- --units 512
     TEXTGEN_CORPUS_PATH=../shared/corpora python benchmarks/quality.py --time-budget 10m \\
         --recipe "" --recipe "--lr 0.004" --recipe "--layers 2 --dropout 0.2"
+    TEXTGEN_CORPUS_PATH=../shared/corpora python benchmarks/quality.py --time-budget 10m 20m 30m 60m   # a frontier
+
+With several budgets, each recipe trains once per budget (a run annealed over that budget, as a user would train it)
+and a frontier table sets its test loss beside the PyTorch char-rnn recipe's at the same budgets (measured on
+another host, at 20.5k chars/s; this host's chars/s is in the table).
 
 Everything after ``--`` (or each ``--recipe``, a quoted list of flags; "" for the defaults) goes
 to ``textgen train`` as it is: units, layers, embedding, dropout, batch, sequence length, learning
@@ -22,6 +27,13 @@ import sys
 import tempfile
 
 from common import REF_CORPUS
+
+from textgen.config import parse_duration
+
+# The PyTorch char-rnn recipe (1 x 512, Adam 2e-3 halved every 5 epochs, clip 5, batch 64 x 100) on the same
+# split and 2 cores, by budget in seconds; measured on a host where it trained at 20.5k chars/s (issue 18).
+PYTORCH_CHAR_RNN = {600.0: 1.298, 1200.0: 1.231, 1800.0: 1.222, 3600.0: 1.217}
+PYTORCH_CHARS_PER_SEC = 20_500
 
 
 def textgen(*args: str) -> list[dict]:
@@ -79,9 +91,27 @@ def ranking(reports: list[dict]) -> str:
     return "\n".join(rows)
 
 
+def frontier(reports: list[dict]) -> str:
+    """A markdown table of one recipe's reports at several budgets, beside the PyTorch char-rnn's."""
+    rows = [
+        "| budget | epochs | chars/s | test nats/char | PyTorch char-rnn | textgen - PyTorch |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in sorted(reports, key=lambda r: parse_duration(r["time_budget"])):
+        reference = PYTORCH_CHAR_RNN.get(parse_duration(r["time_budget"]))
+        theirs, gap = (f"{reference:.3f}", f"{r['test_nats_per_char'] - reference:+.4f}") if reference else ("-", "-")
+        rows.append(
+            f"| {r['time_budget']} | {r['epochs']} | {r['chars_per_sec']:,.0f} | {r['test_nats_per_char']:.4f} "
+            f"| {theirs} | {gap} |"
+        )
+    return "\n".join(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--time-budget", default="10m", help="training wall-clock budget per recipe (default 10m)")
+    parser.add_argument(
+        "--time-budget", nargs="+", default=["10m"], help="training wall-clock budget per recipe; several: a frontier"
+    )
     parser.add_argument("--corpus", default=REF_CORPUS)
     parser.add_argument("--checkpoint-dir", help="keep the runs here (default: a temporary directory)")
     parser.add_argument("--recipe", action="append", help="textgen train flags in one string; repeat to compare")
@@ -90,14 +120,25 @@ def main() -> None:
     args = parser.parse_args()
     recipes = [shlex.split(r) for r in args.recipe] if args.recipe else [args.train_args]
 
-    reports = []
+    reports: dict[tuple[int, str], dict] = {}
     with tempfile.TemporaryDirectory() as scratch:
-        for recipe in recipes:
-            report = measure(recipe, args.corpus, args.time_budget, args.checkpoint_dir or scratch)
-            reports.append(report)
-            print(json.dumps(report) if args.json else describe(report), flush=True)
-    if len(reports) > 1 and not args.json:
-        print(f"\nranked by test loss ({args.time_budget} each):\n{ranking(reports)}")
+        for budget in args.time_budget:
+            for i, recipe in enumerate(recipes):
+                report = measure(recipe, args.corpus, budget, args.checkpoint_dir or scratch)
+                reports[i, budget] = report
+                print(json.dumps(report) if args.json else describe(report), flush=True)
+    if args.json:
+        return
+    if len(recipes) > 1:
+        for budget in args.time_budget:
+            ranked = ranking([reports[i, budget] for i in range(len(recipes))])
+            print(f"\nranked by test loss ({budget} each):\n{ranked}")
+    if len(args.time_budget) > 1:
+        for i, recipe in enumerate(recipes):
+            table = frontier([reports[i, budget] for budget in args.time_budget])
+            print(
+                f"\nfrontier of {' '.join(recipe) or '(defaults)'} (PyTorch at {PYTORCH_CHARS_PER_SEC:,} chars/s):\n{table}"
+            )
 
 
 if __name__ == "__main__":

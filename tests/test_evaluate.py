@@ -200,3 +200,17 @@ def test_the_quality_benchmark_trains_scores_and_ranks_recipes(tmp_path: Path) -
     assert losses == sorted(losses)
     for name, units in (("tiny", 16), ("tiny-2", 24)):
         assert Run(tmp_path / "runs" / name).load_config().model.units == units
+
+
+def test_the_quality_frontier_sets_each_budget_beside_pytorch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from quality import frontier
+
+    report = {"epochs": 3, "chars_per_sec": 17_000.0, "test_nats_per_char": 1.25}
+    table = frontier(
+        [{**report, "time_budget": "20m"}, {**report, "time_budget": "10m"}, {**report, "time_budget": "7m"}]
+    )
+    rows = table.splitlines()[2:]
+    assert rows[0] == "| 7m | 3 | 17,000 | 1.2500 | - | - |"  # no reference at 7 minutes
+    assert rows[1] == "| 10m | 3 | 17,000 | 1.2500 | 1.298 | -0.0480 |"
+    assert rows[2] == "| 20m | 3 | 17,000 | 1.2500 | 1.231 | +0.0190 |"
