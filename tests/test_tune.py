@@ -16,6 +16,7 @@ from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 
 from textgen.checkpoint import Run, study_path
+from textgen.config import TrainConfig
 from textgen.device import CPU
 from textgen.errors import ConfigError
 from textgen.recipe import read_recipe, recipe_of
@@ -80,6 +81,7 @@ def test_the_search_space_keeps_fixed_settings_and_fits_the_corpus() -> None:
     assert SearchSpace({}, val_chars=200_000, profile=CPU).first_params() == {
         "optimizer": "adam",
         "lr": 2e-3,
+        "weight_decay": 0.0,
         "clip_norm": 5.0,
         "units": 512,
         "layers": 1,
@@ -90,6 +92,19 @@ def test_the_search_space_keeps_fixed_settings_and_fits_the_corpus() -> None:
     }
     with pytest.raises(ConfigError, match="too short to tune on"):
         SearchSpace({}, val_chars=700, profile=CPU)
+
+
+def test_fixed_settings_that_cannot_work_are_refused_and_the_first_trial_follows_a_fixed_optimizer() -> None:
+    with pytest.raises(ConfigError, match="--batch-size 64 x --seq-len 100 needs more validation text"):
+        SearchSpace({"data": {"batch_size": 64, "seq_len": 100}}, val_chars=5_000, profile=CPU)
+    with pytest.raises(ConfigError, match="a fixed --lr needs a fixed --optimizer"):
+        SearchSpace({"training": {"lr": 0.01}}, val_chars=200_000, profile=CPU)
+    sgd = SearchSpace({"training": {"optimizer": "sgd"}}, val_chars=200_000, profile=CPU).first_params()
+    assert (sgd["sgd_lr"], "lr" in sgd) == (0.1, False)  # train's own SGD recipe, under the name SGD's rate has
+    adamw = SearchSpace({"training": {"optimizer": "adamw"}}, val_chars=200_000, profile=CPU).first_params()
+    assert adamw["weight_decay"] == 0.01
+    decayed = SearchSpace({"training": {"optimizer": "adam", "weight_decay": 0.05}}, 200_000, CPU)
+    assert decayed.suggest(optuna.create_study().ask())["training"]["weight_decay"] == 0.05  # any optimizer
 
 
 def _tune(base: Path, *extra: str) -> list[str]:
@@ -202,7 +217,14 @@ def test_bad_tune_inputs(tmp_path: Path) -> None:
         invoke(*_tune(tmp_path, "--time-budget", "10s", "--trial-budget", "3s")), "cannot change", "trial budget 2s"
     )
     assert_one_line_error(invoke("train", str(tmp_path / "tiny.txt"), "--from-study", "nope", "--checkpoint-dir", ck),
-                          "no finished trial")  # fmt: skip
+                          "no study 'nope'", "textgen tune")  # fmt: skip
+    assert_one_line_error(invoke("train", "--resume", "--from-study", "tiny", "--checkpoint-dir", ck),
+                          "drop them to --resume")  # fmt: skip
+    # A continued study may be given some of its fixed settings again, not others.
+    out = invoke("tune", "--study", "tiny", "--checkpoint-dir", ck, "--units", "32", "--trials", "1", "--json")
+    assert out.exit_code == 0, out.stderr
+    assert_one_line_error(invoke("tune", "--study", "tiny", "--checkpoint-dir", ck, "--units", "64"),
+                          "--units 32", "not --units as given")  # fmt: skip
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"model": {"units": 32, "colour": "red"}}))
     assert_one_line_error(invoke("train", str(tmp_path / "tiny.txt"), "--config", str(bad)), "unknown model settings")
@@ -229,3 +251,58 @@ def test_an_interrupted_trial_counts_as_resumable_not_failed() -> None:
     a, b = study.get_trials()
     assert is_interrupted(a) and not counts_as_done(a)
     assert not is_interrupted(b) and counts_as_done(b)
+
+
+def test_a_trial_that_cannot_run_fails_and_the_search_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An error no recipe setting explains (here the first scoring raises) fails that trial with its message;
+    the next trials run; three in a row would stop the study."""
+    import textgen.tune as tuning
+
+    write_corpus(tmp_path / "tiny.txt", 3000)
+    calls = []
+    real = tuning.evaluate_run
+
+    def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("out of memory\n  (simulated)")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tuning, "evaluate_run", flaky)
+    result = tuning.tune(
+        [str(tmp_path / "tiny.txt")],
+        "cpu",
+        study_name=None,
+        checkpoint_dir=tmp_path / "ck",
+        time_budget=60,
+        trial_budget=2,
+        trials=2,
+        fixed=FIXED,
+    )
+    states = [(t.state, t.note) for t in result.trials]
+    assert states[0] == ("failed", "RuntimeError: out of memory (simulated)")
+    assert states[1][0] == "complete" and len(states) == 2
+    assert result.best is not None and result.best.number == 1
+    assert (result.path / "best.json").is_file()
+
+
+def test_recipes_take_the_flags_given_and_another_optimizer_brings_its_defaults() -> None:
+    from textgen.recipe import apply_recipe
+
+    recipe = {
+        "data": {"batch_size": 32},
+        "model": {"units": 256},
+        "training": {"optimizer": "sgd", "lr": 0.3, "momentum": 0.8},
+    }
+    same = apply_recipe(recipe, data={"batch_size": None}, model={"units": 128}, training={"optimizer": "sgd"})
+    assert same["data"] == {"batch_size": 32} and same["model"] == {"units": 128}
+    assert same["training"] == {"optimizer": "sgd", "lr": 0.3, "momentum": 0.8}
+    other = apply_recipe(recipe, training={"optimizer": "adam", "lr": None})
+    assert other["training"] == {"optimizer": "adam"}  # Adam's own learning rate, no SGD momentum
+    TrainConfig.of(**other["training"])  # a valid config, not "--momentum is SGD's"
+
+
+def test_adamw_without_decay_is_allowed() -> None:
+    from textgen.train import make_optimizer
+
+    assert make_optimizer(TrainConfig.of(optimizer="adamw", weight_decay=0.0)).weight_decay == 0.0

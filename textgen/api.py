@@ -61,10 +61,18 @@ def train(
     """
     if recipe is not None and from_study is not None:
         raise ConfigError("give --config or --from-study, not both")
+    if (recipe is not None or from_study is not None) and resume:
+        raise ConfigError("--config and --from-study start a new run; drop them to --resume (a run keeps its recipe)")
     if from_study is not None:
-        recipe = study_path(checkpoint_dir, from_study) / BEST_RECIPE
+        recipe = study_path(checkpoint_dir, from_study, "--from-study") / BEST_RECIPE
+        if not recipe.parent.is_dir():
+            raise ConfigError(
+                f"no study {from_study!r} in {checkpoint_dir}/studies/; start one: textgen tune CORPUS --study {from_study}"
+            )
         if not recipe.is_file():
-            raise ConfigError(f"study {from_study!r} in {checkpoint_dir}/ has no finished trial yet (no {recipe})")
+            raise ConfigError(
+                f"study {from_study!r} has no finished trial yet; let it run: textgen tune --study {from_study}"
+            )
     if recipe is not None:
         merged = apply_recipe(read_recipe(recipe), data=data, model=model, training=training)
         data, model, training = merged["data"], merged["model"], {**training, **merged["training"]}
@@ -198,6 +206,9 @@ def _check_settings(data: dict[str, Any], model: dict[str, Any], training: dict[
     TrainConfig.of(**given[2])
 
 
+MIN_TRIAL_SECONDS = 2.0  # a trial trains at least a batch and validates
+
+
 def tune(
     corpus: list[str] | None,
     *,
@@ -217,14 +228,14 @@ def tune(
         raise ConfigError(f"--trials must be between 1 and 10000 (got {trials})")
     fixed = fixed or {}
     _check_settings(fixed.get("data", {}), fixed.get("model", {}), {**fixed.get("training", {}), "seed": seed})
-    import_tensorflow()
-    profile = resolve_profile(device)
-    apply_profile(profile)
+    if trial_budget is not None and trial_budget < MIN_TRIAL_SECONDS:
+        raise ConfigError(f"--trial-budget must be at least {MIN_TRIAL_SECONDS:g}s (got {trial_budget:g}s)")
+    import_tensorflow()  # the profile is the study's: tune resolves and applies it
     from textgen.tune import tune as run_study
 
     return run_study(
         corpus,
-        profile,
+        device,
         study_name=study,
         checkpoint_dir=checkpoint_dir,
         time_budget=time_budget,
@@ -236,8 +247,9 @@ def tune(
     )
 
 
-def show_study(checkpoint_dir: Path, study: str | None) -> StudyResult:
-    """A study's trials and best recipe (the latest study if ``study`` is None), without TensorFlow."""
+def show_study(checkpoint_dir: Path, study: str | None, corpus: list[str] | None = None) -> StudyResult:
+    """A study's trials and best recipe: the study named, or the corpus's, or the latest; without TensorFlow."""
     from textgen.study import show_study as read_study
+    from textgen.study import study_name_of
 
-    return read_study(checkpoint_dir, study)
+    return read_study(checkpoint_dir, study_name_of(corpus, study)[0] if corpus or study else None)

@@ -319,7 +319,7 @@ def reserve_run(checkpoint_dir: Path, name: str | None, stem: str) -> tuple[Run,
     if name is not None:
         candidates: Iterator[str] = iter([check_run_name(name)])
     else:
-        base = re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-._")[:90] or "run"
+        base = safe_name(stem)
         candidates = (base if n == 1 else f"{base}-{n}" for n in range(1, 1_000_000))
     for candidate in candidates:
         run = Run(Path(checkpoint_dir) / candidate)
@@ -343,6 +343,11 @@ def reserve_run(checkpoint_dir: Path, name: str | None, stem: str) -> tuple[Run,
             ) from None
         return run, RunLock(run)
     raise ConfigError(f"no free run name for {stem!r} in {checkpoint_dir}/; pick one with --run")
+
+
+def safe_name(stem: str) -> str:
+    """``stem`` (a file's name) as a run or study directory name."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-._")[:90] or "run"
 
 
 def discard_reserved(run: Run, lock: RunLock) -> None:
@@ -451,8 +456,12 @@ def check_corpus_unchanged(run: Run, data: DataConfig) -> None:
 
 def resume_hint(run: Run) -> str:
     """How to continue ``run`` from the command line."""
-    where = "" if run.path.parent == DEFAULT_CHECKPOINT_DIR else f" --checkpoint-dir {run.path.parent}"
-    return f"continue with: textgen train --resume --run {run.name}{where}"
+    return f"continue with: textgen train --resume --run {run.name}{checkpoint_dir_flag(run.path.parent)}"
+
+
+def checkpoint_dir_flag(checkpoint_dir: Path) -> str:
+    """`` --checkpoint-dir DIR`` for a command shown to the user, unless ``DIR`` is the default."""
+    return "" if Path(checkpoint_dir) == DEFAULT_CHECKPOINT_DIR else f" --checkpoint-dir {checkpoint_dir}"
 
 
 def check_run_name(name: str, flag: str = "--run") -> str:
@@ -464,9 +473,9 @@ def check_run_name(name: str, flag: str = "--run") -> str:
     return name
 
 
-def study_path(checkpoint_dir: Path, name: str) -> Path:
+def study_path(checkpoint_dir: Path, name: str, flag: str = "--study") -> Path:
     """Where ``textgen tune`` keeps a study: its database, its best recipe and its trials' runs."""
-    return Path(checkpoint_dir) / "studies" / check_run_name(name, "--study")
+    return Path(checkpoint_dir) / "studies" / check_run_name(name, flag)
 
 
 def ensure_writable(checkpoint_dir: Path) -> None:

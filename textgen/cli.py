@@ -207,7 +207,7 @@ def train(
         ),
     ] = None,
     momentum: Annotated[
-        float | None, _option("SGD's Nesterov momentum", "Optimisation", f"{SGD_DEFAULTS['momentum']:g}")
+        float | None, _option("SGD's Nesterov momentum", "Optimisation", f"sgd: {SGD_DEFAULTS['momentum']:g}")
     ] = None,
     lr_schedule: Annotated[
         LRSchedule | None,
@@ -637,7 +637,11 @@ def tune(
         typer.Option(help="Training time of each trial, e.g. 10m", show_default="10m; a continued study: its own"),
     ] = None,
     trials: Annotated[
-        int | None, typer.Option(help="Stop after this many trials", show_default="as many as the time allows")
+        int | None,
+        typer.Option(
+            help="Stop when the study has this many trials (a continued study's earlier ones count)",
+            show_default="as many as the time allows",
+        ),
     ] = None,
     study: Annotated[
         str | None, typer.Option(help="The study's name", show_default="the corpus name; with --show, the latest")
@@ -656,7 +660,9 @@ def tune(
     seq_len: Annotated[int | None, _option("Characters per stream per batch", FIXED)] = None,
     optimizer: Annotated[Optimizer | None, _option("The update rule", FIXED)] = None,
     lr: Annotated[float | None, _option("Peak learning rate", FIXED)] = None,
-    weight_decay: Annotated[float | None, _option("AdamW's decoupled weight decay", FIXED)] = None,
+    weight_decay: Annotated[
+        float | None, _option("Decoupled weight decay, for any optimizer (searched for adamw only)", FIXED)
+    ] = None,
     clip_norm: Annotated[float | None, _option("Clip the global gradient norm to this", FIXED)] = None,
     device: Annotated[Device, typer.Option(help="Device profile of every trial")] = Device.auto,
     checkpoint_dir: CheckpointDirOption = DEFAULT_CHECKPOINT_DIR,
@@ -668,7 +674,7 @@ def tune(
     """Search for the training recipe that scores best on a corpus's validation split, in a time budget."""
     with _errors():
         if show:
-            ui.show_study(console, api.show_study(checkpoint_dir, study), as_json)
+            ui.show_study(console, api.show_study(checkpoint_dir, study, corpus), as_json)
             return
         display = ui.TuneDisplay(console, as_json=as_json)
         result = api.tune(
@@ -692,7 +698,7 @@ def tune(
             },
             progress=display,
         )
-        ui.show_study(console, result, as_json, shown_live=display.live_shown)
+        ui.show_study(console, result, as_json, shown_live=display.live is not None)
 
 
 RUNS_EXAMPLES = """

@@ -33,12 +33,14 @@ def evaluate_run(
     which: str = "best",
     encoding: str = "auto",
     streams: int | None = None,
+    cache_dir: Path | None = None,
 ) -> Evaluation:
     """Score ``run`` on its ``split`` (the contiguous split training used) or on a text ``file``.
 
     The text is read as training's validation reads it (``textgen.scoring``): the run's batch of
     contiguous streams (or ``streams`` of them), state carried across batches; a text too short for that is
-    read as fewer or shorter streams.
+    read as fewer or shorter streams. A split is read from the id cache in ``cache_dir`` (by default the one
+    beside the run).
     """
     cfg, vocab = run.load_config(), run.load_vocab()
     with tempfile.TemporaryDirectory(prefix="textgen-evaluate-") as scratch:
@@ -48,7 +50,7 @@ def evaluate_run(
             text = read_corpus(path, cfg.data.strip_boilerplate, resolve_encoding(path, encoding))
             ids, source = write_id_file(vocab.encode_compact(text), Path(scratch) / "ids"), file
         else:
-            ids, source = split_ids(run, split, Path(scratch)), f"{split} split of {cfg.data.corpus_name}"
+            ids, source = split_ids(run, split, Path(scratch), cache_dir), f"{split} split of {cfg.data.corpus_name}"
         if len(ids) < 2:
             raise CorpusError(f"{source} has {len(ids)} characters; at least 2 are needed to score one")
         streams, seq_len = fit_layout(len(ids), streams or cfg.data.batch_size, cfg.data.seq_len)
@@ -60,7 +62,7 @@ def evaluate_run(
     return Evaluation(run.name, source, nats / chars, chars, unknown, streams, seq_len)
 
 
-def split_ids(run: Run, split: str, scratch: Path) -> np.ndarray:
+def split_ids(run: Run, split: str, scratch: Path, cache_dir: Path | None = None) -> np.ndarray:
     """The ids of ``run``'s ``split``, from the id cache (encoded into ``scratch`` if the cache is read-only:
     someone else's runs on a read-only mount)."""
     cfg = run.load_config()
@@ -72,6 +74,6 @@ def split_ids(run: Run, split: str, scratch: Path) -> np.ndarray:
             f"the run's corpus {missing[0]} is gone; give the text to score as an argument: textgen evaluate FILE"
         )
     check_corpus_unchanged(run, cfg.data)
-    root = cache_root(run.path.parent)
+    root = cache_dir or cache_root(run.path.parent)
     ids: np.ndarray = getattr(load_splits(cfg.data, root if _writable(root) else scratch, run.load_vocab()), split)
     return ids

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from textgen.config import RunConfig, to_dict
+from textgen.config import RunConfig, TrainConfig, to_dict
 from textgen.errors import ConfigError
 from textgen.files import atomic_write_text
 
@@ -21,6 +21,7 @@ RECIPE_FIELDS: dict[str, tuple[str, ...]] = {
     "training": ("lr", "lr_schedule", "clip_norm", "optimizer", "weight_decay", "momentum", "accumulate"),
 }
 Recipe = dict[str, dict[str, Any]]  # section -> settings
+OPTIMIZER_SETTINGS = ("lr", "momentum", "weight_decay")  # what belongs to a recipe's optimizer
 BEST_RECIPE = "best.json"  # a study's best trial's recipe, in its directory
 
 
@@ -57,8 +58,12 @@ def read_recipe(path: Path) -> Recipe:
 
 
 def apply_recipe(recipe: Recipe, **given: dict[str, Any]) -> Recipe:
-    """Each section of ``recipe`` overridden by the settings given (``None`` values are not given)."""
-    return {
-        part: {**recipe.get(part, {}), **{k: v for k, v in given.get(part, {}).items() if v is not None}}
-        for part in RECIPE_FIELDS
-    }
+    """Each section of ``recipe`` overridden by the settings given (``None`` values are not given). Another
+    optimizer than the recipe's gets its own defaults for the learning rate, momentum and decay not given."""
+    given = {part: {k: v for k, v in values.items() if v is not None} for part, values in given.items()}
+    base = {part: dict(recipe.get(part, {})) for part in RECIPE_FIELDS}
+    optimizer = given.get("training", {}).get("optimizer")
+    if optimizer is not None and optimizer != base["training"].get("optimizer", TrainConfig.optimizer):
+        for key in OPTIMIZER_SETTINGS:
+            base["training"].pop(key, None)
+    return {part: {**base[part], **given.get(part, {})} for part in RECIPE_FIELDS}

@@ -4,14 +4,14 @@
 from __future__ import annotations
 
 import math
-import warnings
 from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, study_path
+from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, safe_name, study_path
+from textgen.corpus import corpus_stem, resolve_corpora
 from textgen.errors import ConfigError
 from textgen.recipe import BEST_RECIPE
 from textgen.results import StudyResult, TrialSummary
@@ -36,9 +36,15 @@ def load_study(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR, name: str | None =
         raise ConfigError(
             f"no study {name!r} in {checkpoint_dir}/studies/; start one: textgen tune CORPUS --study {name}"
         )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.load_study(study_name=name, storage=storage_of(directory))
+    return load_study_in(directory)
+
+
+def load_study_in(directory: Path) -> optuna.Study:
+    """The study stored in ``directory`` (one per database, whatever the directory is called now)."""
+    study = optuna.load_study(study_name=None, storage=storage_of(directory))
+    if "settings" not in study.user_attrs:
+        raise ConfigError(f"{directory / DATABASE} is not a textgen tune study; move it away or pick another --study")
+    return study
 
 
 def is_interrupted(trial: FrozenTrial) -> bool:
@@ -115,3 +121,14 @@ def show_study(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR, name: str | None =
     """A study's trials and best recipe, read without a lock (a running study shows where it is)."""
     study = load_study(checkpoint_dir, name)
     return study_result(study, study_path(checkpoint_dir, study.study_name))
+
+
+def study_name_of(corpus: list[str] | None, study_name: str | None) -> tuple[str, list[Path]]:
+    """The study's name (given, or made from the corpus's) and the corpus's files."""
+    names = list(corpus or [])
+    files = resolve_corpora(names) if names else []
+    if study_name is not None:
+        return study_name, files
+    if not files:
+        raise ConfigError("give a corpus to tune on, e.g. textgen tune 2600-0.txt, or --study NAME to continue one")
+    return safe_name(corpus_stem(names, files)), files

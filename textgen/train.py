@@ -401,7 +401,9 @@ def build_trainer(cfg: RunConfig, strategy: tf.distribute.Strategy | None = None
 
 def make_optimizer(tcfg: TrainConfig) -> keras.optimizers.Optimizer:
     """The run's optimizer, with global-norm clipping and decoupled weight decay on everything but the biases."""
-    settings = {"learning_rate": tcfg.lr, "global_clipnorm": tcfg.clip_norm, "weight_decay": tcfg.weight_decay or None}
+    # Keras' other optimizers take None for no decay; AdamW insists on a number.
+    decay = tcfg.weight_decay if tcfg.optimizer == "adamw" else tcfg.weight_decay or None
+    settings = {"learning_rate": tcfg.lr, "global_clipnorm": tcfg.clip_norm, "weight_decay": decay}
     optimizer: keras.optimizers.Optimizer
     if tcfg.optimizer == "sgd":
         optimizer = keras.optimizers.SGD(momentum=tcfg.momentum, nesterov=tcfg.momentum > 0, **settings)

@@ -17,6 +17,7 @@ training time instead.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import statistics
 import time
@@ -29,8 +30,9 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, Run, RunLock, study_path
-from textgen.config import DeviceProfile, ModelConfig, TrainConfig, flag
+from textgen.config import OPTIMIZERS, DataConfig, DeviceProfile, ModelConfig, TrainConfig, flag
 from textgen.data import load_splits
+from textgen.device import apply_profile, resolve_profile
 from textgen.errors import ConfigError, TextgenError, TrainingDiverged, TrainingInterrupted
 from textgen.evaluate import evaluate_run
 from textgen.idcache import cache_root
@@ -40,8 +42,10 @@ from textgen.study import (
     DATABASE,
     counts_as_done,
     is_interrupted,
+    load_study_in,
     spent_seconds,
     storage_of,
+    study_name_of,
     study_result,
     trial_summary,
 )
@@ -63,17 +67,27 @@ class SearchSpace:
     validation split must fill one batch of ``batch_size`` x ``seq_len``)."""
 
     def __init__(self, fixed: Recipe, val_chars: int, profile: DeviceProfile) -> None:
-        self.fixed, self.val_chars = fixed, val_chars
-        seq_len = fixed.get("data", {}).get("seq_len") or SEQ_LENS[0]
-        candidates = sorted({*BATCH_SIZES, profile.batch_size})
-        self.batch_sizes = [b for b in candidates if b * seq_len < val_chars]
-        given = fixed.get("data", {}).get("batch_size")
-        if not self.batch_sizes and given is None:
+        self.fixed, self.val_chars, self.profile = fixed, val_chars, profile
+        data, training = fixed.get("data", {}), fixed.get("training", {})
+        if "lr" in training and "optimizer" not in training:
             raise ConfigError(
-                f"the corpus is too short to tune on: its validation split has {val_chars:,} characters, fewer than "
-                f"one batch of {candidates[0]} x {seq_len}; give a longer text"
+                "a fixed --lr needs a fixed --optimizer (SGD's steps are ~50x Adam's): give both, or neither"
             )
-        self.default = {**default_params(profile), **{k: v for part in fixed.values() for k, v in part.items()}}
+        seq_len = data.get("seq_len", SEQ_LENS[0])
+        if "batch_size" in data:
+            if data["batch_size"] * seq_len >= val_chars:
+                raise ConfigError(
+                    f"--batch-size {data['batch_size']} x --seq-len {seq_len} needs more validation text than the "
+                    f"corpus has ({val_chars:,} characters): fix smaller ones, or leave them to the search"
+                )
+            self.batch_sizes = [data["batch_size"]]
+        else:
+            self.batch_sizes = [b for b in sorted({*BATCH_SIZES, profile.batch_size}) if b * seq_len < val_chars]
+            if not self.batch_sizes:
+                raise ConfigError(
+                    f"the corpus is too short to tune on: its validation split has {val_chars:,} characters, fewer "
+                    f"than one batch of {min(BATCH_SIZES)} x {seq_len}; give a longer text"
+                )
 
     def suggest(self, trial: optuna.Trial) -> Recipe:
         """The recipe a trial tries: TPE's choice, the fixed settings as given."""
@@ -82,19 +96,18 @@ class SearchSpace:
             given = self.fixed.get(part, {}).get(key)
             return given if given is not None else suggest(name or key, *args, **kwargs)
 
-        optimizer = pick("training", "optimizer", trial.suggest_categorical, ["adam", "adamw", "rmsprop", "sgd"])
-        sgd = optimizer == "sgd"  # a step ~50x the adaptive rules': its own range
+        optimizer = pick("training", "optimizer", trial.suggest_categorical, list(OPTIMIZERS))
+        sgd = optimizer == "sgd"  # a step ~50x the adaptive rules': its own range, under its own name
         lr_range, lr_name = ((0.02, 1.0), "sgd_lr") if sgd else ((5e-4, 1e-2), "lr")
         lr = pick("training", "lr", trial.suggest_float, *lr_range, name=lr_name, log=True)
-        decay = (
-            pick("training", "weight_decay", trial.suggest_float, 1e-3, 0.3, log=True) if optimizer == "adamw" else 0.0
-        )
+        searched_decay = optimizer == "adamw" or "weight_decay" in self.fixed.get("training", {})
+        decay = pick("training", "weight_decay", trial.suggest_float, 1e-3, 0.3, log=True) if searched_decay else 0.0
         batch_size = pick("data", "batch_size", trial.suggest_categorical, self.batch_sizes)
         longest = min(SEQ_LENS[1], (self.val_chars - 1) // batch_size // 50 * 50)
         return {
             "data": {
                 "batch_size": batch_size,
-                "seq_len": pick("data", "seq_len", trial.suggest_int, 50, max(longest, 50), step=50),
+                "seq_len": pick("data", "seq_len", trial.suggest_int, SEQ_LENS[0], max(longest, SEQ_LENS[0]), step=50),
             },
             "model": {
                 "units": pick("model", "units", trial.suggest_categorical, [128, 256, 384, 512, 768, 1024]),
@@ -112,29 +125,23 @@ class SearchSpace:
         }
 
     def first_params(self) -> dict[str, Any]:
-        """textgen train's own recipe (with the fixed settings), to try first: the one to beat. A batch the corpus
-        cannot hold is left to the search."""
-        params = dict(self.default)
-        if params["batch_size"] * params["seq_len"] >= self.val_chars:
-            params.pop("batch_size")
-            params.pop("seq_len")
+        """textgen train's own recipe for the optimizer (the fixed one, or Adam), to try first: the one to beat. A
+        batch the corpus cannot hold is left to the search; fixed settings are never suggested, so need no entry."""
+        optimizer = self.fixed.get("training", {}).get("optimizer", TrainConfig.optimizer)
+        training, model, data = TrainConfig.of(optimizer=optimizer), ModelConfig(vocab_size=1), DataConfig(corpus="")
+        params = {
+            "optimizer": optimizer,
+            "sgd_lr" if optimizer == "sgd" else "lr": training.lr,
+            "weight_decay": training.weight_decay,
+            "clip_norm": training.clip_norm,
+            "units": model.units,
+            "layers": model.layers,
+            "embedding_dim": model.embedding_dim,
+            "dropout": model.dropout,
+        }
+        if self.profile.batch_size * data.seq_len < self.val_chars:
+            params.update(batch_size=self.profile.batch_size, seq_len=data.seq_len)
         return params
-
-
-def default_params(profile: DeviceProfile) -> dict[str, Any]:
-    """textgen train's default recipe in the search space's terms."""
-    model, training = ModelConfig(vocab_size=1), TrainConfig()
-    return {
-        "optimizer": training.optimizer,
-        "lr": training.lr,
-        "clip_norm": training.clip_norm,
-        "units": model.units,
-        "layers": model.layers,
-        "embedding_dim": model.embedding_dim,
-        "dropout": model.dropout,
-        "batch_size": profile.batch_size,
-        "seq_len": 100,
-    }
 
 
 class SameTimePruner(optuna.pruners.BasePruner):
@@ -174,11 +181,15 @@ class TuneProgress(Protocol):
 
 
 class Reporter(NoProgress):
-    """A trial's training progress, passed on to the display; at each epoch end the validation loss goes to Optuna,
-    which may stop the trial there (the run has just committed the epoch)."""
+    """A trial's training progress, passed on to the display; the trial's wall-clock goes to the study as it grows
+    (a killed trial's time still counts), and at each epoch end the validation loss goes to Optuna, which may stop
+    the trial there (the run has just committed the epoch)."""
 
-    def __init__(self, trial: optuna.Trial, display: TrainingProgress, started: float, spent: float) -> None:
-        self.trial, self.display, self.started, self.spent = trial, display, started, spent
+    SAVE_SECONDS_EVERY = 10.0
+
+    def __init__(self, trial: optuna.Trial, display: TrainingProgress, started: float) -> None:
+        self.trial, self.display, self.started = trial, display, started
+        self.saved = started
 
     def start(self, plan: TrainPlan, steps: int) -> None:
         self.display.start(plan, steps)
@@ -188,13 +199,15 @@ class Reporter(NoProgress):
 
     def batch_end(self, batch: int, loss: float) -> None:
         self.display.batch_end(batch, loss)
+        if time.monotonic() - self.saved >= self.SAVE_SECONDS_EVERY:
+            self.save_seconds()
 
     def validating(self) -> None:
         self.display.validating()
 
     def epoch_end(self, log: EpochLog) -> None:
         self.display.epoch_end(log)
-        self.trial.set_user_attr("seconds", self.spent + time.monotonic() - self.started)
+        self.save_seconds()
         if math.isfinite(log.val_loss):
             self.trial.report(log.val_loss, round(log.seconds * 1000))
         if self.trial.should_prune():
@@ -203,13 +216,18 @@ class Reporter(NoProgress):
     def end(self) -> None:
         self.display.end()
 
+    def save_seconds(self) -> None:
+        self.saved = time.monotonic()
+        self.trial.set_user_attr("seconds", self.saved - self.started)
+
 
 DEFAULT_TIME_BUDGET, DEFAULT_TRIAL_BUDGET = 2 * 3600.0, 600.0
+MAX_ERRORS_IN_A_ROW = 3  # trials failing at once, one after another, mean something is wrong beyond the recipes
 
 
 def tune(
     corpus: list[str] | None,
-    profile: DeviceProfile,
+    device: str,
     *,
     study_name: str | None,
     checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR,
@@ -220,17 +238,11 @@ def tune(
     fixed: Recipe | None = None,
     progress: TuneProgress | None = None,
 ) -> StudyResult:
-    """Run (or continue) a study until its wall-clock ``time_budget`` has no room for another ``trial_budget``, or it
-    has ``trials`` trials; Ctrl-C saves the running trial, which the next call resumes. ``fixed`` holds the recipe
+    """Run (or continue) a study until its wall-clock ``time_budget`` has no room for another trial, or it has
+    ``trials`` trials; Ctrl-C saves the running trial, which the next call resumes. ``fixed`` holds the recipe
     settings not to search. A continued study keeps its corpus, trial budget, device profile, seed and fixed
-    settings, and its time budget unless a new one is given."""
-    from textgen.corpus import corpus_stem, resolve_corpora
-
-    names = list(corpus or [])
-    files = resolve_corpora(names) if names else []
-    name = study_name or (corpus_stem(names, files) if files else None)
-    if name is None:
-        raise ConfigError("give a corpus to tune on, e.g. textgen tune 2600-0.txt, or --study NAME to continue one")
+    settings (each may be given again, not changed), and its time budget unless a new one is given."""
+    name, files = study_name_of(corpus, study_name)
     directory = study_path(checkpoint_dir, name)
     new = not (directory / DATABASE).is_file()
     if new and not files:
@@ -239,7 +251,7 @@ def tune(
         "corpus": [str(f) for f in files],
         "trial_budget": trial_budget,
         "time_budget": time_budget,
-        "device": profile.name,
+        "device": None if device == "auto" else device,
         "seed": seed,
         "fixed": {part: kept for part, values in (fixed or {}).items() if (kept := _not_none(values))},
     }
@@ -247,29 +259,26 @@ def tune(
     busy = "study {name!r} is being tuned by process {pid}; wait for it, stop it, or pick another --study"
     lock = RunLock(Run(directory), busy)
     try:
-        if new:
-            settings = {
-                **given,
-                "trial_budget": trial_budget or DEFAULT_TRIAL_BUDGET,
-                "time_budget": time_budget or DEFAULT_TIME_BUDGET,
-                "seed": seed or 0,
-            }
-        else:
-            study = _open_study(directory, name, None)
-            settings = _continued_settings(study, given)
+        study = None if new else load_study_in(directory)
+        settings = _new_settings(given) if study is None else _continued_settings(study, given)
+        profile = resolve_profile(settings["device"] or "auto")
+        apply_profile(profile)
+        settings["device"] = profile.name
+        # The budgets must hold a trial, and the corpus the search space, before a new study is written.
         if settings["time_budget"] < settings["trial_budget"]:
             raise ConfigError(
                 f"--time-budget must hold at least one --trial-budget (got {settings['time_budget']:g}s for "
                 f"{settings['trial_budget']:g}s trials)"
             )
-        space = _search_space(settings, profile, checkpoint_dir)  # a new study's corpus must hold it: checked first
-        if new:
-            study = _open_study(directory, name, settings)
+        space = _search_space(settings, profile, checkpoint_dir)
+        if study is None:
+            study = optuna.create_study(study_name=name, storage=storage_of(directory), direction="minimize")
+        _set_search(study, settings)
         study.set_user_attr("settings", settings)
         _requeue_interrupted(study)
-        return _run_study(study, directory, settings, space, profile, trials, checkpoint_dir, progress)
+        return _run_study(study, directory, settings, space, trials, checkpoint_dir, progress)
     except BaseException:
-        if new and not (directory / DATABASE).is_file():
+        if new and not (directory / DATABASE).is_file():  # leave nothing of a study that never started
             (directory / ".lock").unlink(missing_ok=True)
             with contextlib.suppress(OSError):
                 directory.rmdir()
@@ -282,40 +291,35 @@ def _not_none(values: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
-def _search_space(settings: dict[str, Any], profile: DeviceProfile, checkpoint_dir: Path) -> SearchSpace:
-    """The study's search space on its corpus (encoded once into the id cache that training reads)."""
-    files = [Path(f) for f in settings["corpus"]]
-    probe = new_data_config(settings["corpus"], files, False, "auto", batch_size=1, seq_len=1)
-    return SearchSpace(settings["fixed"], len(load_splits(probe, cache_root(checkpoint_dir)).val), profile)
-
-
-def _open_study(directory: Path, name: str, settings: dict[str, Any] | None) -> optuna.Study:
-    """A new study (``settings`` given) or the stored one, with the TPE sampler and the same-time pruner."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # multivariate TPE
-        study = optuna.create_study(
-            study_name=name, storage=storage_of(directory), direction="minimize", load_if_exists=True
-        )
-        settings = settings or study.user_attrs["settings"]
-        # The sampler's seed moves on with the study, or a continued study would draw its first random recipes again.
-        study.sampler = optuna.samplers.TPESampler(
-            seed=settings["seed"] + len(study.trials), n_startup_trials=STARTUP_TRIALS, multivariate=True, group=True
-        )
-    study.pruner = SameTimePruner(warmup_ms=round(PRUNE_WARMUP * settings["trial_budget"] * 1000))
-    return study
+def _new_settings(given: dict[str, Any]) -> dict[str, Any]:
+    return {
+        **given,
+        "trial_budget": given["trial_budget"] or DEFAULT_TRIAL_BUDGET,
+        "time_budget": given["time_budget"] or DEFAULT_TIME_BUDGET,
+        "seed": given["seed"] or 0,
+    }
 
 
 def _continued_settings(study: optuna.Study, given: dict[str, Any]) -> dict[str, Any]:
-    """A continued study's settings: what it started with, and a new time budget if one is given. The others
-    cannot change (its trials are compared with each other)."""
+    """A continued study's settings: what it started with, and a new time budget if one is given. The others may
+    be given again but not changed: its trials are compared with each other."""
     saved = dict(study.user_attrs["settings"])
-    keys = ("corpus", "trial_budget", "device", "seed", "fixed")
-    changed = [k for k in keys if given[k] not in (None, [], {}) and given[k] != saved[k]]
-    if changed:
-        was = "; ".join(f"{k.replace('_', ' ')} {_describe(k, saved[k])}" for k in changed)
+    changed = [
+        k for k in ("corpus", "trial_budget", "device", "seed") if given[k] not in (None, []) and given[k] != saved[k]
+    ]
+    fixed = [
+        flag(k)
+        for part, values in given["fixed"].items()
+        for k, v in values.items()
+        if saved["fixed"].get(part, {}).get(k) != v
+    ]
+    if changed or fixed:
+        was = [f"{k.replace('_', ' ')} {_describe(k, saved[k])}" for k in changed]
+        if fixed:
+            was.append(f"{_describe('fixed', saved['fixed'])} (not {', '.join(fixed)} as given)")
         raise ConfigError(
-            f"study {study.study_name!r} was started with {was}; its trials are compared with each other, so that "
-            "cannot change: give it as before (or leave it out), or start another --study"
+            f"study {study.study_name!r} was started with {'; '.join(was)}; its trials are compared with each other, "
+            "so that cannot change: give it as before (or leave it out), or start another --study"
         )
     return {**saved, "time_budget": given["time_budget"] or saved["time_budget"]}
 
@@ -329,6 +333,24 @@ def _describe(key: str, value: Any) -> str:
     if key == "fixed":
         return " ".join(f"{flag(k)} {v}" for part in value.values() for k, v in part.items()) or "nothing fixed"
     return str(value)
+
+
+def _search_space(settings: dict[str, Any], profile: DeviceProfile, checkpoint_dir: Path) -> SearchSpace:
+    """The study's search space on its corpus (encoded once, into the id cache that training reads)."""
+    files = [Path(f) for f in settings["corpus"]]
+    probe = new_data_config(settings["corpus"], files, False, "auto", batch_size=1, seq_len=1)
+    return SearchSpace(settings["fixed"], len(load_splits(probe, cache_root(checkpoint_dir)).val), profile)
+
+
+def _set_search(study: optuna.Study, settings: dict[str, Any]) -> None:
+    """The study's TPE sampler and same-time pruner (neither is stored with it)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # multivariate TPE
+        # The sampler's seed moves on with the study, or a continued study would draw its first random recipes again.
+        study.sampler = optuna.samplers.TPESampler(
+            seed=settings["seed"] + len(study.trials), n_startup_trials=STARTUP_TRIALS, multivariate=True, group=True
+        )
+    study.pruner = SameTimePruner(warmup_ms=round(PRUNE_WARMUP * settings["trial_budget"] * 1000))
 
 
 def _requeue_interrupted(study: optuna.Study) -> None:
@@ -357,7 +379,6 @@ def _run_study(
     directory: Path,
     settings: dict[str, Any],
     space: SearchSpace,
-    profile: DeviceProfile,
     max_trials: int | None,
     checkpoint_dir: Path,
     progress: TuneProgress | None,
@@ -366,7 +387,7 @@ def _run_study(
     trial_budget, time_budget = float(settings["trial_budget"]), float(settings["time_budget"])
     if not study.trials:
         study.enqueue_trial(space.first_params())
-    stop_reason = "interrupted"
+    stop_reason, errors = "interrupted", list[str]()
     progress.begin(study_result(study, directory, time_budget, ""))
     try:
         while True:
@@ -379,8 +400,12 @@ def _run_study(
             if time_budget - spent_seconds(study) < trial_budget + _overhead(study, trial_budget):
                 stop_reason = "time_budget"
                 break
-            _run_trial(study, directory, settings, space, profile, checkpoint_dir, progress)
+            error = _run_trial(study, directory, settings, space, checkpoint_dir, progress)
+            errors = [*errors, error] if error else []
+            if len(errors) >= MAX_ERRORS_IN_A_ROW:
+                raise ConfigError(f"{len(errors)} trials in a row failed; the last: {error}")
     finally:
+        _save_best_recipe(study, directory)
         result = study_result(study, directory, time_budget, stop_reason)
         progress.end(result)
     return result
@@ -398,40 +423,39 @@ def _run_trial(
     directory: Path,
     settings: dict[str, Any],
     space: SearchSpace,
-    profile: DeviceProfile,
     checkpoint_dir: Path,
     progress: TuneProgress,
-) -> None:
+) -> str | None:
     """Ask for a trial, train its recipe (or resume the interrupted trial it repeats) for the trial budget, score it
-    and tell the study; the best recipe so far is saved as best.json."""
+    and tell the study. Returns the error of a trial that failed to run, if any."""
     trial = study.ask()
     started, trial_budget = time.monotonic(), float(settings["trial_budget"])
-    recipe = space.suggest(trial)
-    flat = {**recipe["data"], **recipe["model"], **recipe["training"]}
     run = Run(directory / trial.user_attrs.get("run", f"trial-{trial.number:03d}"))
     trial.set_user_attr("run", run.name)
-    trial.set_user_attr("recipe", flat)
-    resume = run.config_path.is_file()
-    trained = float(run.load_state().get("seconds", 0.0)) if resume and run.has_state() else 0.0
-    note = f"resumes trial {trial.user_attrs['resumes']}" if "resumes" in trial.user_attrs else ""
-    running = TrialSummary(trial.number, "running", flat, None, 0.0, run.name, note)
-    reporter = Reporter(trial, progress.trial_begin(running, trial_budget), started, 0.0)
 
     def finish(state: TrialState, value: float | None = None, error: str | None = None) -> None:
         trial.set_user_attr("seconds", time.monotonic() - started)
         if error:
-            trial.set_user_attr("error", error)
+            trial.set_user_attr("error", error[:500])
         study.tell(trial, value, state=state)
         progress.trial_end(trial_summary(study.get_trials(deepcopy=False)[trial.number], {}))
 
     try:
-        if trial_budget - trained >= 1.0:  # else it had trained its whole budget when it was stopped
+        recipe = space.suggest(trial)
+        flat = {**recipe["data"], **recipe["model"], **recipe["training"]}
+        trial.set_user_attr("recipe", flat)
+        note = f"resumes trial {trial.user_attrs['resumes']}" if "resumes" in trial.user_attrs else ""
+        running = TrialSummary(trial.number, "running", flat, None, 0.0, run.name, note)
+        reporter = Reporter(trial, progress.trial_begin(running, trial_budget), started)
+        state = run.load_state() if run.has_state() else {}
+        trained = float(state.get("seconds", 0.0))
+        if not state.get("finished") and trial_budget - trained >= 1.0:  # else it had ended when it was stopped
             plan = plan_training(
-                None if resume else settings["corpus"],
-                profile,
+                None if run.config_path.is_file() else settings["corpus"],
+                space.profile,
                 checkpoint_dir=directory,
                 run_name=run.name,
-                resume=resume,
+                resume=run.config_path.is_file(),
                 data=recipe["data"],
                 model=recipe["model"],
                 training={
@@ -443,28 +467,50 @@ def _run_trial(
                 cache_dir=cache_root(checkpoint_dir),
             )
             train(plan, reporter)
-        value = evaluate_run(run, split="val", streams=SCORE_STREAMS).nats_per_char
+        value = evaluate_run(
+            run, split="val", streams=SCORE_STREAMS, cache_dir=cache_root(checkpoint_dir)
+        ).nats_per_char
+        if not math.isfinite(value):
+            raise TrainingDiverged(f"training diverged: the validation loss is {value}")
     except optuna.TrialPruned:
         finish(TrialState.PRUNED)
-        return
-    except TrainingDiverged as exc:  # a recipe that diverges is a bad recipe: the search goes on
-        finish(TrialState.FAIL, error=str(exc).split(";")[0])
-        return
+        return None
     except (TrainingInterrupted, KeyboardInterrupt) as exc:
-        finish(TrialState.FAIL)
+        finish(TrialState.FAIL)  # no error recorded: interrupted, to be resumed
         reason = str(exc).split(";")[0] if isinstance(exc, TrainingInterrupted) else "interrupted"
-        code = exc.exit_code if isinstance(exc, TrainingInterrupted) else 130
         raise TrainingInterrupted(
             f"{reason}: trial {trial.number} of study {study.study_name!r} is saved; run the same command to "
             "continue the study",
-            exit_code=code,
+            exit_code=exc.exit_code if isinstance(exc, TrainingInterrupted) else 130,
         ) from None
-    except TextgenError as exc:  # not the recipe's fault (a corpus gone, a disk full): stop the study
+    except TrainingDiverged as exc:  # a recipe that diverges is a bad recipe: the search goes on
+        finish(TrialState.FAIL, error=str(exc).split(";")[0])
+        return None
+    except TextgenError as exc:  # not the recipe's doing (the corpus gone, a disk full): stop the study
         finish(TrialState.FAIL, error=str(exc))
         raise
+    except Exception as exc:  # a recipe this machine cannot train (out of memory, say): the search goes on
+        error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+        finish(TrialState.FAIL, error=error)
+        return error
     finally:
         keras.backend.clear_session()  # each trial builds its own model: free the last one's graphs
     finish(TrialState.COMPLETE, value)
-    if study.best_trial.number == trial.number:
-        about = {"study": study.study_name, "trial": trial.number, "val_loss": value, "trial_budget": trial_budget}
-        write_recipe(directory / BEST_RECIPE, recipe_of(run.load_config()), tuned=about)
+    _save_best_recipe(study, directory)
+    return None
+
+
+def _save_best_recipe(study: optuna.Study, directory: Path) -> None:
+    """Write the best finished trial's recipe as best.json, if it changed."""
+    finished = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    if not finished:
+        return
+    best = min(finished, key=lambda t: t.value if t.value is not None else math.inf)
+    run = Run(directory / str(best.user_attrs.get("run", "")))
+    if not run.config_path.is_file():
+        return
+    path = directory / BEST_RECIPE
+    about = {"study": study.study_name, "trial": best.number, "val_loss": best.value}
+    if path.is_file() and json.loads(path.read_text(encoding="utf-8")).get("tuned") == about:
+        return
+    write_recipe(path, recipe_of(run.load_config()), tuned=about)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shlex
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -22,7 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, Run, resume_hint
+from textgen.checkpoint import Run, checkpoint_dir_flag, resume_hint
 from textgen.errors import TextgenError, TrainingInterrupted
 from textgen.results import (
     EpochLog,
@@ -107,6 +108,11 @@ def describe_unknown(encoded: EncodedCorpus) -> str:
     )
 
 
+def chars_per_second(batches: int, chars_per_batch: int, since: float) -> float:
+    """Training speed over ``batches`` batches since the monotonic time ``since``."""
+    return batches * chars_per_batch / max(time.monotonic() - since, 1e-9)
+
+
 class TrainingDisplay:
     """A ``textgen.train.TrainingProgress``: the plan, a live bar per epoch on a terminal, a line
     (or a JSON line) per epoch."""
@@ -168,8 +174,7 @@ class TrainingDisplay:
         )
 
     def batch_end(self, batch: int, loss: float) -> None:
-        done = batch + 1 - self.first_batch
-        rate = done * self.chars_per_step / max(time.monotonic() - self.epoch_started, 1e-9)
+        rate = chars_per_second(batch + 1 - self.first_batch, self.chars_per_step, self.epoch_started)
         self.progress.update(self.task, completed=batch + 1, rate=rate, loss=loss, bpc=bits(loss))
 
     def validating(self) -> None:
@@ -351,7 +356,6 @@ class TuneDisplay:
         self.status = ""
         live = console.is_terminal and not as_json
         self.live = Live(console=console, get_renderable=self._render, refresh_per_second=2) if live else None
-        self.live_shown = live
 
     def _render(self) -> Group:
         rows = self.trials + ([self.running] if self.running else [])
@@ -406,7 +410,7 @@ class TrialLine:
         self.epoch, self.first_batch, self.epoch_started = epoch, first_batch, time.monotonic()
 
     def batch_end(self, batch: int, loss: float) -> None:
-        rate = (batch + 1 - self.first_batch) * self.chars_per_step / max(time.monotonic() - self.epoch_started, 1e-9)
+        rate = chars_per_second(batch + 1 - self.first_batch, self.chars_per_step, self.epoch_started)
         self._show(
             f"epoch {self.epoch + 1}, batch {batch + 1}/{self.steps}, loss {bits(loss):.3f} bits/char, {rate:,.0f} chars/s"
         )
@@ -498,10 +502,8 @@ def show_study(console: Console, result: StudyResult, as_json: bool, shown_live:
         )
     if result.best is None or result.best_recipe is None:
         return
-    where = (
-        "" if result.path.parent.parent == DEFAULT_CHECKPOINT_DIR else f" --checkpoint-dir {result.path.parent.parent}"
-    )
-    corpus = " ".join(result.corpus) if len(result.corpus) == 1 else "CORPUS"
+    where = checkpoint_dir_flag(result.path.parent.parent)  # the study's directory is CHECKPOINT_DIR/studies/STUDY
+    corpus = shlex.join(result.corpus) if len(result.corpus) <= 3 else "CORPUS"
     console.print(
         f"best: trial {result.best.number}, {result.best.val_loss:.4f} nats/char ({result.best.val_bpc:.4f} bits/char) "
         f"on validation: {describe_recipe(result.best.recipe)}\n"
