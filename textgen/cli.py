@@ -372,7 +372,7 @@ def distill(
 PRUNE_EXAMPLES = """
 **Examples**
 
-    textgen prune --run 2600-0 --sparsity 0.8 --time-budget 10m
+    textgen prune --run 2600-0 --sparsity 0.8 --time-budget 40m --ramp 0.4   # ~0.01 nats/char on War and Peace
 
     textgen export --run 2600-0-pruned80 --format litert --quantize int8   # then compress the file
 
