@@ -409,7 +409,17 @@ def _summary(run: Run) -> RunSummary:
         usable=run.is_usable(),
         device=cfg.profile.name,
         config=cfg.to_dict(),
+        made_from=made_from(cfg),
     )
+
+
+def made_from(cfg: RunConfig) -> str:
+    """What a run made by ``textgen distill`` or ``textgen prune`` was made from; empty for others."""
+    if cfg.distill:
+        return f"distilled from {Path(cfg.distill.teacher).name}"
+    if cfg.prune:
+        return f"pruned to {cfg.prune.sparsity:.0%} from {Path(cfg.prune.source).name}"
+    return ""
 
 
 def find_run(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR, name: str | None = None, weights: str | None = None) -> Run:

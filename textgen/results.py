@@ -114,6 +114,7 @@ class RunSummary:
     usable: bool = False  # has a committed resume point (killed before its first save: no)
     device: str = ""
     config: dict[str, Any] = field(default_factory=dict)
+    made_from: str = ""  # e.g. "distilled from wp" or "pruned to 80% from wp"
     problem: str | None = None  # why the run's files cannot be read
 
     @property

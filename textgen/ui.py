@@ -329,8 +329,8 @@ def show_runs(console: Console, runs: list[RunSummary], checkpoint_dir: Path, as
         )
     console.print(table)
     for r in runs:
-        if r.problem:
-            console.print(f"{r.run}: {r.problem}", markup=False, highlight=False)
+        if r.problem or r.made_from:
+            console.print(f"{r.run}: {r.problem or r.made_from}", markup=False, highlight=False)
 
 
 def epochs_cell(epochs: int, batches_into_epoch: int, steps: int) -> str:
