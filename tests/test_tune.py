@@ -139,15 +139,15 @@ def test_a_study_runs_prunes_continues_and_its_best_recipe_trains_again(tmp_path
     recipe = read_recipe(directory / "best.json")
     assert recipe == recipe_of(Run(directory / best["run"]).load_config())
 
-    # Two finished trials whose curves are far ahead at every moment (their final scores are not: the best stays):
-    # the next trials are stopped once past the warm-up.
+    # Four finished trials whose curves are far ahead at every moment (their final scores are not: the best stays),
+    # the median of any finished set: the next trials are stopped once past the warm-up.
     stored = load_study(tmp_path / "ck", "tiny")
-    for _ in range(2):
+    for _ in range(4):
         _finished(stored, {1: 0.01}, value=99.0)
-    out = invoke(*_tune(tmp_path, "--time-budget", "1m", "--trial-budget", "3s", "--trials", "7", "--json"))
+    out = invoke(*_tune(tmp_path, "--time-budget", "1m", "--trial-budget", "3s", "--trials", "9", "--json"))
     assert out.exit_code == 0, out.stderr
     *more, study = _lines(out.stdout)
-    assert [t["number"] for t in more] == [5, 6]  # the study went on; finished trials were not rerun
+    assert [t["number"] for t in more] == [7, 8]  # the study went on; finished trials were not rerun
     assert all(t["state"] == "pruned" for t in more)
 
     # The best recipe, trained from scratch by a new run (flags given on top win).
