@@ -19,7 +19,9 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from textgen.lstm import lstm_cell
+from textgen.lstm import lstm_cell, run_unrolled
+
+UNROLL = 4  # timesteps per loop iteration, forward and backward
 
 
 @tf.custom_gradient
@@ -40,8 +42,8 @@ def lstm_recurrence(
         return t + 1, h, c, hs.write(t, h), cs.write(t, c), gates.write(t, tf.concat(activated, axis=-1))
 
     arrays = [tf.TensorArray(dtype, size=steps) for _ in range(3)]
-    _, h_last, c_last, hs, cs, gates = tf.while_loop(
-        lambda t, *_: t < steps, forward, (tf.constant(0), h0, c0, *arrays)
+    _, h_last, c_last, hs, cs, gates = run_unrolled(
+        forward, (tf.constant(0), h0, c0, *arrays), lambda t, *_: steps - t, UNROLL
     )
     hs, cs, gates = hs.stack(), cs.stack(), gates.stack()
 
@@ -50,28 +52,23 @@ def lstm_recurrence(
         d_c_next = tf.zeros_like(c0) if d_c_last is None else d_c_last
         c_prev = tf.concat([c0[None], cs[:-1]], axis=0)
         recurrent_t = tf.transpose(recurrent)
+        # The gate derivatives do not depend on the incoming gradients: computed for all timesteps at once, they
+        # leave the loop ~12 small ops a step instead of ~34.
+        i, f, g, o = tf.split(gates, 4, axis=-1)
+        tanh_c = tf.tanh(cs)
+        dc_through_h = o * (1.0 - tanh_c * tanh_c)  # d c / d h, through the output gate's tanh
+        dz_factors = tf.concat(  # d z / d c for the i, f, g pre-activations, d z / d h for o's
+            [g * i * (1.0 - i), c_prev * f * (1.0 - f), i * (1.0 - g * g), tanh_c * o * (1.0 - o)], axis=-1
+        )
 
         def backward(t: tf.Tensor, d_h_next: tf.Tensor, d_c_next: tf.Tensor, dz: tf.TensorArray) -> tuple[Any, ...]:
-            i, f, g, o = tf.split(gates[t], 4, axis=-1)
-            tanh_c = tf.tanh(cs[t])
             d_h = d_hs[t] + d_h_next
-            d_c = d_c_next + d_h * o * (1.0 - tanh_c * tanh_c)
-            d_z = tf.concat(
-                [
-                    d_c * g * i * (1.0 - i),
-                    d_c * c_prev[t] * f * (1.0 - f),
-                    d_c * i * (1.0 - g * g),
-                    d_h * tanh_c * o * (1.0 - o),
-                ],
-                axis=-1,
-            )
-            return t - 1, tf.matmul(d_z, recurrent_t), d_c * f, dz.write(t, d_z)
+            d_c = d_c_next + d_h * dc_through_h[t]
+            d_z = tf.concat([d_c, d_c, d_c, d_h], axis=-1) * dz_factors[t]
+            return t - 1, tf.matmul(d_z, recurrent_t), d_c * f[t], dz.write(t, d_z)
 
-        _, d_h0, d_c0, dz = tf.while_loop(
-            lambda t, *_: t >= 0,
-            backward,
-            (steps - 1, d_h_next, d_c_next, tf.TensorArray(dtype, size=steps)),
-        )
+        carry = (steps - 1, d_h_next, d_c_next, tf.TensorArray(dtype, size=steps))
+        _, d_h0, d_c0, dz = run_unrolled(backward, carry, lambda t, *_: t + 1, UNROLL)
         dz = dz.stack()
         units = tf.shape(h0)[-1]
         h_prev = tf.concat([h0[None], hs[:-1]], axis=0)

@@ -27,7 +27,7 @@ import tensorflow as tf
 from textgen.checkpoint import Run
 from textgen.config import ModelConfig, SampleConfig
 from textgen.generation import Sampler, States
-from textgen.lstm import lstm_cell
+from textgen.lstm import lstm_cell, run_unrolled
 from textgen.model import build_model
 from textgen.npsampling import NEG_INF
 from textgen.vocab import UNKNOWN_ID, Vocabulary
@@ -190,15 +190,8 @@ class Generator(Sampler):
             logits, states = self.step(ids, states)
             return t + 1, logits, states, tokens.write(t, ids)
 
-        def advance_unrolled(*carry: Any) -> tuple:
-            for _ in range(UNROLL):
-                carry = advance(*carry)
-            return carry
-
-        # UNROLL characters per loop iteration (fewer loop-control ops per character), then the rest.
         carry = (tf.constant(0), logits, states, tf.TensorArray(tf.int32, size=steps))
-        carry = tf.while_loop(lambda t, *_: t + UNROLL <= steps, advance_unrolled, carry)
-        _, logits, states, tokens = tf.while_loop(lambda t, *_: t < steps, advance, carry)
+        _, logits, states, tokens = run_unrolled(advance, carry, lambda t, *_: steps - t, UNROLL)
         return tf.transpose(tokens.stack()), logits, states
 
     # Sampler's two steps, through the compiled functions --------------------------------
