@@ -9,17 +9,22 @@ process) for a fixed wall time after warm-up, one after another:
   on the stateful tf.data pipeline, for each candidate configuration;
 * baseline: the TensorFlow tutorial's recipe, ``model.fit`` on shuffled 101-char
   windows with a stock Keras LSTM and TensorFlow's default threads;
-* the tf.data pipeline alone, and the machine's fp32 matmul rate at the LSTM
-  step's shape (64x512)@(512x2048), which gives a ceiling in chars/s.
+* PyTorch: the char-rnn recipe (``torch.nn.LSTM``, Adam 2e-3, clipping at norm 5, the same stateful
+  streams and shapes, threads set to the core count), when ``torch`` is importable
+  (``pip install torch`` in the same environment; textgen itself does not depend on it);
+* the tf.data pipeline alone, and the machine's fp32 matmul rate at the LSTM step's shape
+  (64x512)@(512x2048) and at its peak (2048x2048)@(2048x2048), which give ceilings in chars/s.
 
-    python benchmarks/train_throughput.py            # table
-    python benchmarks/train_throughput.py --json     # one JSON object
+    python benchmarks/train_throughput.py               # table
+    python benchmarks/train_throughput.py --layers 2    # 2 x 512
+    python benchmarks/train_throughput.py --json        # one JSON object
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import os
 import resource
@@ -30,29 +35,36 @@ import time
 import numpy as np
 from common import REF, cpu_busy_seconds, cycling, ref_run_config, reference_splits, timed
 
-# Candidate textgen configurations: (name, fast_lstm, intra-op threads, inter-op threads, XLA).
+# Candidate textgen configurations: (name, fast_lstm, intra-op threads, inter-op threads, XLA, the fast LSTM's
+# timesteps per loop iteration: None for textgen.fastlstm.UNROLL).
 CANDIDATES = [
-    ("keras-lstm, TF default threads", False, 0, 0, False),
-    ("keras-lstm, 1x2 threads", False, 1, 2, False),
-    ("fast-lstm, TF default threads", True, 0, 0, False),
-    ("fast-lstm, 1x2 threads", True, 1, 2, False),
-    ("fast-lstm, 2x1 threads", True, 2, 1, False),
-    ("fast-lstm, 2x1 threads, XLA", True, 2, 1, True),
+    ("keras-lstm, TF default threads", False, 0, 0, False, None),
+    ("keras-lstm, 1x2 threads", False, 1, 2, False, None),
+    ("fast-lstm, TF default threads", True, 0, 0, False, None),
+    ("fast-lstm, 1x2 threads", True, 1, 2, False, None),
+    ("fast-lstm, 2x1 threads, 1 step per loop iteration", True, 2, 1, False, 1),
+    ("fast-lstm, 2x1 threads, 8 steps per loop iteration", True, 2, 1, False, 8),
+    ("fast-lstm, 2x1 threads", True, 2, 1, False, None),
+    ("fast-lstm, 2x1 threads, XLA", True, 2, 1, True, None),
 ]
 
 
 def flops_per_char(vocab: int) -> float:
     """Forward + backward FLOPs per character for REF (3 x the forward multiply-adds x 2)."""
-    e, u = REF["embedding_dim"], REF["units"]
-    return 3 * 2 * (e * 4 * u + u * 4 * u + u * vocab)
+    e, u, layers = REF["embedding_dim"], REF["units"], REF["layers"]
+    lstm = (e + u) * 4 * u + (layers - 1) * (u + u) * 4 * u
+    return 3 * 2 * (lstm + u * vocab)
 
 
 # --- measurements, each run in its own process -------------------------------------------
 
 
-def measure_textgen(seconds: float, fast_lstm: bool, intra: int, inter: int, jit: bool) -> dict:
+def measure_textgen(seconds: float, fast_lstm: bool, intra: int, inter: int, jit: bool, unroll: int | None) -> dict:
+    from textgen import fastlstm
     from textgen.config import DeviceProfile
     from textgen.device import apply_profile
+
+    fastlstm.UNROLL = unroll or fastlstm.UNROLL  # read when the step is traced
 
     profile = DeviceProfile(
         name="bench",
@@ -121,6 +133,51 @@ def measure_baseline(seconds: float) -> dict:
     return {"chars_per_sec": clock.done * batch * seq / clock.elapsed, "steps": clock.done}
 
 
+def measure_torch(seconds: float) -> dict:
+    """The PyTorch char-rnn recipe on REF: Embedding -> torch.nn.LSTM -> Linear, Adam 2e-3, clipping at norm 5, on
+    the same stateful streams (the state carried from batch to batch, detached), threads set to the core count."""
+    import torch
+
+    from textgen.data import StreamLayout
+
+    torch.manual_seed(0)
+    torch.set_num_threads(os.cpu_count() or 1)
+    _, splits = reference_splits()
+    vocab, batch, seq = splits.vocab.size, REF["batch_size"], REF["seq_len"]
+    layout = StreamLayout.of(len(splits.train), batch, seq)
+
+    class CharRNN(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embedding = torch.nn.Embedding(vocab, REF["embedding_dim"])
+            self.lstm = torch.nn.LSTM(REF["embedding_dim"], REF["units"], REF["layers"], batch_first=True)
+            self.logits = torch.nn.Linear(REF["units"], vocab)
+
+        def forward(self, x: torch.Tensor, state: tuple | None) -> tuple[torch.Tensor, tuple]:
+            out, state = self.lstm(self.embedding(x), state)
+            return self.logits(out), state
+
+    model = CharRNN()
+    optimizer = torch.optim.Adam(model.parameters(), lr=2e-3)
+    state: tuple | None = None
+    batches = cycling(range(layout.batches))
+
+    def step() -> float:
+        nonlocal state
+        x, y = (torch.from_numpy(a.astype(np.int64)) for a in layout.batch(splits.train, batches()))
+        optimizer.zero_grad()
+        logits, state = model(x, state)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), y.reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+        optimizer.step()
+        state = tuple(s.detach() for s in state)
+        return float(loss)
+
+    steps, elapsed = timed(step, seconds, warmup=3)
+    return {"chars_per_sec": steps * batch * seq / elapsed, "steps": steps, "version": torch.__version__}
+
+
 def measure_pipeline(seconds: float) -> dict:
     """textgen's tf.data pipeline alone: how fast it can feed batches."""
     import tensorflow as tf
@@ -137,13 +194,15 @@ def measure_pipeline(seconds: float) -> dict:
 
 
 def measure_matmul(seconds: float) -> dict:
-    """fp32 GFLOP/s of (64x512)@(512x2048), 50 chained matmuls per call to hide call overhead."""
+    """fp32 GFLOP/s of (64x512)@(512x2048), 50 chained matmuls per call to hide call overhead, and of
+    (2048x2048)@(2048x2048), the machine's peak."""
     import tensorflow as tf
 
     u, b = REF["units"], REF["batch_size"]
     a = tf.random.normal([b, u])
     w = tf.random.normal([u, 4 * u]) / 40.0
     back = tf.random.normal([4 * u, u]) / 40.0
+    square = tf.random.normal([2048, 2048]) / 50.0
 
     @tf.function
     def chain(x: tf.Tensor) -> tf.Tensor:
@@ -151,13 +210,27 @@ def measure_matmul(seconds: float) -> dict:
             x = tf.tanh(tf.matmul(tf.matmul(x, w), back))  # 2 matmuls of the step's size
         return x
 
-    calls, elapsed = timed(lambda: float(chain(a)[0, 0]), seconds, warmup=3)
-    return {"gflops": calls * 50 * 2 * b * u * 4 * u / elapsed / 1e9}
+    @tf.function
+    def big(x: tf.Tensor) -> tf.Tensor:
+        return tf.matmul(x, square)
+
+    calls, elapsed = timed(lambda: float(chain(a)[0, 0]), seconds / 2, warmup=3)
+    peak_calls, peak_elapsed = timed(lambda: float(big(square)[0, 0]), seconds / 2, warmup=2)
+    return {
+        "gflops": calls * 50 * 2 * b * u * 4 * u / elapsed / 1e9,
+        "peak_gflops": peak_calls * 2 * 2048**3 / peak_elapsed / 1e9,
+    }
 
 
-def _child(kind: str, seconds: float, candidate: int) -> None:
+def _child(kind: str, seconds: float, candidate: int, layers: int) -> None:
     from textgen.device import import_tensorflow
 
+    REF["layers"] = layers
+    if kind == "torch":  # without TensorFlow in the process
+        result = measure_torch(seconds)
+        result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(json.dumps(result))
+        return
     import_tensorflow()
     if kind == "textgen":
         result = measure_textgen(seconds, *CANDIDATES[candidate][1:])
@@ -171,8 +244,9 @@ def _run_child(kind: str, seconds: float, candidate: int = 0) -> dict:
     """Run one measurement in a subprocess; add the CPU other processes used meanwhile."""
     busy, wall = cpu_busy_seconds(), time.perf_counter()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    child = ["--child", kind, "--seconds", str(seconds), "--candidate", str(candidate), "--layers", str(REF["layers"])]
     out = subprocess.run(
-        [sys.executable, __file__, "--child", kind, "--seconds", str(seconds), "--candidate", str(candidate)],
+        [sys.executable, __file__, *child],
         capture_output=True,
         text=True,
         check=False,
@@ -192,35 +266,43 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0, help="measured wall time per configuration")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("--only-default", action="store_true", help="measure only the CPU profile's configuration")
+    parser.add_argument("--layers", type=int, default=1, help="LSTM layers of 512 (REF: 1)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--candidate", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        _child(args.child, args.seconds, args.candidate)
+        _child(args.child, args.seconds, args.candidate, args.layers)
         return
+    REF["layers"] = args.layers
 
     from textgen.device import CPU
 
     default = next(
         i
         for i, c in enumerate(CANDIDATES)
-        if c[1:] == (CPU.fast_lstm, CPU.intra_op_threads, CPU.inter_op_threads, CPU.jit_compile)
+        if c[1:] == (CPU.fast_lstm, CPU.intra_op_threads, CPU.inter_op_threads, CPU.jit_compile, None)
     )
     chosen = [default] if args.only_default else range(len(CANDIDATES))
     load_before = os.getloadavg()[0]
     matmul = _run_child("matmul", min(args.seconds, 10.0))
     baseline = _run_child("baseline", args.seconds)
     pipeline = _run_child("pipeline", min(args.seconds, 5.0))
+    torch_row = _run_child("torch", args.seconds) if importlib.util.find_spec("torch") else None
     rows = {CANDIDATES[i][0]: _run_child("textgen", args.seconds, i) for i in chosen}
     vocab = next(iter(rows.values()))["vocab"]
     ceiling = matmul["gflops"] * 1e9 / flops_per_char(vocab)
+    peak = matmul["peak_gflops"] * 1e9 / flops_per_char(vocab)
     report = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "cores": os.cpu_count(),
         "seconds_per_measurement": args.seconds,
         "load_avg_1m_before": load_before,
         "load_avg_1m_after": os.getloadavg()[0],
+        "layers": REF["layers"],
         "matmul_gflops": matmul["gflops"],
+        "peak_matmul_gflops": matmul["peak_gflops"],
+        "peak_ceiling_chars_per_sec": peak,
+        "torch": torch_row,
         "mflop_per_char": flops_per_char(vocab) / 1e6,
         "ceiling_chars_per_sec": ceiling,
         "pipeline_chars_per_sec": pipeline["chars_per_sec"],
@@ -229,7 +311,9 @@ def main() -> None:
             name: {
                 **r,
                 "vs_baseline": r["chars_per_sec"] / baseline["chars_per_sec"],
+                "vs_torch": r["chars_per_sec"] / torch_row["chars_per_sec"] if torch_row else None,
                 "of_ceiling": r["chars_per_sec"] / ceiling,
+                "of_peak": r["chars_per_sec"] / peak,
             }
             for name, r in rows.items()
         },
@@ -241,33 +325,34 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
+    layers = f"{REF['layers']} x {REF['units']}"
     table = Table(
-        title=f"REF training throughput ({report['date']}, {report['cores']} cores, {args.seconds:.0f} s each)"
+        title=f"REF training throughput, {layers} ({report['date']}, {report['cores']} cores, {args.seconds:.0f} s each)"
     )
-    for column in ("configuration", "chars/s", "vs baseline", "% of ceiling", "peak RSS MB", "other CPU (cores)"):
+    columns = ("configuration", "chars/s", "vs baseline", "vs PyTorch", "% of step ceiling", "% of peak")
+    for column in (*columns, "peak RSS MB", "other CPU (cores)"):
         table.add_column(column, justify="right" if column != "configuration" else "left")
-    table.add_row(
-        "baseline: tutorial model.fit",
-        f"{baseline['chars_per_sec']:,.0f}",
-        "1.00x",
-        f"{baseline['chars_per_sec'] / ceiling:.0%}",
-        f"{baseline['peak_rss_mb']:.0f}",
-        f"{baseline['other_cpu_cores']:.2f}",
-    )
-    for name, r in report["textgen"].items():
-        mark = " (cpu profile)" if name == report["default_profile"] else ""
+    others = [("baseline: tutorial model.fit", baseline)]
+    if torch_row:
+        others.append((f"PyTorch {torch_row['version']}: char-rnn recipe", torch_row))
+    measured = [*others, *((f"textgen: {name}", r) for name, r in report["textgen"].items())]
+    for name, r in measured:
+        mark = " (cpu profile)" if name == f"textgen: {report['default_profile']}" else ""
         table.add_row(
-            f"textgen: {name}{mark}",
+            f"{name}{mark}",
             f"{r['chars_per_sec']:,.0f}",
-            f"{r['vs_baseline']:.2f}x",
-            f"{r['of_ceiling']:.0%}",
+            f"{r['chars_per_sec'] / baseline['chars_per_sec']:.2f}x",
+            f"{r['chars_per_sec'] / torch_row['chars_per_sec']:.2f}x" if torch_row else "-",
+            f"{r['chars_per_sec'] / ceiling:.0%}",
+            f"{r['chars_per_sec'] / peak:.0%}",
             f"{r['peak_rss_mb']:.0f}",
             f"{r['other_cpu_cores']:.2f}",
         )
     console = Console()
     console.print(table)
     console.print(
-        f"matmul (64x512)@(512x2048) fp32: {matmul['gflops']:.0f} GFLOP/s -> ceiling {ceiling:,.0f} chars/s "
+        f"matmul (64x512)@(512x2048) fp32: {matmul['gflops']:.0f} GFLOP/s -> step ceiling {ceiling:,.0f} chars/s; "
+        f"(2048x2048)@(2048x2048): {matmul['peak_gflops']:.0f} GFLOP/s -> peak ceiling {peak:,.0f} chars/s "
         f"at {report['mflop_per_char']:.2f} MFLOP/char; tf.data pipeline alone: {pipeline['chars_per_sec']:,.0f} chars/s; "
         f"load avg {load_before:.2f} -> {report['load_avg_1m_after']:.2f}"
     )
