@@ -94,7 +94,7 @@ def ranking(reports: list[dict]) -> str:
 def frontier(reports: list[dict]) -> str:
     """A markdown table of one recipe's reports at several budgets, beside the PyTorch char-rnn's."""
     rows = [
-        "| budget | epochs | chars/s | test nats/char | PyTorch char-rnn | textgen - PyTorch |",
+        "| budget | epochs | chars/s | test nats/char | the issue's PyTorch char-rnn | difference |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     for r in sorted(reports, key=lambda r: parse_duration(r["time_budget"])):
