@@ -7,6 +7,8 @@ process) for a fixed wall time after warm-up, one after another:
 
 * textgen: the real training step of ``textgen train`` (``textgen.train.build_trainer``)
   on the stateful tf.data pipeline, for each candidate configuration;
+* ``textgen train`` itself, the command, for max(60 s, 3 x --seconds) on a fresh run: the
+  chars/s its history records, against the cpu profile's step above;
 * baseline: the TensorFlow tutorial's recipe, ``model.fit`` on shuffled 101-char
   windows with a stock Keras LSTM and TensorFlow's default threads;
 * PyTorch: the char-rnn recipe (``torch.nn.LSTM``, Adam 2e-3, clipping at norm 5, the same stateful
@@ -30,10 +32,11 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
-from common import REF, cpu_busy_seconds, cycling, ref_run_config, reference_splits, timed
+from common import REF, REF_CORPUS, cpu_busy_seconds, cycling, ref_run_config, reference_splits, timed
 
 # Candidate textgen configurations: (name, fast_lstm, intra-op threads, inter-op threads, XLA, the fast LSTM's
 # timesteps per loop iteration: None for textgen.fastlstm.UNROLL).
@@ -90,6 +93,26 @@ def measure_textgen(seconds: float, fast_lstm: bool, intra: int, inter: int, jit
         "chars_per_sec": steps * data.batch_size * data.seq_len / elapsed,
         "steps": steps,
         "vocab": splits.vocab.size,
+    }
+
+
+def measure_cli(seconds: float) -> dict:
+    """``textgen train`` itself on REF (``--device cpu``, a fresh run): the chars/s of its training, as its
+    history records them (the epoch's training time, first batch and its tracing included)."""
+    with tempfile.TemporaryDirectory() as runs:
+        command = [sys.executable, "-m", "textgen", "train", REF_CORPUS, "--device", "cpu", "--json"]
+        command += ["--checkpoint-dir", runs, "--run", "bench", "--time-budget", f"{seconds:.0f}s", "--epochs", "1"]
+        command += [f"--{key.replace('_', '-')}={REF[key]}" for key in REF]
+        out = subprocess.run(command, capture_output=True, text=True, check=False)
+        if out.returncode != 0:
+            raise SystemExit(f"textgen train failed:\n{out.stderr[-3000:]}")
+        events = [json.loads(line) for line in out.stdout.splitlines()]
+        epoch = next(e for e in events if e["event"] == "epoch")
+    return {
+        "chars_per_sec": epoch["chars_per_sec"],
+        "steps": epoch["batches"],
+        "seconds": epoch["seconds"],
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
     }
 
 
@@ -235,7 +258,13 @@ def _child(kind: str, seconds: float, candidate: int, layers: int) -> None:
     if kind == "textgen":
         result = measure_textgen(seconds, *CANDIDATES[candidate][1:])
     else:
-        result = {"baseline": measure_baseline, "pipeline": measure_pipeline, "matmul": measure_matmul}[kind](seconds)
+        measure = {
+            "baseline": measure_baseline,
+            "pipeline": measure_pipeline,
+            "matmul": measure_matmul,
+            "cli": measure_cli,
+        }
+        result = measure[kind](seconds)
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps(result))
 
@@ -289,6 +318,8 @@ def main() -> None:
     pipeline = _run_child("pipeline", min(args.seconds, 5.0))
     torch_row = _run_child("torch", args.seconds) if importlib.util.find_spec("torch") else None
     rows = {CANDIDATES[i][0]: _run_child("textgen", args.seconds, i) for i in chosen}
+    # Long enough that the first batch's tracing is a small part of what the command's history records.
+    command = _run_child("cli", max(60.0, 3 * args.seconds))
     vocab = next(iter(rows.values()))["vocab"]
     ceiling = matmul["gflops"] * 1e9 / flops_per_char(vocab)
     peak = matmul["peak_gflops"] * 1e9 / flops_per_char(vocab)
@@ -318,6 +349,11 @@ def main() -> None:
             for name, r in rows.items()
         },
         "default_profile": CANDIDATES[default][0],
+        "train_command": {
+            **command,
+            "vs_step": command["chars_per_sec"] / rows[CANDIDATES[default][0]]["chars_per_sec"],
+            "vs_torch": command["chars_per_sec"] / torch_row["chars_per_sec"] if torch_row else None,
+        },
     }
     if args.json:
         print(json.dumps(report, indent=2))
@@ -336,6 +372,7 @@ def main() -> None:
     if torch_row:
         others.append((f"PyTorch {torch_row['version']}: char-rnn recipe", torch_row))
     measured = [*others, *((f"textgen: {name}", r) for name, r in report["textgen"].items())]
+    measured.append(("textgen train, the command (cpu profile)", command))
     for name, r in measured:
         mark = " (cpu profile)" if name == f"textgen: {report['default_profile']}" else ""
         table.add_row(
@@ -355,6 +392,10 @@ def main() -> None:
         f"(2048x2048)@(2048x2048): {matmul['peak_gflops']:.0f} GFLOP/s -> peak ceiling {peak:,.0f} chars/s "
         f"at {report['mflop_per_char']:.2f} MFLOP/char; tf.data pipeline alone: {pipeline['chars_per_sec']:,.0f} chars/s; "
         f"load avg {load_before:.2f} -> {report['load_avg_1m_after']:.2f}"
+    )
+    console.print(
+        f"textgen train, the command, {command['seconds']:.0f} s: {command['chars_per_sec']:,.0f} chars/s, "
+        f"{report['train_command']['vs_step']:.0%} of the cpu profile's step measured above"
     )
 
 
