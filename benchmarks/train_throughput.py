@@ -7,7 +7,7 @@ process) for a fixed wall time after warm-up, one after another:
 
 * textgen: the real training step of ``textgen train`` (``textgen.train.build_trainer``)
   on the stateful tf.data pipeline, for each candidate configuration;
-* ``textgen train`` itself, the command, for max(60 s, 3 x --seconds) on a fresh run: the
+* ``textgen train`` itself, the command, for max(120 s, 6 x --seconds) on a fresh run: the
   chars/s its history records, against the cpu profile's step above;
 * baseline: the TensorFlow tutorial's recipe, ``model.fit`` on shuffled 101-char
   windows with a stock Keras LSTM and TensorFlow's default threads;
@@ -136,7 +136,7 @@ def measure_baseline(seconds: float) -> dict:
         [
             keras.Input((None,), dtype="int32"),
             keras.layers.Embedding(vocab.size, REF["embedding_dim"]),
-            keras.layers.LSTM(REF["units"], return_sequences=True),
+            *(keras.layers.LSTM(REF["units"], return_sequences=True) for _ in range(REF["layers"])),
             keras.layers.Dense(vocab.size),
         ]
     )
@@ -265,7 +265,7 @@ def _child(kind: str, seconds: float, candidate: int, layers: int) -> None:
             "cli": measure_cli,
         }
         result = measure[kind](seconds)
-    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    result.setdefault("peak_rss_mb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     print(json.dumps(result))
 
 
@@ -318,8 +318,9 @@ def main() -> None:
     pipeline = _run_child("pipeline", min(args.seconds, 5.0))
     torch_row = _run_child("torch", args.seconds) if importlib.util.find_spec("torch") else None
     rows = {CANDIDATES[i][0]: _run_child("textgen", args.seconds, i) for i in chosen}
-    # Long enough that the first batch's tracing is a small part of what the command's history records.
-    command = _run_child("cli", max(60.0, 3 * args.seconds))
+    # The command's history counts its first batch, which traces and compiles the step (~3.4 s on REF): long enough
+    # that this is a small part of it, as in any real run.
+    command = _run_child("cli", max(120.0, 6 * args.seconds))
     vocab = next(iter(rows.values()))["vocab"]
     ceiling = matmul["gflops"] * 1e9 / flops_per_char(vocab)
     peak = matmul["peak_gflops"] * 1e9 / flops_per_char(vocab)
