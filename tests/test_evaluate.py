@@ -180,6 +180,7 @@ def test_epochs_cell(epochs: int, batches: int, steps: int, cell: str) -> None:
     assert epochs_cell(epochs, batches, steps) == cell
 
 
+@pytest.mark.slow  # 27 s of two real training runs; a benchmark's plumbing, not textgen's (keeps the suite ~10 min)
 def test_the_quality_benchmark_trains_scores_and_ranks_recipes(tmp_path: Path) -> None:
     corpus = write_corpus(tmp_path / "tiny.txt", 3000)
     tiny = "--embedding-dim 8 --batch-size 4 --seq-len 16"
