@@ -39,7 +39,7 @@ def _forward_loop(x_projection: tf.Tensor, h0: tf.Tensor, c0: tf.Tensor, recurre
         h, c, (i, f, g, o) = lstm_cell(x_projection[t] + tf.matmul(h, recurrent), c_prev)
         # The derivatives need nothing from the backward pass, so they are computed here, fused with the step,
         # rather than saving the gates and reading them back in a separate pass.
-        tanh_c = tf.tanh(c)
+        tanh_c = tf.tanh(c)  # lstm_cell's own tanh(c): XLA computes it once
         dc_through_h = o * (1.0 - tanh_c * tanh_c)  # d c / d h, through the output gate's tanh
         dz_factors = tf.concat(  # d z / d c for the i, f, g pre-activations, d z / d h for o's
             [g * i * (1.0 - i), c_prev * f * (1.0 - f), i * (1.0 - g * g), tanh_c * o * (1.0 - o)], axis=-1
