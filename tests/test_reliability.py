@@ -416,6 +416,49 @@ def test_a_diverging_loss_stops_the_run_and_keeps_the_last_resume_point(
     assert run.state_path.read_bytes() == before and run.best_weights_path.read_bytes() == best_before
 
 
+def test_an_error_mid_epoch_leaves_the_weights_where_training_got(
+    trained_run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lost worker's save commits the model's weights after the error has ended the callbacks: ending them
+    must not have put the best epoch's weights back under that save."""
+    import keras
+    import tensorflow as tf
+
+    import textgen.train as training
+
+    run = trained_run.copy_to(tmp_path / "ck")
+    build = training.build_trainer
+    trainers: list[training.Trainer] = []
+    at_error: list[list[np.ndarray]] = []
+
+    def failing_after_two_batches(*args: object, **kwargs: object) -> training.Trainer:
+        trainer = build(*args, **kwargs)
+        step, calls = trainer.train_step, []
+
+        def train_step(x: object, y: object) -> object:
+            if len(calls) == 2:
+                at_error.append(trainer.model.get_weights())
+                raise tf.errors.UnavailableError(None, None, "a peer is gone")
+            calls.append(1)
+            return step(x, y)
+
+        trainer.train_step = train_step
+        trainers.append(trainer)
+        return trainer
+
+    monkeypatch.setattr(training, "build_trainer", failing_after_two_batches)
+    plan = plan_training(
+        None, CPU, checkpoint_dir=tmp_path / "ck", run_name=run.name, resume=True, training={"epochs": 6}
+    )
+    with pytest.raises(tf.errors.UnavailableError):
+        train(plan)
+    after = trainers[0].model.get_weights()
+    assert all(np.array_equal(a, b) for a, b in zip(at_error[0], after, strict=True))
+    best = keras.models.clone_model(trainers[0].model)  # not the trainer's: the file holds the optimizer too
+    run.load_weights(best, "best")
+    assert not all(np.array_equal(a, b) for a, b in zip(best.get_weights(), after, strict=True))
+
+
 # --- 8. user text is data ------------------------------------------------------------------------
 
 

@@ -511,7 +511,7 @@ def _train(
     with _stop_requests() as stop, _end_on_error(callbacks, progress):
         progress.start(plan, steps)
         callbacks.on_train_begin()
-        checkpoint.restore(resume, trainer.model)
+        checkpoint.restore(resume)
         for epoch in range(start_epoch, cfg.training.epochs):
             start = (
                 EpochProgress(**resume.get("epoch_progress") or {"batch": start_batch})
@@ -734,7 +734,9 @@ def build_callbacks(
     # A pruned run's loss rises by design while its sparsity ramps up: it does not stop early, and its best
     # weights are the best at the full sparsity.
     patience = tcfg.epochs if prune else tcfg.patience
-    early_stopping = keras.callbacks.EarlyStopping(monitor="val_loss", patience=patience, restore_best_weights=True)
+    # Not restore_best_weights: best.weights.h5 already holds them, and restoring them in memory at the end of
+    # training would put them under a save made after it (a lost worker's), as if training had got there.
+    early_stopping = keras.callbacks.EarlyStopping(monitor="val_loss", patience=patience)
     stateful: dict[str, keras.callbacks.Callback] = {"early_stopping": early_stopping}
     lr_schedule: keras.callbacks.Callback
     if tcfg.lr_schedule == "plateau":
@@ -848,9 +850,8 @@ class RunCheckpoint(keras.callbacks.Callback):
         self.saved_at = time.monotonic()
         self.resume_at: tuple[int, int, EpochProgress | None] = (0, 0, None)  # set by the loop before an epoch end
 
-    def restore(self, state: dict[str, Any], model: keras.Model) -> None:
-        """Continue from a saved state (empty for a new run): best loss, history, schedule counters, early
-        stopping's best weights."""
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continue from a saved state (empty for a new run): best loss, history, schedule counters."""
         if not state:
             return
         # The best weights file carries its own loss: if a kill came between replacing it and the next
@@ -860,13 +861,6 @@ class RunCheckpoint(keras.callbacks.Callback):
         for name, values in state.get("callbacks", {}).items():
             for key, value in values.items():
                 setattr(self.stateful_callbacks[name], key, value)
-        if self.run.best_weights_path.is_file():
-            # Load into a scratch copy: the weights file also holds the optimizer variables of the
-            # best epoch, and loading it into the compiled training model would roll its optimizer
-            # (step count, Adam moments, learning rate) back to that epoch.
-            scratch = keras.models.clone_model(model)
-            self.run.load_weights(scratch, "best")
-            self.stateful_callbacks["early_stopping"].best_weights = scratch.get_weights()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         logs = logs or {}
