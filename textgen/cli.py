@@ -332,8 +332,8 @@ The student is an ordinary run: sample, evaluate, export it; `textgen train --re
 @app.command(epilog=DISTILL_EXAMPLES)
 def distill(
     teacher: Annotated[str, typer.Option(help="The run to learn from (its best weights)", show_default=False)],
-    units: Annotated[int | None, _option("The student's LSTM units per layer", "Model", MODEL.units)] = None,
-    layers: Annotated[int | None, _option("The student's stacked LSTM layers", "Model", MODEL.layers)] = None,
+    units: Annotated[int | None, _option("The student's LSTM units per layer", "Model", "the teacher's")] = None,
+    layers: Annotated[int | None, _option("The student's stacked LSTM layers", "Model", "the teacher's")] = None,
     embedding_dim: Annotated[int | None, _option("Character embedding size", "Model", "the teacher's")] = None,
     dropout: Annotated[float | None, _option("The student's dropout", "Model", "the teacher's")] = None,
     temperature: Annotated[
