@@ -92,6 +92,13 @@ def test_the_search_space_keeps_fixed_settings_and_fits_the_corpus() -> None:
     }
     with pytest.raises(ConfigError, match="too short to tune on"):
         SearchSpace({}, val_chars=700, profile=CPU)
+    # A fixed batch of 128 holds 128 x 50 but not the default 128 x 100; a fixed 400 holds 16 x 400 but not 64 x 400.
+    for fixed in ({"batch_size": 128}, {"seq_len": 400}):
+        space = SearchSpace({"data": fixed}, val_chars=10_000, profile=CPU)
+        study = optuna.create_study()
+        study.enqueue_trial(space.first_params())
+        data = space.suggest(study.ask())["data"]
+        assert data["batch_size"] * data["seq_len"] < 10_000, fixed
 
 
 def test_fixed_settings_that_cannot_work_are_refused_and_the_first_trial_follows_a_fixed_optimizer() -> None:

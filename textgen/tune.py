@@ -139,8 +139,10 @@ class SearchSpace:
             "embedding_dim": model.embedding_dim,
             "dropout": model.dropout,
         }
-        if self.profile.batch_size * data.seq_len < self.val_chars:
-            params.update(batch_size=self.profile.batch_size, seq_len=data.seq_len)
+        fixed = self.fixed.get("data", {})  # a fixed batch size or length changes what fits beside it
+        batch_size, seq_len = fixed.get("batch_size", self.profile.batch_size), fixed.get("seq_len", data.seq_len)
+        if batch_size in self.batch_sizes and batch_size * seq_len < self.val_chars:
+            params.update(batch_size=batch_size, seq_len=seq_len)
         return params
 
 
