@@ -279,6 +279,24 @@ def test_a_failing_save_is_one_line_and_keeps_the_last_resume_point(
     assert result.epochs == 5
 
 
+def test_a_failed_write_the_library_does_not_check_is_one_line(
+    trained_run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import textgen.api as api
+
+    def disk_full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "ck" / "r" / "loss_curve.txt"))
+
+    monkeypatch.setattr(api, "train", disk_full)
+    out = invoke("train", str(trained_run.corpus), *TINY_FLAGS, "--checkpoint-dir", str(tmp_path / "ck"))
+    assert_one_line_error(out, "loss_curve.txt: No space left on device")
+    assert out.exit_code == 1
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a directory")
+    out = invoke("tune", str(trained_run.corpus), "--checkpoint-dir", str(blocked / "studies"), "--trials", "1")
+    assert_one_line_error(out, "cannot write to", "--checkpoint-dir")
+
+
 def test_leftovers_of_an_interrupted_save_are_removed_by_the_next_writer(trained_run, tmp_path: Path) -> None:
     run = trained_run.copy_to(tmp_path / "ck")
     leftovers = [

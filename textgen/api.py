@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from textgen.checkpoint import find_run, study_path
+from textgen.checkpoint import ensure_writable, find_run, study_path
 from textgen.cluster import cluster_role, make_strategy
 from textgen.config import DataConfig, DistillConfig, ModelConfig, PruneConfig, TrainConfig, check_fits_in_memory
 from textgen.device import apply_profile, configure_for_inference, import_tensorflow, resolve_profile
@@ -230,6 +230,7 @@ def tune(
     _check_settings(fixed.get("data", {}), fixed.get("model", {}), {**fixed.get("training", {}), "seed": seed})
     if trial_budget is not None and trial_budget < MIN_TRIAL_SECONDS:
         raise ConfigError(f"--trial-budget must be at least {MIN_TRIAL_SECONDS:g}s (got {trial_budget:g}s)")
+    ensure_writable(checkpoint_dir)
     import_tensorflow()  # the profile is the study's: tune resolves and applies it
     from textgen.tune import tune as run_study
 

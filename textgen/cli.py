@@ -87,7 +87,7 @@ def _main() -> None:
 
 @contextlib.contextmanager
 def _errors() -> Iterator[None]:
-    """Turn library errors and Ctrl-C into one line on stderr and a non-zero exit."""
+    """Turn library errors, failed reads and writes, and Ctrl-C into one line on stderr and a non-zero exit."""
     try:
         yield
     except TextgenError as exc:
@@ -102,6 +102,9 @@ def _errors() -> Iterator[None]:
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/]")
         raise typer.Exit(130) from None
+    except OSError as exc:  # a file the library does not check first (a full disk, a read-only directory)
+        ui.show_os_error(err_console, exc)
+        raise typer.Exit(1) from None
 
 
 MODEL, DATA, TRAINING, SAMPLING = ModelConfig(vocab_size=1), DataConfig(corpus=""), TrainConfig(), SampleConfig()

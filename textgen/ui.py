@@ -83,6 +83,12 @@ def show_error(err_console: Console, exc: TextgenError) -> None:
     err_console.print(f"[yellow]{message}[/]" if isinstance(exc, TrainingInterrupted) else f"[red]error:[/] {message}")
 
 
+def show_os_error(err_console: Console, exc: OSError) -> None:
+    """A failed read or write on one line: the file and the system's reason."""
+    where = f"{exc.filename}: " if exc.filename else ""
+    err_console.print(f"[red]error:[/] {escape(where + (exc.strerror or str(exc)))}; check the path and free space")
+
+
 def show_usage_error(err_console: Console, message: str, ctx: Any) -> None:
     """One of click's usage errors (a bad choice, an unknown option) on one line, with where to find help."""
     message = message.replace("Value error, ", "").rstrip(".")  # typer words choices as pydantic errors
