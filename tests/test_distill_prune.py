@@ -185,6 +185,7 @@ def test_prune_and_distill_commands(checkpoints: Path) -> None:
     [
         (["prune", "--run", "nope"], ["nope"]),
         (["prune", "--run", TEACHER, "--sparsity", "1.5"], ["--sparsity", "between 0 and 1"]),
+        (["prune", "--run", TEACHER, "--lr", "0"], ["--lr must be a positive number"]),
         (["distill", "--teacher", TEACHER, "--alpha", "2"], ["--alpha", "between 0 and 1"]),
         (["distill", "--teacher", TEACHER, "--temperature", "0"], ["--temperature"]),
     ],

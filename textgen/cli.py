@@ -402,7 +402,7 @@ def prune(
     as_json: TrainJsonOption = False,
 ) -> None:
     """Prune a trained run to a sparsity, fine-tuning it as the smallest weights are masked to zero."""
-    training = _training(lr or PRUNE_LR, epochs, time_budget, seed)
+    training = _training(PRUNE_LR if lr is None else lr, epochs, time_budget, seed)
     _train_from_run(
         device, checkpoint_dir, name, {}, training, as_json, prune={"source": run, "sparsity": sparsity, "ramp": ramp}
     )
