@@ -192,3 +192,12 @@ def test_prune_and_distill_commands(checkpoints: Path) -> None:
 )
 def test_bad_input_gets_one_line(checkpoints: Path, args: list[str], fragments: list[str]) -> None:
     assert_one_line_error(invoke(*args, "--checkpoint-dir", str(checkpoints)), *fragments)
+
+
+def test_a_run_without_best_weights_is_refused_before_a_run_is_made_from_it(trained_run, tmp_path: Path) -> None:
+    checkpoints = tmp_path / "checkpoints"
+    young = trained_run.copy_to(checkpoints, "young")
+    young.best_weights_path.unlink()
+    for command in (["prune", "--run", "young"], ["distill", "--teacher", "young"]):
+        assert_one_line_error(invoke(*command, "--checkpoint-dir", str(checkpoints)), "best.weights.h5 is missing")
+    assert sorted(p.name for p in checkpoints.iterdir() if not p.name.startswith(".")) == ["young"]

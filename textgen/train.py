@@ -203,6 +203,7 @@ def _plan_derived(
     (``prune``), on that run's corpus, splits and vocabulary."""
     settings = {k: v for k, v in (distill or prune or {}).items() if v is not None}
     base = find_run(checkpoint_dir, settings.pop("teacher" if distill else "source"), "best")
+    base.weights_path("best")  # refused before a run is made from it, not by the first load
     saved = base.load_config()
     if data:
         raise ConfigError(f"a {'distilled' if distill else 'pruned'} run reads the streams of {base.name!r} as it did")
