@@ -600,7 +600,7 @@ def export(
 TUNE_EXAMPLES = """
 **Examples**
 
-    textgen tune 2600-0.txt --time-budget 2h --trial-budget 10m    # ~12 recipes, 10 minutes each
+    textgen tune 2600-0.txt --time-budget 2h --trial-budget 10m    # ~12 recipes, up to 10 minutes each
 
     textgen tune 2600-0.txt --time-budget 3h                        # continue it: 1 more hour
 
