@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -72,3 +73,14 @@ def make_strategy(strategy: str) -> tf.distribute.Strategy:
     if strategy == "multiworker":
         return tf.distribute.MultiWorkerMirroredStrategy()
     return tf.distribute.get_strategy()
+
+
+def replica_sum(strategy: tf.distribute.Strategy) -> Callable[[tf.Tensor], tf.Tensor]:
+    """A compiled function summing a tensor over ``strategy``'s replicas, each giving its own value."""
+    import tensorflow as tf
+
+    @tf.function
+    def total(values: tf.Tensor) -> tf.Tensor:
+        return strategy.reduce("SUM", strategy.run(tf.identity, args=(values,)), axis=None)
+
+    return total

@@ -46,6 +46,7 @@ from textgen.checkpoint import (
     reserve_run,
     resume_hint,
 )
+from textgen.cluster import replica_sum
 from textgen.config import (
     DataConfig,
     DeviceProfile,
@@ -700,11 +701,7 @@ class Clock:
 
 def compile_agreement(strategy: tf.distribute.Strategy) -> Callable[[bool, float], tuple[bool, float]]:
     """``Clock.agree`` through one all-reduce over ``strategy``'s replicas (~0.1 ms on one device)."""
-    replicas = strategy.num_replicas_in_sync
-
-    @tf.function
-    def reduce(values: tf.Tensor) -> tf.Tensor:
-        return strategy.reduce("SUM", strategy.run(tf.identity, args=(values,)), axis=None)
+    replicas, reduce = strategy.num_replicas_in_sync, replica_sum(strategy)
 
     def agree(stop: bool, seconds: float) -> tuple[bool, float]:
         stops, total = reduce(tf.constant([float(stop), seconds], tf.float32)).numpy()
@@ -988,12 +985,7 @@ def check_same_plan(plan: TrainPlan, strategy: tf.distribute.Strategy) -> None:
     # n * sum(v^2) == sum(v)^2 holds only when all n workers hold the same v.
     digest = np.frombuffer(hashlib.blake2b(described.encode(), digest_size=16).digest(), np.uint8)
     values = tf.constant(np.concatenate([digest, digest.astype(np.float32) ** 2]), tf.float32)
-
-    @tf.function
-    def total(v: tf.Tensor) -> tf.Tensor:
-        return strategy.reduce("SUM", strategy.run(tf.identity, args=(v,)), axis=None)
-
-    sums = total(values).numpy().astype(np.float64)
+    sums = replica_sum(strategy)(values).numpy().astype(np.float64)
     n = strategy.num_replicas_in_sync
     if not np.array_equal(n * sums[16:], sums[:16] ** 2):
         raise ConfigError(
