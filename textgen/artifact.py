@@ -104,7 +104,7 @@ def is_artifact(path: Path) -> bool:
     return (Path(path) / INFO_FILE).is_file()
 
 
-def open_artifact(path: Path, threads: int | None = None) -> tuple[Sampler, ArtifactInfo]:
+def open_artifact(path: Path) -> tuple[Sampler, ArtifactInfo]:
     """A sampler for an exported model (its directory, or a file in it such as ``model.tflite``): LiteRT without
     TensorFlow, a SavedModel with it."""
     path = Path(path)
@@ -114,7 +114,7 @@ def open_artifact(path: Path, threads: int | None = None) -> tuple[Sampler, Arti
     if info.format == ExportFormat.litert.value:
         from textgen.litert import LiteRTGenerator
 
-        return LiteRTGenerator(info.model, info.vocab, Path(path) / LITERT_FILE, threads), info
+        return LiteRTGenerator(info.model, info.vocab, Path(path) / LITERT_FILE), info
     from textgen.device import configure_for_inference, import_tensorflow
 
     import_tensorflow()

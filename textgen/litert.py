@@ -23,14 +23,14 @@ from textgen.vocab import Vocabulary
 class LiteRTGenerator(Sampler):
     """``Sampler``'s two steps on a LiteRT next-token model."""
 
-    def __init__(self, cfg: ModelConfig, vocab: Vocabulary, path: Path, threads: int | None = None) -> None:
+    def __init__(self, cfg: ModelConfig, vocab: Vocabulary, path: Path) -> None:
         super().__init__(cfg, vocab)
         from ai_edge_litert.interpreter import Interpreter
 
         # One thread: a step of the default model takes ~15 us at batch 1 on one core with int8 weights and
         # ~30 us on two (the threads' hand-off costs more than the arithmetic).
         try:
-            self.interpreter = Interpreter(model_path=str(path), num_threads=threads or 1)
+            self.interpreter = Interpreter(model_path=str(path), num_threads=1)
             signature = self.interpreter.get_signature_runner(STEP_SIGNATURE)
             inputs = {name: d["index"] for name, d in signature.get_input_details().items()}
             outputs = {name: d["index"] for name, d in signature.get_output_details().items()}
