@@ -135,7 +135,7 @@ def main() -> None:
     from textgen.artifact import open_artifact
     from textgen.checkpoint import find_run
     from textgen.config import SampleConfig
-    from textgen.data import StreamLayout, fit_layout
+    from textgen.data import scoring_layout
     from textgen.evaluate import split_ids
     from textgen.model import build_model
 
@@ -170,8 +170,7 @@ def main() -> None:
             run = find_run(checkpoint_dir, name)
             cfg = run.load_config()
             test_ids = split_ids(run, "test", scratch)
-            streams, seq_len = fit_layout(len(test_ids), cfg.data.batch_size, cfg.data.seq_len)
-            layout = StreamLayout.of(len(test_ids), streams, seq_len)
+            layout = scoring_layout(len(test_ids), cfg.data.batch_size, cfg.data.seq_len, f"{run.name}'s test split")
             source = ["--run", run.name, "--checkpoint-dir", str(checkpoint_dir)]
             if kind == "run":
                 sampler, _ = api.open_generator(checkpoint_dir, run.name)

@@ -16,8 +16,8 @@ import numpy as np
 
 from textgen.config import ModelConfig, from_dict, to_dict
 from textgen.corpus import read_corpus, resolve_corpus, resolve_encoding
-from textgen.data import StreamLayout, fit_layout
-from textgen.errors import ConfigError, CorpusError
+from textgen.data import scoring_layout
+from textgen.errors import ConfigError
 from textgen.generation import Sampler
 from textgen.results import Evaluation
 from textgen.vocab import UNKNOWN_ID, Vocabulary
@@ -130,9 +130,7 @@ def evaluate_artifact(path: Path, file: str, encoding: str = "auto", streams: in
     sampler, info = open_artifact(path)
     corpus = resolve_corpus(file)
     ids = info.vocab.encode(read_corpus(corpus, info.strip_boilerplate, resolve_encoding(corpus, encoding)))
-    if len(ids) < 2:
-        raise CorpusError(f"{file} has {len(ids)} characters; at least 2 are needed to score one")
-    streams, seq_len = fit_layout(len(ids), streams or info.batch_size, info.seq_len)
-    nats, chars = sampler.score(ids, StreamLayout.of(len(ids), streams, seq_len))
+    layout = scoring_layout(len(ids), streams or info.batch_size, info.seq_len, file)
+    nats, chars = sampler.score(ids, layout)
     unknown = int(np.sum(ids == UNKNOWN_ID))
-    return Evaluation(str(path), file, nats / chars, chars, unknown, streams, seq_len)
+    return Evaluation(str(path), file, nats / chars, chars, unknown, layout.streams, layout.seq_len)

@@ -116,11 +116,13 @@ class StreamLayout:
         return window[:, :-1], window[:, 1:]
 
 
-def fit_layout(n: int, streams: int, seq_len: int) -> tuple[int, int]:
-    """``(streams, seq_len)`` if ``n`` ids fill one such batch, else the largest layout they do fill
-    (fewer streams first, then shorter ones); ``n`` must be at least 2."""
+def scoring_layout(n: int, streams: int, seq_len: int, source: str) -> StreamLayout:
+    """How ``n`` ids of the text ``source`` are scored: ``streams`` x ``seq_len`` if they fill one such batch,
+    else the largest layout they do fill (fewer streams first, then shorter ones)."""
+    if n < 2:
+        raise CorpusError(f"{source} has {n} characters; at least 2 are needed to score one")
     streams = max(1, min(streams, (n - 1) // seq_len))
-    return streams, min(seq_len, (n - 1) // streams)
+    return StreamLayout.of(n, streams, min(seq_len, (n - 1) // streams))
 
 
 def distributed_batches(

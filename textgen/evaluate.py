@@ -11,7 +11,7 @@ import numpy as np
 from textgen.checkpoint import Run, check_corpus_unchanged
 from textgen.config import SPLITS
 from textgen.corpus import read_corpus, resolve_corpus, resolve_encoding
-from textgen.data import StreamLayout, fit_layout, load_splits, write_id_file
+from textgen.data import load_splits, scoring_layout, write_id_file
 from textgen.errors import ConfigError, CorpusError
 from textgen.idcache import cache_root
 from textgen.model import build_model
@@ -51,15 +51,12 @@ def evaluate_run(
             ids, source = write_id_file(vocab.encode_compact(text), Path(scratch) / "ids"), file
         else:
             ids, source = split_ids(run, split, Path(scratch), cache_dir), f"{split} split of {cfg.data.corpus_name}"
-        if len(ids) < 2:
-            raise CorpusError(f"{source} has {len(ids)} characters; at least 2 are needed to score one")
-        streams, seq_len = fit_layout(len(ids), streams or cfg.data.batch_size, cfg.data.seq_len)
-        model = build_model(cfg.model, streams, cfg.profile.precision)
+        layout = scoring_layout(len(ids), streams or cfg.data.batch_size, cfg.data.seq_len, source)
+        model = build_model(cfg.model, layout.streams, cfg.profile.precision)
         run.load_weights(model, which)
-        layout = StreamLayout.of(len(ids), streams, seq_len)
         nats, chars = score(compile_eval_step(model, cfg.profile), model, ids, layout)
         unknown = int(np.sum(ids == UNKNOWN_ID))
-    return Evaluation(run.name, source, nats / chars, chars, unknown, streams, seq_len)
+    return Evaluation(run.name, source, nats / chars, chars, unknown, layout.streams, layout.seq_len)
 
 
 def split_ids(run: Run, split: str, scratch: Path, cache_dir: Path | None = None) -> np.ndarray:
