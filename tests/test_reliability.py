@@ -93,6 +93,30 @@ def test_a_run_has_one_writer_and_any_number_of_readers(trained_run, tmp_path: P
     run.lock().release()  # free again
 
 
+def test_a_reader_of_the_last_weights_follows_a_commit_made_while_it_opens_them(trained_run, tmp_path: Path) -> None:
+    from textgen.model import build_model
+
+    run = trained_run.copy_to(tmp_path / "ck")
+    model = build_model(run.load_config().model, 1, stateful=False)
+    load = model.load_weights
+    committed = run.path / "last-e0099-b000000.weights.h5"
+
+    def commit_then_load(path: Path) -> None:
+        """The trainer commits a newer resume point after the reader read state.json, before it opens the file."""
+        model.load_weights = load
+        state = run.load_state()
+        committed.write_bytes((run.path / state["last_weights"]).read_bytes())
+        run.state_path.write_text(json.dumps({**state, "last_weights": committed.name}))
+        (run.path / state["last_weights"]).unlink()
+        load(path)
+
+    model.load_weights = commit_then_load
+    run.load_weights(model, "last")  # not "corrupt or from another model"
+    reference = build_model(run.load_config().model, 1, stateful=False)
+    reference.load_weights(committed)
+    assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), reference.get_weights(), strict=True))
+
+
 def test_a_second_trainer_fails_at_once_naming_the_first(tmp_path: Path, corpus: Path) -> None:
     args = ["tiny.txt", *TINY_FLAGS, "--epochs", "50", "--checkpoint-dir", "ck", "--run", "r"]
     first, out = start_training(tmp_path, *args)

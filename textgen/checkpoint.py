@@ -235,6 +235,16 @@ class Run:
     def load_weights(self, model: keras.Model, which: str = "best") -> None:
         """Load ``best`` or ``last`` weights into ``model`` (any batch size)."""
         path = self.weights_path(which)
+        try:
+            self._load_weights_file(model, path)
+        except CheckpointError:
+            # A trainer's commit may have replaced the last weights between reading state.json and opening them.
+            if which != "last" or path.exists() or self.weights_path("last") == path:
+                raise
+            self._load_weights_file(model, self.weights_path("last"))
+
+    @staticmethod
+    def _load_weights_file(model: keras.Model, path: Path) -> None:
         # Keras warns (and then raises) about a file of another model: keep its warnings unless it loads.
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
