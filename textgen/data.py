@@ -70,13 +70,18 @@ def load_splits(
     return splits
 
 
+def fills_one_batch(n: int, streams: int, seq_len: int) -> bool:
+    """Whether ``n`` ids fill one batch of ``streams`` x ``seq_len`` inputs and their targets (one id further)."""
+    return n >= streams * seq_len + 1
+
+
 def check_layout_fits(
     ids: np.ndarray, streams: int, seq_len: int, name: str, corpus_chars: int, batch_size: int
 ) -> None:
     """Raise a CorpusError saying how short ``ids`` is if it cannot fill one batch of ``streams`` (``batch_size``
     times ``--accumulate``)."""
-    need = streams * seq_len + 1
-    if len(ids) < need:
+    if not fills_one_batch(len(ids), streams, seq_len):
+        need = streams * seq_len + 1
         accumulate = f" x --accumulate {streams // batch_size}" if streams != batch_size else ""
         raise CorpusError(
             f"corpus too short: its {name} split has {len(ids):,} characters (of {corpus_chars:,}) but "
@@ -96,10 +101,9 @@ class StreamLayout:
     @classmethod
     def of(cls, n: int, streams: int, seq_len: int) -> StreamLayout:
         """The layout of ``n`` ids: as many full batches as they fill (the rest is left out)."""
-        batches = (n - 1) // (streams * seq_len)
-        if batches <= 0:  # (n - 1) // s is -1 for no ids at all
+        if not fills_one_batch(n, streams, seq_len):
             raise CorpusError(f"{n} characters cannot fill one {streams} x {seq_len} batch")
-        return cls(streams, seq_len, batches)
+        return cls(streams, seq_len, (n - 1) // (streams * seq_len))
 
     @property
     def chars_per_batch(self) -> int:

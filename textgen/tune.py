@@ -31,7 +31,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, Run, RunLock, study_path
 from textgen.config import OPTIMIZERS, DataConfig, DeviceProfile, ModelConfig, TrainConfig, flag
-from textgen.data import load_splits
+from textgen.data import fills_one_batch, load_splits
 from textgen.device import apply_profile, resolve_profile
 from textgen.errors import ConfigError, TextgenError, TrainingDiverged, TrainingInterrupted
 from textgen.evaluate import evaluate_run
@@ -75,14 +75,15 @@ class SearchSpace:
             )
         seq_len = data.get("seq_len", SEQ_LENS[0])
         if "batch_size" in data:
-            if data["batch_size"] * seq_len >= val_chars:
+            if not fills_one_batch(val_chars, data["batch_size"], seq_len):
                 raise ConfigError(
                     f"--batch-size {data['batch_size']} x --seq-len {seq_len} needs more validation text than the "
                     f"corpus has ({val_chars:,} characters): fix smaller ones, or leave them to the search"
                 )
             self.batch_sizes = [data["batch_size"]]
         else:
-            self.batch_sizes = [b for b in sorted({*BATCH_SIZES, profile.batch_size}) if b * seq_len < val_chars]
+            batch_sizes = sorted({*BATCH_SIZES, profile.batch_size})
+            self.batch_sizes = [b for b in batch_sizes if fills_one_batch(val_chars, b, seq_len)]
             if not self.batch_sizes:
                 raise ConfigError(
                     f"the corpus is too short to tune on: its validation split has {val_chars:,} characters, fewer "
@@ -141,7 +142,7 @@ class SearchSpace:
         }
         fixed = self.fixed.get("data", {})  # a fixed batch size or length changes what fits beside it
         batch_size, seq_len = fixed.get("batch_size", self.profile.batch_size), fixed.get("seq_len", data.seq_len)
-        if batch_size in self.batch_sizes and batch_size * seq_len < self.val_chars:
+        if batch_size in self.batch_sizes and fills_one_batch(self.val_chars, batch_size, seq_len):
             params.update(batch_size=batch_size, seq_len=seq_len)
         return params
 
