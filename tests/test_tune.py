@@ -174,6 +174,13 @@ def test_a_study_runs_prunes_continues_and_its_best_recipe_trains_again(tmp_path
     assert out.exit_code == 0, out.stderr
     assert f"best: trial {best['number']}" in out.stdout and "--from-study tiny" in out.stdout
     assert out.stdout.count("pruned") >= 2
+    # A study moved to another directory is shown from there, its best recipe too.
+    moved = directory.parent / "moved"
+    directory.rename(moved)
+    out = invoke("tune", "--show", "--study", "moved", "--checkpoint-dir", str(tmp_path / "ck"), "--json")
+    assert out.exit_code == 0, out.stderr
+    shown = json.loads(out.stdout.splitlines()[-1])
+    assert (shown["path"], shown["best_recipe"]) == (str(moved), str(moved / "best.json"))
 
 
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGKILL])

@@ -26,6 +26,11 @@ def storage_of(directory: Path) -> optuna.storages.RDBStorage:
 
 def load_study(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR, name: str | None = None) -> optuna.Study:
     """The study called ``name`` under ``checkpoint_dir``, or the most recently updated one."""
+    return load_study_in(find_study(checkpoint_dir, name))
+
+
+def find_study(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR, name: str | None = None) -> Path:
+    """The directory of the study called ``name`` under ``checkpoint_dir``, or of the most recently updated one."""
     if name is None:
         databases = sorted((checkpoint_dir / "studies").glob(f"*/{DATABASE}"), key=lambda p: p.stat().st_mtime)
         if not databases:
@@ -36,7 +41,7 @@ def load_study(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR, name: str | None =
         raise ConfigError(
             f"no study {name!r} in {checkpoint_dir}/studies/; start one: textgen tune CORPUS --study {name}"
         )
-    return load_study_in(directory)
+    return directory
 
 
 def load_study_in(directory: Path) -> optuna.Study:
@@ -119,8 +124,8 @@ def study_result(
 
 def show_study(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR, name: str | None = None) -> StudyResult:
     """A study's trials and best recipe, read without a lock (a running study shows where it is)."""
-    study = load_study(checkpoint_dir, name)
-    return study_result(study, study_path(checkpoint_dir, study.study_name))
+    directory = find_study(checkpoint_dir, name)  # its name, not the study's own, if it was renamed
+    return study_result(load_study_in(directory), directory)
 
 
 def study_name_of(corpus: list[str] | None, study_name: str | None) -> tuple[str, list[Path]]:
