@@ -247,8 +247,7 @@ def tune(
     settings (each may be given again, not changed), and its time budget unless a new one is given."""
     name, files = study_name_of(corpus, study_name)
     directory = study_path(checkpoint_dir, name)
-    new = not (directory / DATABASE).is_file()
-    if new and not files:
+    if not (directory / DATABASE).is_file() and not files:
         raise ConfigError(f"there is no study {name!r} yet; give a corpus to tune on, e.g. textgen tune book.txt")
     given: dict[str, Any] = {
         "corpus": [str(f) for f in files],
@@ -261,6 +260,7 @@ def tune(
     directory.mkdir(parents=True, exist_ok=True)
     busy = "study {name!r} is being tuned by process {pid}; wait for it, stop it, or pick another --study"
     lock = RunLock(Run(directory), busy)
+    new = not (directory / DATABASE).is_file()  # under the lock: another process may have made the study meanwhile
     try:
         study = None if new else load_study_in(directory)
         settings = _new_settings(given) if study is None else _continued_settings(study, given)
