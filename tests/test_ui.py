@@ -60,3 +60,13 @@ def test_train_and_runs_show_a_stop_reason_with_the_same_label(tmp_path: Path, r
     ui.show_runs(console, [summary], tmp_path, as_json=False)
     assert out.getvalue().splitlines()[-1].rstrip().endswith(reason.label)
     assert len({r.label for r in StopReason}) == len(StopReason)
+
+
+def test_emoji_codes_in_user_text_are_printed_as_they_are() -> None:
+    from textgen.cli import console, err_console
+
+    with console.capture() as out:
+        ui.stream_sample(console, ":fire: Moscow", iter([]))
+    with err_console.capture() as err:
+        ui.warn_unknown(err_console, [":smile:"])
+    assert out.get().startswith(":fire: Moscow") and ":smile:" in err.get()

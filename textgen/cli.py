@@ -39,8 +39,8 @@ from textgen.device import Device
 from textgen.errors import ClusterError, TextgenError
 from textgen.repl import GREETING, Session, read_lines
 
-console = Console(highlight=False, soft_wrap=True)
-err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+console = Console(highlight=False, soft_wrap=True, emoji=False)  # user text is data: ":fire:" stays ":fire:"
+err_console = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 
 
 class OneLineErrors(TyperGroup):
