@@ -548,6 +548,30 @@ def test_run_files_that_disagree_name_the_file(trained_run, tmp_path: Path) -> N
     assert_one_line_error(invoke("sample", "--checkpoint-dir", str(run.path.parent)), "vocab.json has 4 ids")
 
 
+def test_a_reader_that_stops_early_and_bytes_the_locale_cannot_decode_are_no_tracebacks(trained_run) -> None:
+    repl = [sys.executable, "-m", "textgen", "repl", "--checkpoint-dir", str(trained_run.run.path.parent)]
+    proc = subprocess.Popen(
+        [*repl, "--length", "5000"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env=subprocess_env(),
+    )  # fmt: skip
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    proc.stdin.write(b"the\n" * 50)  # 250 KB of answers: more than the pipe holds
+    proc.stdin.close()
+    proc.stdout.read(10)  # then stop reading, as `| head -c 10` does
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 1 and not err.strip(), err  # click's exit code for a closed pipe, and quiet
+    decoded = subprocess.run(
+        [*repl, "--length", "5"],
+        input=b"ab\xff\n",
+        capture_output=True,
+        env=subprocess_env(PYTHONIOENCODING="utf-8:strict"),  # the default under many locales
+        timeout=120,
+    )
+    assert decoded.returncode == 0 and b"Traceback" not in decoded.stderr, decoded.stderr
+    assert "'\ufffd'".encode() in decoded.stderr  # the byte is an unknown character, named
+
+
 # --- 10. legacy encodings are read, and the run remembers which -------------------------------------
 
 

@@ -102,6 +102,8 @@ def _errors() -> Iterator[None]:
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/]")
         raise typer.Exit(130) from None
+    except BrokenPipeError:  # the reader stopped early (| head): click ends quietly, with exit code 1
+        raise
     except OSError as exc:  # a file the library does not check first (a full disk, a read-only directory)
         ui.show_os_error(err_console, exc)
         raise typer.Exit(1) from None
@@ -517,9 +519,10 @@ def repl(
         generator.generate([" "], SampleConfig(length=2, seed=0))  # compile now, not on the first prompt
     session = Session(generator, settings, sys.stdout, lambda msg: err_console.print(f"[yellow]{escape(msg)}[/]"))
     console.print(f"[bold]{escape(found)}[/] loaded. {GREETING}")
-    for line in read_lines("> "):
-        if not session.handle(line):
-            return
+    with _errors():
+        for line in read_lines("> "):
+            if not session.handle(line):
+                return
 
 
 EVALUATE_EXAMPLES = """

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
@@ -137,6 +139,8 @@ def read_lines(prompt: str) -> Iterator[str]:
     """Lines typed at ``prompt`` until Ctrl-D; Ctrl-C at the prompt gives a fresh prompt."""
     with contextlib.suppress(ImportError):  # not on every platform
         import readline  # noqa: F401 - line editing and history for input()
+    if isinstance(sys.stdin, io.TextIOWrapper):  # bytes the locale cannot decode become U+FFFD, an unknown character
+        sys.stdin.reconfigure(errors="replace")
     while True:
         try:
             yield input(prompt)
