@@ -92,6 +92,8 @@ def test_local_corpora_come_before_the_corpus_path(in_tmp: Path, monkeypatch: py
 def test_a_path_that_does_not_exist_is_looked_up_by_its_file_name(in_tmp: Path) -> None:
     put(in_tmp / "corpora" / "mine.txt")
     assert resolve_corpus("no/such/dir/mine.txt").name == "mine.txt"
+    with pytest.raises(CorpusError, match="not found"):  # a home directory that does not exist is a path as typed
+        resolve_corpus("~no-such-user-here/yours.txt")
 
 
 def test_unknown_name_says_where_it_looked(in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -533,7 +535,7 @@ def test_auto_is_not_case_sensitive(tmp_path: Path) -> None:
     assert resolve_encoding(write(tmp_path / "a.txt", "“x”".encode("cp1252")), "AUTO") == "cp1252"
 
 
-@pytest.mark.parametrize("name", ["klingon", "base64", "rot13", ""])
+@pytest.mark.parametrize("name", ["klingon", "base64", "rot13", "", "undefined"])
 def test_unknown_encoding(tmp_path: Path, name: str) -> None:
     path = write(tmp_path / "a.txt", b"abc\n")
     with pytest.raises(CorpusError) as info:

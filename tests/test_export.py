@@ -262,6 +262,9 @@ def test_bad_exports_and_models_are_one_line(run: Run, exports: dict[str, Path],
     damaged = tmp_path / "damaged"
     shutil.copytree(exports["litert-int8"], damaged)
     (damaged / INFO_FILE).write_text("{not json")
+    not_an_object = tmp_path / "not-an-object"
+    shutil.copytree(exports["litert-int8"], not_an_object)
+    (not_an_object / INFO_FILE).write_text("null")
     broken = tmp_path / "broken"
     shutil.copytree(exports["litert-int8"], broken)
     (broken / "model.tflite").write_bytes(b"not a model")
@@ -275,6 +278,7 @@ def test_bad_exports_and_models_are_one_line(run: Run, exports: dict[str, Path],
         (["sample", "--model", str(tmp_path / "missing")], "no such file or directory"),
         (["sample", "--model", str(occupied)], "is not a textgen export"),
         (["sample", "--model", str(damaged)], "is damaged"),
+        (["sample", "--model", str(not_an_object)], "is damaged (not a JSON object)"),
         (["sample", "--model", str(broken)], "export the run again"),
         (["sample", "--model", str(exports["litert"]), "--run", "tiny"], "give --run or --model, not both"),
         (["evaluate", "--model", str(exports["litert"])], "give a text FILE"),

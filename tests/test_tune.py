@@ -248,6 +248,13 @@ def test_bad_tune_inputs(tmp_path: Path) -> None:
                           "no such file")  # fmt: skip
 
 
+def test_a_recipe_section_that_is_not_an_object_is_one_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"data": {}, "model": 5}))
+    with pytest.raises(ConfigError, match="its model section is not a JSON object"):
+        read_recipe(bad)
+
+
 def test_a_runs_config_reads_as_its_recipe(trained_run) -> None:
     recipe = read_recipe(trained_run.run.config_path)
     assert recipe == recipe_of(trained_run.run.load_config())

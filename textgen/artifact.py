@@ -85,6 +85,8 @@ class ArtifactInfo:
             raise ConfigError(f"--model {path}: no such file or directory; give a directory made by textgen export")
         try:
             info = json.loads(info_path.read_text(encoding="utf-8"))
+            if not isinstance(info, dict):
+                raise ValueError("not a JSON object")
             if info.pop("textgen_artifact") != ARTIFACT_VERSION:
                 raise ValueError("written by another textgen version")
             chars = info.pop("chars")

@@ -67,7 +67,7 @@ def resolve_corpus(name: str, download: bool = False) -> Path:
 
     With ``download``, a Project Gutenberg name found nowhere is fetched into ./corpora.
     """
-    path = Path(name).expanduser()
+    path = Path(os.path.expanduser(name))
     if path.is_dir():
         raise CorpusError(f"{name} is a directory; give the path of a plain-text file inside it")
     if path.is_file():
@@ -97,7 +97,7 @@ def resolve_corpora(names: list[str], download: bool = False) -> list[Path]:
         raise CorpusError("give a corpus to train on, e.g. textgen train 2600-0.txt")
     files: dict[Path, None] = {}
     for name in names:
-        path = Path(name).expanduser()
+        path = Path(os.path.expanduser(name))
         if path.is_dir():
             found = sorted(p for p in path.rglob("*.txt") if p.is_file() and not _hidden(p.relative_to(path)))
             if not found:
@@ -259,7 +259,7 @@ def _codec(name: str) -> str:
     try:
         codec = codecs.lookup(name).name
         _ASCII_PROBE.decode(codec, errors="replace")  # LookupError for codecs not for text (base64, rot13)
-    except LookupError:
+    except (LookupError, UnicodeError):  # UnicodeError: the "undefined" codec, which refuses everything
         raise CorpusError(
             f"unknown --encoding {name!r}; use auto, or a text encoding Python knows, "
             f"e.g. utf-8, cp1252, latin-1, utf-16"
@@ -515,7 +515,7 @@ def _clean_chunks(path: Path, codec: str) -> Iterator[str]:
 
 def corpus_stem(names: list[str], files: list[Path]) -> str:
     """What a new run (or study) is named after: the book, the directory, or the first pattern's directory."""
-    first = Path(names[0]).expanduser() if names else files[0]
+    first = Path(os.path.expanduser(names[0])) if names else files[0]
     if len(files) == 1:
         return files[0].stem
     return first.name if first.is_dir() else files[0].parent.name

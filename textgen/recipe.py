@@ -50,6 +50,8 @@ def read_recipe(path: Path) -> Recipe:
     recipe: Recipe = {}
     for part, names in RECIPE_FIELDS.items():
         section = data.get(part) or {}
+        if not isinstance(section, dict):
+            raise ConfigError(f"--config {path}: its {part} section is not a JSON object of settings")
         unknown = sorted(set(section) - set(names))
         if unknown and not run_config:
             raise ConfigError(f"--config {path}: unknown {part} settings {unknown} (a recipe holds {list(names)})")
