@@ -403,6 +403,7 @@ def test_bad_training_values(tmp_path: Path, flags: list[str], fragment: str) ->
         (["--top-k", str(2**40)], "--top-k must be 0 (off) or a positive integer"),
         (["--length", str(2**40)], "--length must be a positive integer"),
         (["--length", str(2**30), "--num", "64"], "--length must be such that --length x --num is at most"),
+        (["--length", "10", "--num", "5000000"], "--num must be at most 4,096"),  # 5M batch rows of states
         (["--seed", str(2**40)], "--seed must be an integer in [0, 2**31)"),
     ],
 )
@@ -422,6 +423,7 @@ def test_bad_sampling_values(tmp_path: Path, flags: list[str], fragment: str) ->
         ":len 99999999999999",
         ":len 2000000000",  # an int32, but more text than this machine's memory cap allows
         ":num 99999999999",
+        ":num 5000",
         ":seed 99999999999",
     ],
 )

@@ -15,7 +15,15 @@ from typing import TYPE_CHECKING, Any
 
 from textgen.checkpoint import ensure_writable, find_run, study_path
 from textgen.cluster import cluster_role, make_strategy
-from textgen.config import DataConfig, DistillConfig, ModelConfig, PruneConfig, TrainConfig, check_fits_in_memory
+from textgen.config import (
+    MAX_SAMPLES,
+    DataConfig,
+    DistillConfig,
+    ModelConfig,
+    PruneConfig,
+    TrainConfig,
+    check_fits_in_memory,
+)
 from textgen.device import apply_profile, configure_for_inference, import_tensorflow, resolve_profile
 from textgen.errors import ConfigError
 from textgen.idcache import cache_root
@@ -180,8 +188,8 @@ def evaluate(
 ) -> Evaluation:
     """Cross-entropy of a run on its ``split`` or on a text ``file``, or of an exported ``model`` on a ``file``
     (see ``textgen.evaluate``), read as the run's batch of streams or as ``streams`` of them."""
-    if streams is not None and not 0 < streams <= 4096:
-        raise ConfigError(f"--streams must be between 1 and 4096 (got {streams})")
+    if streams is not None and not 0 < streams <= MAX_SAMPLES:
+        raise ConfigError(f"--streams must be between 1 and {MAX_SAMPLES} (got {streams})")
     if model is not None:
         from textgen.artifact import evaluate_artifact
 

@@ -33,6 +33,7 @@ def _require(ok: bool, field_name: str, rule: str, value: Any) -> None:
 
 
 INT32_MAX = 2**31 - 1  # the sampler's and the data pipeline's integers are int32
+MAX_SAMPLES = 4096  # samples generated at once, as --streams scored at once
 
 
 def _positive_int(cfg: Any, *names: str) -> None:
@@ -346,6 +347,8 @@ class SampleConfig:
 
     def __post_init__(self) -> None:
         _positive_int(self, "length", "num")
+        # Each sample is a row of the sampler's batch, with its own LSTM states and logits.
+        _require(self.num <= MAX_SAMPLES, "num", f"at most {MAX_SAMPLES:,} (one batch row each)", self.num)
         total, most = self.length * self.num, max_generated_chars()
         _require(total <= most, "length", f"such that --length x --num is at most {most:,} characters here", total)
         temperature_ok = _finite(self.temperature) and (self.temperature == 0 or 1e-3 <= self.temperature <= 1e3)
