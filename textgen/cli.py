@@ -480,7 +480,7 @@ def sample(
     with _errors():
         settings = SampleConfig(length=length, num=num, temperature=temp, top_k=top_k, top_p=top_p, seed=seed).seeded()
         generator, found = api.open_generator(checkpoint_dir, run, "last" if last else "best", model)
-        ui.warn_unknown(err_console, generator.vocab.unknown_chars(prime))
+        ui.warn(err_console, generator.vocab.unknown_note(prime))
         prompts = [prime] * settings.num
         if settings.num == 1 and console.is_terminal and not as_json:
             ui.stream_sample(console, prime, generator.stream(prompts, settings))

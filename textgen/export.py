@@ -24,7 +24,16 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from textgen.artifact import LITERT_FILE, STEP_SIGNATURE, ArtifactInfo, ExportFormat, Quantize, is_artifact, state_names
+from textgen.artifact import (
+    INFO_FILE,
+    LITERT_FILE,
+    STEP_SIGNATURE,
+    ArtifactInfo,
+    ExportFormat,
+    Quantize,
+    is_artifact,
+    state_names,
+)
 from textgen.checkpoint import Run
 from textgen.errors import CheckpointError, ConfigError
 from textgen.files import fsync_directory
@@ -87,7 +96,7 @@ def _write(generator: Generator, info: ArtifactInfo, directory: Path) -> None:
         with tempfile.TemporaryDirectory(prefix="textgen-export-") as scratch:
             tf.saved_model.save(module, scratch, signatures={STEP_SIGNATURE: signatures[STEP_SIGNATURE]})
             (directory / LITERT_FILE).write_bytes(litert_bytes(scratch, info.quantize))
-    (directory / "textgen.json").write_text(info.to_json(), encoding="utf-8")
+    (directory / INFO_FILE).write_text(info.to_json(), encoding="utf-8")
 
 
 def litert_bytes(saved_model: str, quantize: str) -> bytes:

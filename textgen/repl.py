@@ -31,7 +31,7 @@ _SETTINGS = {"temp": "temperature", "len": "length", "topk": "top_k", "topp": "t
 
 
 class TextGenerator(Protocol):
-    """What the REPL needs of ``textgen.sampling.Generator``."""
+    """What the REPL needs of a ``textgen.generation.Sampler`` (a run's, or an export's)."""
 
     @property
     def vocab(self) -> Vocabulary: ...
@@ -104,9 +104,9 @@ class Session:
 
     def generate(self, prompt: str) -> None:
         """Stream the continuation of ``prompt``; Ctrl-C stops it and keeps the REPL going."""
-        unknown = self.generator.vocab.unknown_chars(prompt)
-        if unknown:
-            self.warn(f"skipping characters the model has never seen: {' '.join(repr(c) for c in unknown)}")
+        note = self.generator.vocab.unknown_note(prompt)
+        if note:
+            self.warn(note)
         settings = self.settings
         if settings.seed is not None:  # a fixed seed still gives each turn its own text
             settings = dataclasses.replace(settings, seed=(settings.seed + self.turn) % 2**31)

@@ -224,10 +224,10 @@ def show_train_result(console: Console, result: TrainResult, as_json: bool) -> N
 # --- sample, repl ---------------------------------------------------------------------------
 
 
-def warn_unknown(err_console: Console, unknown: list[str]) -> None:
-    if unknown:
-        chars = " ".join(repr(c) for c in unknown)
-        err_console.print(f"[yellow]warning:[/] skipping prime characters the model has never seen: {escape(chars)}")
+def warn(err_console: Console, note: str | None) -> None:
+    """A warning on one line of stderr, if there is one."""
+    if note:
+        err_console.print(f"[yellow]warning:[/] {escape(note)}")
 
 
 def stream_sample(console: Console, prime: str, pieces: Iterator[Piece]) -> None:

@@ -110,6 +110,11 @@ class Vocabulary:
         missing = ~np.isin(codes, self._codes)
         return [chr(c) for c in codes[missing]]
 
+    def unknown_note(self, prompt: str) -> str | None:
+        """What the sampler skips of ``prompt`` (characters the model has never seen), or None."""
+        unknown = self.unknown_chars(prompt)
+        return f"skipping characters the model has never seen: {' '.join(map(repr, unknown))}" if unknown else None
+
     def to_json(self) -> str:
         return json.dumps({"chars": "".join(self.chars)}, ensure_ascii=False)
 
