@@ -15,7 +15,7 @@ from textgen.checkpoint import Run, check_run_name, ensure_writable, find_run, l
 from textgen.config import RunConfig
 from textgen.data import StreamLayout
 from textgen.errors import CheckpointError, ConfigError
-from textgen.files import atomic_path, atomic_write_text
+from textgen.files import atomic_path, atomic_write_text, fsync_tree
 from textgen.model import build_model, reset_states
 from textgen.vocab import Vocabulary
 
@@ -51,6 +51,17 @@ def test_atomic_path_creates_nothing_when_the_body_raises(tmp_path: Path) -> Non
         tmp.write_text("partial")
         raise KeyboardInterrupt
     assert list(tmp_path.iterdir()) == []
+
+
+def test_fsync_tree_syncs_every_file_and_directory_of_a_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tree = tmp_path / "export"
+    (tree / "variables").mkdir(parents=True)
+    for name in ("textgen.json", "model.tflite", "variables/data"):
+        (tree / name).write_text(name)
+    synced, fsync = [], os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), fsync(fd)))
+    fsync_tree(tree)
+    assert sorted(synced) == sorted(str(p) for p in [tree, *tree.rglob("*")])
 
 
 def test_atomic_write_text(tmp_path: Path) -> None:

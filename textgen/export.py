@@ -36,7 +36,7 @@ from textgen.artifact import (
 )
 from textgen.checkpoint import Run
 from textgen.errors import CheckpointError, ConfigError
-from textgen.files import fsync_directory
+from textgen.files import fsync_path, fsync_tree
 from textgen.results import ExportResult
 from textgen.sampling import Generator
 from textgen.vocab import UNKNOWN_CHAR
@@ -154,11 +154,12 @@ def export_module(generator: Generator) -> tuple[tf.Module, dict[str, tf.types.e
 
 def _replace_directory(new: Path, path: Path) -> None:
     """Put directory ``new`` at ``path``, replacing an earlier export there (a rename each way)."""
+    fsync_tree(new)
     old: Path | None = None
     if path.exists():
         old = path.parent / f".{path.name}.old-{secrets.token_hex(4)}"
         os.replace(path, old)
     os.replace(new, path)
-    fsync_directory(path.parent)
+    fsync_path(path.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)

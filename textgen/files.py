@@ -25,17 +25,25 @@ def atomic_path(path: Path) -> Iterator[Path]:
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-        fsync_directory(path.parent)  # the rename itself survives a power cut only once the directory is synced
+        fsync_path(path.parent)  # the rename itself survives a power cut only once the directory is synced
     finally:
         tmp.unlink(missing_ok=True)
 
 
-def fsync_directory(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """Sync a file, or a directory's entries (a rename in it survives a power cut only once it is synced)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def fsync_tree(path: Path) -> None:
+    """Sync every file and directory under ``path`` (and ``path``): before a rename publishes the tree, so a
+    power cut cannot leave it published with empty files."""
+    for item in [*path.rglob("*"), path]:
+        fsync_path(item)
 
 
 TEMPORARY = re.compile(r"^\..+\.\d+-[0-9a-f]{8}(\.[^/]*)?$")  # the names atomic_path writes to

@@ -26,7 +26,7 @@ import numpy as np
 
 from textgen.corpus import TextScan, kept_chunks, scan_text
 from textgen.errors import CorpusError
-from textgen.files import fsync_directory
+from textgen.files import fsync_path, fsync_tree
 from textgen.vocab import DOCUMENT_BOUNDARY, Vocabulary, merge_counts
 
 FORMAT = 1  # bump when the ids an entry holds would change for the same inputs
@@ -151,13 +151,13 @@ def _encode(source: CorpusSource, entry: Path) -> None:
             "files": [str(f) for f in source.files],
         }
         (scratch / "meta.json").write_text(json.dumps(meta, ensure_ascii=False), encoding="utf-8")
-        fsync_directory(scratch)
+        fsync_tree(scratch)
         try:
             os.rename(scratch, entry)
         except OSError:
             if not (entry / "meta.json").is_file():  # not another process's finished entry: a real failure
                 raise
-        fsync_directory(entry.parent)
+        fsync_path(entry.parent)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
