@@ -315,6 +315,11 @@ class RunConfig:
     distill: DistillConfig | None = None  # a student trained by ``textgen distill``
     prune: PruneConfig | None = None  # a run made by ``textgen prune``
 
+    @property
+    def train_streams(self) -> int:
+        """Streams of the training split read per optimizer step: ``--batch-size`` x ``--accumulate``."""
+        return self.data.batch_size * self.training.accumulate
+
     def to_dict(self) -> dict[str, Any]:
         return {
             f.name: to_dict(getattr(self, f.name))

@@ -282,8 +282,7 @@ def _plan_resume(
         )
     check_corpus_unchanged(run, saved.data)
     config = dataclasses.replace(saved, training=cfgmod.replace(saved.training, **training))
-    streams = config.data.batch_size * config.training.accumulate
-    splits = load_splits(config.data, cache_dir, run.load_vocab(), train_streams=streams)
+    splits = load_splits(config.data, cache_dir, run.load_vocab(), train_streams=config.train_streams)
     if not run.has_state():  # stopped before its first save: start it cleanly
         run.start_over()
         return TrainPlan(run, config, splits, lock=lock)
@@ -604,8 +603,7 @@ class EpochProgress:
 
 def training_layout(plan: TrainPlan) -> StreamLayout:
     """The training split's layout: ``--batch-size`` x ``--accumulate`` streams."""
-    data = plan.config.data
-    return StreamLayout.of(len(plan.splits.train), data.batch_size * plan.config.training.accumulate, data.seq_len)
+    return StreamLayout.of(len(plan.splits.train), plan.config.train_streams, plan.config.data.seq_len)
 
 
 def run_epoch(

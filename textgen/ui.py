@@ -146,7 +146,7 @@ class TrainingDisplay:
     def start(self, plan: TrainPlan, steps: int) -> None:
         cfg, splits = plan.config, plan.splits
         self.epochs, self.steps = cfg.training.epochs, steps
-        self.chars_per_step = cfg.data.batch_size * cfg.training.accumulate * cfg.data.seq_len
+        self.chars_per_step = cfg.train_streams * cfg.data.seq_len
         if not self.as_json:
             where = f"resuming at epoch {plan.resume_state['epoch'] + 1}" if plan.resume_state else "new run"
             training = {
@@ -409,7 +409,7 @@ class TrialLine:
 
     def start(self, plan: TrainPlan, steps: int) -> None:
         cfg = plan.config
-        self.steps, self.chars_per_step = steps, cfg.data.batch_size * cfg.training.accumulate * cfg.data.seq_len
+        self.steps, self.chars_per_step = steps, cfg.train_streams * cfg.data.seq_len
         self.before = float((plan.resume_state or {}).get("seconds", 0.0))
 
     def epoch_begin(self, epoch: int, first_batch: int) -> None:
