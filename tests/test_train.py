@@ -13,6 +13,7 @@ from helpers import TINY_DATA, TINY_MODEL, read_history, steps_per_epoch, write_
 from textgen.checkpoint import Run, resume_hint
 from textgen.device import CPU
 from textgen.errors import CheckpointError, ConfigError, TrainingInterrupted
+from textgen.results import EpochLog
 from textgen.train import NoProgress, TrainPlan, cosine_lr, plan_training, train
 
 
@@ -272,13 +273,27 @@ def test_resume_accepts_new_epochs_and_time_budget(trained_run) -> None:
         run_name="tiny",
         resume=True,
         model={"units": None},  # flags the user did not give
-        training={"epochs": 9, "time_budget": 30.0},
+        training={"epochs": 9, "time_budget": 3600.0},  # more than the run has trained
     )
     assert plan.config.training.epochs == 9
-    assert plan.config.training.time_budget == 30.0
+    assert plan.config.training.time_budget == 3600.0
     assert plan.config.model == trained_run.plan.config.model
     assert plan.splits.vocab == trained_run.plan.splits.vocab
     np.testing.assert_array_equal(plan.splits.train, trained_run.plan.splits.train)
+
+
+def test_what_a_resume_changes_is_saved_with_the_run(trained_run, tmp_path: Path) -> None:
+    """A run extended with --epochs (or --time-budget) and stopped again resumes with a plain --resume, on the
+    extended schedule, and the run's config says what it now trains for."""
+    copy = trained_run.copy_to(tmp_path)
+    extended = plan_training(
+        None, CPU, checkpoint_dir=copy.path.parent, run_name=copy.name, resume=True, training={"epochs": 9}
+    )
+    del extended  # planned, then stopped before its first batch
+    assert copy.load_config().training.epochs == 9
+    again = plan_training(None, CPU, checkpoint_dir=copy.path.parent, run_name=copy.name, resume=True)
+    assert again.config.training.epochs == 9
+    assert again.config == copy.load_config()
 
 
 def test_resume_without_any_run(tmp_path: Path) -> None:
@@ -380,6 +395,44 @@ def test_cosine_schedule_with_a_budget_anneals_to_zero_by_the_deadline(tmp_path:
     assert rates[-1] < 0.05 * 2e-3  # the last batch ran in the final few percent of the budget
     assert all(row["seconds"] < 3.0 for row in history[:-1])  # no epoch began after the deadline
     assert rates == sorted(rates, reverse=True)
+
+
+def test_the_time_budget_is_the_runs_and_a_resumed_run_trains_for_what_is_left(tmp_path: Path) -> None:
+    """--time-budget counts the run's training across invocations, as --epochs counts its epochs: a run stopped
+    and resumed ends when the run has trained that long, its cosine rate going on down (a budget per
+    invocation would train another whole budget, annealing over it from a higher rate)."""
+    corpus = write_corpus(tmp_path / "longer.txt", 20_000)
+
+    class CtrlCAfterAnEpoch(NoProgress):
+        epochs = 0
+
+        def epoch_end(self, log: EpochLog) -> None:
+            self.epochs += 1
+
+        def batch_end(self, batch: int, loss: float) -> None:
+            if self.epochs:
+                signal.raise_signal(signal.SIGINT)
+
+    plan = new_plan(tmp_path, corpus, time_budget=600.0, epochs=50, lr_schedule="cosine", patience=50)
+    with pytest.raises(TrainingInterrupted):
+        train(plan, CtrlCAfterAnEpoch())
+    before = plan.run.load_state()["seconds"]
+    assert len(read_history(plan.run.path)) == 1
+    assert resume_plan(tmp_path).config.training.time_budget == 600.0  # without the flag: the run's budget
+
+    budget = before + 3.0  # the run's new total: 3 s more
+    result = train(resume_plan(tmp_path, time_budget=budget))
+    assert result.stop_reason == "time_budget"
+    trained = plan.run.load_state()["seconds"]
+    # It stops within a batch and a validation of the budget, not after another `before`.
+    assert budget <= trained < budget + before / 2, f"{trained:.2f} s trained, {before:.2f} s of them before the stop"
+    rates = [row["learning_rate"] for row in read_history(plan.run.path)]
+    assert len(rates) > 1
+    assert rates == sorted(rates, reverse=True)
+    assert rates[-1] < 0.05 * 2e-3  # annealed to zero by the run's deadline
+
+    with pytest.raises(ConfigError, match=r"trained for all of its --time-budget \d+\.\ds .*--time-budget 30m\d\ds"):
+        resume_plan(tmp_path)
 
 
 def test_plateau_schedule_cuts_the_rate_when_validation_stalls(tmp_path: Path, tiny_corpus: Path) -> None:

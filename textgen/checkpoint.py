@@ -74,9 +74,15 @@ class Run:
 
     def create(self, cfg: RunConfig, vocab: Vocabulary) -> None:
         """Write the config and vocabulary into the (reserved) directory."""
+        self.save_config(cfg)
+        with self._saving("the run's vocabulary"):
+            atomic_write_text(self.vocab_path, vocab.to_json() + "\n")
+
+    def save_config(self, cfg: RunConfig) -> None:
+        """Write the run's config: when it is created, and when a resume changes what may change (its epochs,
+        time budget, save interval, strategy), so that a plain ``--resume`` after that keeps the change."""
         with self._saving("the run's config"):
             atomic_write_text(self.config_path, json.dumps(cfg.to_dict(), indent=2) + "\n")
-            atomic_write_text(self.vocab_path, vocab.to_json() + "\n")
 
     def save_best(self, model: keras.Model, val_loss: float) -> None:
         """Replace the best weights atomically; the file carries its validation loss, so a run killed

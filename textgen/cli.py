@@ -228,7 +228,12 @@ def train(
     ] = None,
     epochs: Annotated[int | None, _option("Maximum epochs", "Optimisation", TRAINING.epochs)] = None,
     time_budget: Annotated[
-        str | None, _option("Stop cleanly after this long, e.g. 90s, 30m, 1h30m", "Optimisation")
+        str | None,
+        _option(
+            "Stop cleanly once the run has trained this long, e.g. 90s, 30m, 1h30m (resumes included: "
+            "--resume trains for what is left, a longer one extends the run)",
+            "Optimisation",
+        ),
     ] = None,
     seed: Annotated[int | None, _option("Random seed", "Optimisation", TRAINING.seed)] = None,
     accumulate: Annotated[
@@ -316,7 +321,9 @@ def train(
 
 # Options shared by the commands that train a run from another (distill, prune).
 EpochsOption = Annotated[int | None, _option("Maximum epochs", "Optimisation", TRAINING.epochs)]
-TimeBudgetOption = Annotated[str | None, _option("Stop cleanly after this long, e.g. 10m", "Optimisation")]
+TimeBudgetOption = Annotated[
+    str | None, _option("Stop cleanly once the run has trained this long, e.g. 10m", "Optimisation")
+]
 TrainSeedOption = Annotated[int | None, _option("Random seed", "Optimisation", TRAINING.seed)]
 DeviceOption = Annotated[Device, _option("Device profile", "Run")]
 RunsDirOption = Annotated[Path, _option("Where runs are saved", "Run")]

@@ -170,7 +170,7 @@ class TrainConfig:
     lr: float = 2e-3
     clip_norm: float = 5.0
     seed: int = 0
-    time_budget: float | None = None  # seconds per invocation of train; None means no limit
+    time_budget: float | None = None  # seconds of training for the whole run, resumes included; None: no limit
     patience: int = 3  # epochs without validation improvement before stopping
     lr_patience: int = 1  # epochs without improvement before the learning rate is cut
     lr_factor: float = 0.5
@@ -256,6 +256,15 @@ def parse_duration(text: str, flag_name: str = "--time-budget") -> float:
     if total <= 0:
         raise ConfigError(f"{flag_name} must be positive (got {text!r})")
     return total
+
+
+def format_seconds(seconds: float) -> str:
+    """``3h02m``, ``4m05s`` or ``12.3s``: a duration ``parse_duration`` reads back."""
+    if seconds >= 3600:
+        return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
+    if seconds >= 60:
+        return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+    return f"{seconds:.1f}s"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -56,6 +56,7 @@ from textgen.config import (
     RunConfig,
     TrainConfig,
     check_fits_in_memory,
+    format_seconds,
 )
 from textgen.corpus import corpus_fingerprint, corpus_stem, resolve_corpora, resolve_encoding, same_codec
 from textgen.data import Splits, StreamLayout, distributed_batches, load_splits
@@ -283,17 +284,32 @@ def _plan_resume(
     check_corpus_unchanged(run, saved.data)
     config = dataclasses.replace(saved, training=cfgmod.replace(saved.training, **training))
     splits = load_splits(config.data, cache_dir, run.load_vocab(), train_streams=config.train_streams)
-    if not run.has_state():  # stopped before its first save: start it cleanly
+    state = None
+    if run.has_state():
+        run.check_usable()  # a damaged resume point is reported, never silently replaced
+        state = run.load_state()
+        _check_room_to_train(run.name, config.training, state)
+    else:  # stopped before its first save: start it cleanly
         run.start_over()
-        return TrainPlan(run, config, splits, lock=lock)
-    run.check_usable()  # a damaged resume point is reported, never silently replaced
-    state = run.load_state()
-    if state["epoch"] >= config.training.epochs:
+    if config != saved:
+        run.save_config(config)
+    return TrainPlan(run, config, splits, state, lock)
+
+
+def _check_room_to_train(name: str, training: TrainConfig, state: dict[str, Any]) -> None:
+    """Refuse to resume a run that has done all its epochs or trained for all its time budget."""
+    if state["epoch"] >= training.epochs:
         raise ConfigError(
-            f"run {run.name!r} has done all {config.training.epochs} epochs; "
+            f"run {name!r} has done all {training.epochs} epochs; "
             f"add --epochs {state['epoch'] + 10} (or more) to train it further"
         )
-    return TrainPlan(run, config, splits, state, lock)
+    trained = float(state.get("seconds", 0.0))
+    if training.time_budget is not None and trained >= training.time_budget:
+        raise ConfigError(
+            f"run {name!r} has trained for all of its --time-budget {format_seconds(training.time_budget)} (the "
+            f"budget is the run's, resumes included); give a longer one, e.g. --time-budget "
+            f"{format_seconds(trained + 1800)}, to train it further"
+        )
 
 
 # --- the model and its compiled steps -----------------------------------------------------
@@ -668,7 +684,8 @@ def validate(
 
 @dataclass
 class Clock:
-    """A run's training time across invocations, and this invocation's ``--time-budget``.
+    """A run's training time across invocations, and its ``--time-budget`` (for the whole run: a run resumed after
+    a stop trains for what is left of it, on the same schedule, as ``--epochs`` counts the run's epochs).
 
     Under a multi-worker strategy every decision taken from the time (the schedule, the budget) or from a
     stop signal must be the same on every worker, or one would wait for another forever: ``synchronise``
@@ -678,7 +695,7 @@ class Clock:
     """
 
     before: float  # seconds trained by earlier invocations
-    budget: float | None
+    budget: float | None  # seconds for the whole run
     agree: Callable[[bool, float], tuple[bool, float]]  # (stop asked here, seconds here) -> (anywhere, agreed)
     started: float = field(default_factory=time.monotonic)
     agreed: float = 0.0  # this invocation's seconds at the last synchronise
@@ -694,7 +711,7 @@ class Clock:
         return self.before + self.agreed
 
     def expired(self) -> bool:
-        return self.budget is not None and self.agreed >= self.budget
+        return self.budget is not None and self.elapsed() >= self.budget
 
 
 def compile_agreement(strategy: tf.distribute.Strategy) -> Callable[[bool, float], tuple[bool, float]]:
@@ -723,8 +740,8 @@ def build_callbacks(
         """How far through its schedules the run is: through its epochs, or through its time budget if that
         is further on, so the schedules end with whichever limit stops the run first."""
         by_batches = (epoch * steps + batch) / (tcfg.epochs * steps)
-        if clock.budget:  # a resumed run anneals over what it has done plus its new budget
-            return max(by_batches, clock.elapsed() / (clock.before + clock.budget))
+        if clock.budget:
+            return max(by_batches, clock.elapsed() / clock.budget)
         return by_batches
 
     # A pruned run's loss rises by design while its sparsity ramps up: it does not stop early, and its best

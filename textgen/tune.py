@@ -463,7 +463,7 @@ def _run_trial(
                 model=recipe["model"],
                 training={
                     **recipe["training"],
-                    "time_budget": trial_budget - trained,
+                    "time_budget": trial_budget,  # the run's: a resumed trial trains for what is left
                     "epochs": TRIAL_EPOCHS,
                     "seed": settings["seed"],
                 },

@@ -24,6 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from textgen.checkpoint import Run, checkpoint_dir_flag, resume_hint
+from textgen.config import format_seconds
 from textgen.errors import TextgenError, TrainingInterrupted
 from textgen.results import (
     EpochLog,
@@ -58,15 +59,6 @@ def _finite(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _finite(v) for k, v in value.items()}
     return value
-
-
-def format_seconds(seconds: float) -> str:
-    """``3h02m``, ``4m05s`` or ``12.3s``."""
-    if seconds >= 3600:
-        return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
-    if seconds >= 60:
-        return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
-    return f"{seconds:.1f}s"
 
 
 def describe(values: dict[str, Any]) -> str:
