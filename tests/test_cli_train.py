@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -232,7 +233,8 @@ def test_train_end_to_end(tmp_path: Path) -> None:
     assert "epoch 1/2" in out and "epoch 2/2" in out
     assert "done (all epochs done) after 2 epochs" in out
     assert "bits/char" in out
-    assert "continue with: textgen train --resume --run r --checkpoint-dir X" in out
+    hint = "continue with: textgen train --resume --run r --checkpoint-dir X --epochs 12"
+    assert hint in out  # a finished run is told what it needs to train further
     assert "Traceback" not in proc.stderr
     assert "oneDNN" not in proc.stderr and "cpu_feature_guard" not in proc.stderr  # TensorFlow's start-up chatter
     run = tmp_path / "X" / "r"
@@ -240,6 +242,10 @@ def test_train_end_to_end(tmp_path: Path) -> None:
         assert (run / name).is_file(), name
     assert [row["epoch"] for row in read_history(run)] == [0, 1]
     assert json.loads((run / "state.json").read_text())["finished"] == "epochs"
+    again = run_textgen(hint.removeprefix("continue with: textgen ").split(), cwd=tmp_path)  # the command as shown
+    assert again.returncode == 0, again.stderr
+    assert "done (all epochs done) after 12 epochs" in again.stdout
+    assert [row["epoch"] for row in read_history(run)] == list(range(12))
 
 
 def test_ctrl_c_saves_and_resume_continues(tmp_path: Path) -> None:
@@ -269,9 +275,9 @@ def test_ctrl_c_saves_and_resume_continues(tmp_path: Path) -> None:
     assert (run / state["last_weights"]).is_file() and (run / state["optimizer"]).is_file()
 
     resume_args = ["train", "--resume", "--run", "r", "--checkpoint-dir", "ck", "--device", "cpu", "--epochs", "2"]
-    proc2 = run_textgen(resume_args, cwd=tmp_path)
+    proc2 = run_textgen([*resume_args, "--time-budget", "10m"], cwd=tmp_path)
     assert proc2.returncode == 0, proc2.stderr
-    assert "resuming at epoch 2" in proc2.stdout
+    assert re.search(r"resuming at epoch 2, [\d.ms]+ trained of its 10m00s", proc2.stdout), proc2.stdout
     assert "done" in proc2.stdout
     assert [row["epoch"] for row in read_history(run)] == [0, 1]
     assert json.loads((run / "state.json").read_text())["finished"] == "epochs"

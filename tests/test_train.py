@@ -282,18 +282,17 @@ def test_resume_accepts_new_epochs_and_time_budget(trained_run) -> None:
     np.testing.assert_array_equal(plan.splits.train, trained_run.plan.splits.train)
 
 
-def test_what_a_resume_changes_is_saved_with_the_run(trained_run, tmp_path: Path) -> None:
-    """A run extended with --epochs (or --time-budget) and stopped again resumes with a plain --resume, on the
-    extended schedule, and the run's config says what it now trains for."""
+def test_the_epochs_and_budget_a_resume_gives_are_saved_with_the_run(trained_run, tmp_path: Path) -> None:
+    """A run extended with --epochs (or --time-budget) and stopped again resumes with a plain --resume on the
+    extended schedule; how that invocation ran (--save-every, --strategy) is not kept."""
     copy = trained_run.copy_to(tmp_path)
-    extended = plan_training(
-        None, CPU, checkpoint_dir=copy.path.parent, run_name=copy.name, resume=True, training={"epochs": 9}
-    )
-    del extended  # planned, then stopped before its first batch
-    assert copy.load_config().training.epochs == 9
-    again = plan_training(None, CPU, checkpoint_dir=copy.path.parent, run_name=copy.name, resume=True)
-    assert again.config.training.epochs == 9
-    assert again.config == copy.load_config()
+    saved = copy.load_config().training
+    extend = {"epochs": 5, "time_budget": 3600.0, "save_every": 7.0}
+    train(plan_training(None, CPU, checkpoint_dir=tmp_path, run_name=copy.name, resume=True, training=extend))
+    kept = copy.load_config().training
+    assert (kept.epochs, kept.time_budget, kept.save_every) == (5, 3600.0, saved.save_every)
+    with pytest.raises(ConfigError, match=r"has done all 5 epochs; add --epochs 15 \(or more\)"):
+        plan_training(None, CPU, checkpoint_dir=tmp_path, run_name=copy.name, resume=True)
 
 
 def test_resume_without_any_run(tmp_path: Path) -> None:
@@ -431,8 +430,13 @@ def test_the_time_budget_is_the_runs_and_a_resumed_run_trains_for_what_is_left(t
     assert rates == sorted(rates, reverse=True)
     assert rates[-1] < 0.05 * 2e-3  # annealed to zero by the run's deadline
 
-    with pytest.raises(ConfigError, match=r"trained for all of its --time-budget \d+\.\ds .*--time-budget 30m\d\ds"):
+    config_before = plan.run.config_path.read_text()
+    with pytest.raises(
+        ConfigError,
+        match=r"has done [\dhms.]+ of training, its --time-budget [\dhms.]+; add --time-budget \d+m00s \(the run's in all\)",
+    ):
         resume_plan(tmp_path)
+    assert plan.run.config_path.read_text() == config_before  # a refused resume changes nothing
 
 
 def test_plateau_schedule_cuts_the_rate_when_validation_stalls(tmp_path: Path, tiny_corpus: Path) -> None:

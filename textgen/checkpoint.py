@@ -480,9 +480,9 @@ def check_corpus_unchanged(run: Run, data: DataConfig) -> None:
         )
 
 
-def resume_hint(run: Run) -> str:
-    """How to continue ``run`` from the command line."""
-    return f"continue with: textgen train --resume --run {run.name}{checkpoint_dir_flag(run.path.parent)}"
+def resume_hint(run: Run, more: str = "") -> str:
+    """How to continue ``run`` from the command line; ``more``: the flags a finished run needs to train further."""
+    return f"continue with: textgen train --resume --run {run.name}{checkpoint_dir_flag(run.path.parent)}{more}"
 
 
 def checkpoint_dir_flag(checkpoint_dir: Path) -> str:

@@ -267,6 +267,11 @@ def format_seconds(seconds: float) -> str:
     return f"{seconds:.1f}s"
 
 
+def longer_budget(trained: float) -> str:
+    """A ``--time-budget`` to suggest for training a run further: half an hour more, in whole minutes."""
+    return format_seconds(math.ceil((trained + 1800) / 60) * 60)
+
+
 @dataclasses.dataclass(frozen=True)
 class DeviceProfile:
     """A named bundle of device settings, printed at start and saved with the run."""

@@ -57,6 +57,7 @@ from textgen.config import (
     TrainConfig,
     check_fits_in_memory,
     format_seconds,
+    longer_budget,
 )
 from textgen.corpus import corpus_fingerprint, corpus_stem, resolve_corpora, resolve_encoding, same_codec
 from textgen.data import Splits, StreamLayout, distributed_batches, load_splits
@@ -291,25 +292,31 @@ def _plan_resume(
         _check_room_to_train(run.name, config.training, state)
     else:  # stopped before its first save: start it cleanly
         run.start_over()
-    if config != saved:
-        run.save_config(config)
     return TrainPlan(run, config, splits, state, lock)
 
 
 def _check_room_to_train(name: str, training: TrainConfig, state: dict[str, Any]) -> None:
-    """Refuse to resume a run that has done all its epochs or trained for all its time budget."""
+    """Refuse to resume a run that has done all its epochs, or ended by spending all its time budget (a run
+    stopped past its budget, before validating its last epoch, resumes to validate it), saying what to add."""
+    trained, budget = float(state.get("seconds", 0.0)), training.time_budget
+    what, add = [], []
     if state["epoch"] >= training.epochs:
-        raise ConfigError(
-            f"run {name!r} has done all {training.epochs} epochs; "
-            f"add --epochs {state['epoch'] + 10} (or more) to train it further"
-        )
-    trained = float(state.get("seconds", 0.0))
-    if training.time_budget is not None and trained >= training.time_budget:
-        raise ConfigError(
-            f"run {name!r} has trained for all of its --time-budget {format_seconds(training.time_budget)} (the "
-            f"budget is the run's, resumes included); give a longer one, e.g. --time-budget "
-            f"{format_seconds(trained + 1800)}, to train it further"
-        )
+        what.append(f"all {training.epochs} epochs")
+        add.append(f"--epochs {state['epoch'] + 10} (or more)")
+    if state.get("finished") is not None and budget is not None and trained >= budget:
+        what.append(f"{format_seconds(trained)} of training, its --time-budget {format_seconds(budget)}")
+        add.append(f"--time-budget {longer_budget(trained)} (the run's in all)")
+    if what:
+        raise ConfigError(f"run {name!r} has done {' and '.join(what)}; add {' and '.join(add)} to train it further")
+
+
+def _keep_extension(run: Run, config: RunConfig) -> None:
+    """Save the epochs and time budget a resume gave with the run, so that a plain ``--resume`` after it keeps
+    them (not its strategy or save interval: those say how one invocation runs, not what the run is)."""
+    saved = run.load_config()
+    kept = dataclasses.replace(saved.training, epochs=config.training.epochs, time_budget=config.training.time_budget)
+    if kept != saved.training:
+        run.save_config(dataclasses.replace(saved, training=kept))
 
 
 # --- the model and its compiled steps -----------------------------------------------------
@@ -504,6 +511,8 @@ def _train(
             f"--batch-size {cfg.data.batch_size} must divide evenly over {strategy.num_replicas_in_sync} replicas"
         )
     check_same_plan(plan, strategy)
+    if plan.chief:
+        _keep_extension(run, cfg)
     trainer = build_trainer(cfg, strategy)
     layout = training_layout(plan)
     steps = layout.batches

@@ -24,13 +24,14 @@ from rich.table import Table
 from rich.text import Text
 
 from textgen.checkpoint import Run, checkpoint_dir_flag, resume_hint
-from textgen.config import format_seconds
+from textgen.config import format_seconds, longer_budget
 from textgen.errors import TextgenError, TrainingInterrupted
 from textgen.results import (
     EpochLog,
     Evaluation,
     ExportResult,
     RunSummary,
+    StopReason,
     StudyResult,
     TrainResult,
     TrialSummary,
@@ -140,7 +141,14 @@ class TrainingDisplay:
         self.epochs, self.steps = cfg.training.epochs, steps
         self.chars_per_step = cfg.train_streams * cfg.data.seq_len
         if not self.as_json:
-            where = f"resuming at epoch {plan.resume_state['epoch'] + 1}" if plan.resume_state else "new run"
+            where = "new run"
+            if plan.resume_state:
+                budget = cfg.training.time_budget
+                where = (
+                    f"resuming at epoch {plan.resume_state['epoch'] + 1}, "
+                    f"{format_seconds(plan.resume_state.get('seconds', 0.0))} trained"
+                    f"{f' of its {format_seconds(budget)}' if budget else ''}"
+                )
             training = {
                 **dataclasses.asdict(cfg.training),
                 "batch_size": cfg.data.batch_size,
@@ -210,7 +218,11 @@ def show_train_result(console: Console, result: TrainResult, as_json: bool) -> N
         highlight=False,
     )
     console.print(run.loss_curve_path.read_text(encoding="utf-8"), markup=False, end="")
-    console.print(f"saved to {run.path}; {resume_hint(run)}", markup=False)
+    more = {
+        StopReason.EPOCHS: f" --epochs {result.epochs + 10}",
+        StopReason.TIME_BUDGET: f" --time-budget {longer_budget(result.seconds)}",
+    }.get(result.stop_reason, "")
+    console.print(f"saved to {run.path}; {resume_hint(run, more)}", markup=False)
 
 
 # --- sample, repl ---------------------------------------------------------------------------
