@@ -79,8 +79,8 @@ class Run:
             atomic_write_text(self.vocab_path, vocab.to_json() + "\n")
 
     def save_config(self, cfg: RunConfig) -> None:
-        """Write the run's config: when it is created, and when a resume changes what may change (its epochs,
-        time budget, save interval, strategy), so that a plain ``--resume`` after that keeps the change."""
+        """Write the run's config: when it is created, and when a resume extends its epochs or time budget, so
+        that a plain ``--resume`` after that keeps the extension."""
         with self._saving("the run's config"):
             atomic_write_text(self.config_path, json.dumps(cfg.to_dict(), indent=2) + "\n")
 
