@@ -20,6 +20,9 @@ process) for a fixed wall time after warm-up, one after another:
     python benchmarks/train_throughput.py               # table
     python benchmarks/train_throughput.py --layers 2    # 2 x 512
     python benchmarks/train_throughput.py --json        # one JSON object
+    python benchmarks/train_throughput.py --alternate torch,6 --pairs 3 --layers 2
+        # two measurements in turn (torch, cli, or a textgen candidate's index), ABBA..., with each pair's ratio:
+        # this host drifts 10-15% minute to minute, which a ratio of neighbours mostly cancels
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ CANDIDATES = [
     ("fast-lstm, 2x1 threads, 8 steps per loop iteration", True, 2, 1, False, 8),
     ("fast-lstm, 2x1 threads", True, 2, 1, False, None),
     ("fast-lstm, 2x1 threads, XLA", True, 2, 1, True, None),
+    # Two ops at once: a layer's weight-gradient matmuls beside the layer below's backward recurrence.
+    ("fast-lstm, 2x2 threads", True, 2, 2, False, None),
 ]
 
 
@@ -290,12 +295,42 @@ def _run_child(kind: str, seconds: float, candidate: int = 0) -> dict:
     return result
 
 
+def _measure(kind: str, seconds: float) -> dict:
+    """One measurement named as ``--alternate`` names it: torch, cli, or a textgen candidate's index."""
+    if kind.isdigit():
+        return _run_child("textgen", seconds, int(kind))
+    return _run_child(kind, max(120.0, 6 * seconds) if kind == "cli" else seconds)
+
+
+def alternate(first: str, second: str, pairs: int, seconds: float) -> dict:
+    """``first`` and ``second`` measured in turn ``pairs`` times, which goes first alternating: each pair's
+    ratio second / first, and their mean."""
+    runs: dict[str, list[float]] = {first: [], second: []}
+    for pair in range(pairs):
+        for kind in (first, second) if pair % 2 == 0 else (second, first):
+            runs[kind].append(_measure(kind, seconds)["chars_per_sec"])
+    ratios = [b / a for a, b in zip(runs[first], runs[second], strict=True)]
+    return {
+        "first": first,
+        "second": second,
+        "chars_per_sec": runs,
+        "ratios": ratios,
+        "mean_ratio": float(np.mean(ratios)),
+    }
+
+
+def _name(kind: str) -> str:
+    return f"textgen: {CANDIDATES[int(kind)][0]}" if kind.isdigit() else {"cli": "textgen train"}.get(kind, kind)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=30.0, help="measured wall time per configuration")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("--only-default", action="store_true", help="measure only the CPU profile's configuration")
     parser.add_argument("--layers", type=int, default=1, help="LSTM layers of 512 (REF: 1)")
+    parser.add_argument("--alternate", help="A,B: measure only these two in turn (torch, cli, or a candidate's index)")
+    parser.add_argument("--pairs", type=int, default=2, help="with --alternate: how many A/B pairs")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--candidate", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -303,6 +338,21 @@ def main() -> None:
         _child(args.child, args.seconds, args.candidate, args.layers)
         return
     REF["layers"] = args.layers
+    if args.alternate:
+        first, second = args.alternate.split(",")
+        result = {"layers": args.layers, "seconds_per_measurement": args.seconds}
+        result |= alternate(first, second, args.pairs, args.seconds)
+        if args.json:
+            print(json.dumps(result, indent=2))
+            return
+        for a, b, ratio in zip(
+            result["chars_per_sec"][first], result["chars_per_sec"][second], result["ratios"], strict=True
+        ):
+            print(f"{_name(first)} {a:,.0f}  {_name(second)} {b:,.0f}  ratio {ratio:.3f}")
+        print(
+            f"{args.layers} x {REF['units']}: {_name(second)} / {_name(first)} = {result['mean_ratio']:.3f} on average"
+        )
+        return
 
     from textgen.device import CPU
 
