@@ -11,9 +11,11 @@ with a hand-written backward pass like ``textgen.fastlstm``'s (one matmul per st
 gradients one matmul outside the loop). Each recipe trains with the real ``textgen train`` (its data, schedule,
 validation and checkpoints), once as it is and once with every LSTM layer-normalized, in turn, each in its own
 process with the whole machine; then ``textgen evaluate`` scores both on the test split. The table sets their
-chars/s (the cost) beside their validation loss at each epoch and at equal wall time (what the cost bought).
+chars/s (the cost) beside their validation loss at each epoch, with the minutes it took (what the cost
+bought), and their test loss after the same budget. Each arm runs once: this host drifts 10-15%, so a chars/s
+ratio within that needs ``--normalized-first`` for the other order, or ``train_throughput.py --alternate``.
 
-    TEXTGEN_CORPUS_PATH=../shared/corpora python benchmarks/layer_norm.py --check       # the gradient, exactly
+    TEXTGEN_CORPUS_PATH=../shared/corpora python benchmarks/layer_norm.py --check       # the gradient against TensorFlow's
     TEXTGEN_CORPUS_PATH=../shared/corpora python benchmarks/layer_norm.py --time-budget 20m
     TEXTGEN_CORPUS_PATH=../shared/corpora python benchmarks/layer_norm.py --time-budget 60m -- --layers 2
 
@@ -256,7 +258,17 @@ def _patch_textgen() -> None:
         logits = tf.matmul(tf.reshape(x, [-1, tf.shape(x)[-1]]), dense.kernel) + dense.bias
         return tf.transpose(tf.reshape(logits, [steps, batch, -1]), [1, 0, 2])
 
+    make_plain_optimizer = train.make_optimizer
+
+    def make_optimizer(tcfg: Any) -> Any:
+        """textgen's optimizer, decaying no gain or shift (it would pull a gain towards zero), as no bias."""
+        optimizer = make_plain_optimizer(tcfg)
+        if tcfg.weight_decay or tcfg.optimizer == "adamw":
+            optimizer.exclude_from_weight_decay(var_names=["bias", *GAINS])  # a second call replaces the first's
+        return optimizer
+
     train.build_model = evaluate.build_model = build_normalized_model
+    train.make_optimizer = make_optimizer
     scoring.stateful_logits = normalized_logits
 
 

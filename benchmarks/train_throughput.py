@@ -319,6 +319,18 @@ def alternate(first: str, second: str, pairs: int, seconds: float) -> dict:
     }
 
 
+def _alternatives(value: str) -> tuple[str, str]:
+    """``--alternate``'s two measurements, or one line saying what it takes."""
+    kinds = value.split(",")
+    known = {"torch", "cli", *map(str, range(len(CANDIDATES)))}
+    if len(kinds) != 2 or kinds[0] == kinds[1] or not set(kinds) <= known:
+        raise SystemExit(
+            f"--alternate takes two different measurements, A,B, each torch, cli or a candidate's index "
+            f"0-{len(CANDIDATES) - 1} (got {value!r})"
+        )
+    return kinds[0], kinds[1]
+
+
 def _name(kind: str) -> str:
     return f"textgen: {CANDIDATES[int(kind)][0]}" if kind.isdigit() else {"cli": "textgen train"}.get(kind, kind)
 
@@ -339,7 +351,7 @@ def main() -> None:
         return
     REF["layers"] = args.layers
     if args.alternate:
-        first, second = args.alternate.split(",")
+        first, second = _alternatives(args.alternate)
         result = {"layers": args.layers, "seconds_per_measurement": args.seconds}
         result |= alternate(first, second, args.pairs, args.seconds)
         if args.json:

@@ -418,6 +418,12 @@ def test_the_time_budget_is_the_runs_and_a_resumed_run_trains_for_what_is_left(t
     before = plan.run.load_state()["seconds"]
     assert len(read_history(plan.run.path)) == 1
     assert resume_plan(tmp_path).config.training.time_budget == 600.0  # without the flag: the run's budget
+    config_before = plan.run.config_path.read_text()
+    with pytest.raises(
+        ConfigError, match=r"has done [\dhms.]+ of training, more than the --time-budget [\dhms.]+ given; add"
+    ):
+        resume_plan(tmp_path, time_budget=before / 2)  # a budget the run has already spent
+    assert plan.run.config_path.read_text() == config_before
 
     budget = before + 3.0  # the run's new total: 3 s more
     result = train(resume_plan(tmp_path, time_budget=budget))
@@ -437,6 +443,36 @@ def test_the_time_budget_is_the_runs_and_a_resumed_run_trains_for_what_is_left(t
     ):
         resume_plan(tmp_path)
     assert plan.run.config_path.read_text() == config_before  # a refused resume changes nothing
+
+
+def test_a_run_killed_past_its_budget_before_validating_resumes_only_to_validate(tmp_path: Path) -> None:
+    """A kill during the last validation leaves a run that has spent its budget but not validated its last
+    (partial) epoch: --resume validates it and finishes, without another update."""
+    import dataclasses
+
+    corpus = write_corpus(tmp_path / "longer.txt", 20_000)
+
+    class CtrlCMidEpoch(NoProgress):
+        def batch_end(self, batch: int, loss: float) -> None:
+            if batch == 2:
+                signal.raise_signal(signal.SIGINT)
+
+    plan = new_plan(tmp_path, corpus, time_budget=600.0, epochs=5, lr_schedule="plateau")
+    with pytest.raises(TrainingInterrupted):
+        train(plan, CtrlCMidEpoch())
+    state = plan.run.load_state()
+    assert state["finished"] is None and state["batch"] == 3
+    saved = plan.run.load_config()  # as if the budget had run out at that batch
+    plan.run.save_config(
+        dataclasses.replace(saved, training=dataclasses.replace(saved.training, time_budget=state["seconds"]))
+    )
+
+    result = train(resume_plan(tmp_path))
+    assert result.stop_reason == "time_budget"
+    after = plan.run.load_state()
+    assert after["step"] == state["step"]  # validated, not trained: the plateau schedule's rate would have moved it
+    assert after["finished"] == "time_budget"
+    assert [row["epoch"] for row in read_history(plan.run.path)] == [0]
 
 
 def test_plateau_schedule_cuts_the_rate_when_validation_stalls(tmp_path: Path, tiny_corpus: Path) -> None:

@@ -30,7 +30,7 @@ def test_json_lines_are_strict_json_even_for_a_diverged_run() -> None:
 
 
 def test_json_is_every_field_of_the_result(tmp_path: Path) -> None:
-    result = TrainResult("r", tmp_path / "r", 3, 1.5, StopReason.TIME_BUDGET, 12.0, 900.0)
+    result = TrainResult("r", tmp_path / "r", 3, 1.5, StopReason.TIME_BUDGET, 12.0, 900.0, 30)
     record = strict(ui.json_line(result, event="done"))
     assert record == {
         "event": "done",
@@ -41,6 +41,7 @@ def test_json_is_every_field_of_the_result(tmp_path: Path) -> None:
         "stop_reason": "time_budget",
         "seconds": 12.0,
         "chars_per_sec": 900.0,
+        "max_epochs": 30,
         "documents": 1,
         "unknown_chars": 0,
         "chief": True,
@@ -54,12 +55,32 @@ def test_train_and_runs_show_a_stop_reason_with_the_same_label(tmp_path: Path, r
     (tmp_path / "r" / "loss_curve.txt").write_text("chart\n")
     out = io.StringIO()
     console = Console(file=out, width=200)
-    ui.show_train_result(console, TrainResult("r", tmp_path / "r", 3, 1.5, reason, 12.0, 900.0), as_json=False)
+    ui.show_train_result(console, TrainResult("r", tmp_path / "r", 3, 1.5, reason, 12.0, 900.0, 30), as_json=False)
     assert f"done ({reason.label}) after 3 epochs" in out.getvalue()
     summary = RunSummary("r", "c.txt", "1x32", 3, 0, 30, 2.1, 60.0, reason, "cpu", {})
     ui.show_runs(console, [summary], tmp_path, as_json=False)
     assert out.getvalue().splitlines()[-1].rstrip().endswith(reason.label)
     assert len({r.label for r in StopReason}) == len(StopReason)
+
+
+@pytest.mark.parametrize(
+    ("epochs", "reason", "flags"),
+    [
+        (30, StopReason.EPOCHS, " --epochs 40"),
+        (12, StopReason.TIME_BUDGET, " --time-budget 31m00s"),
+        (30, StopReason.TIME_BUDGET, " --epochs 40 --time-budget 31m00s"),  # both limits reached in the last epoch
+        (12, StopReason.EARLY_STOPPING, ""),
+    ],
+)
+def test_a_finished_run_is_told_every_flag_it_needs_to_train_further(
+    tmp_path: Path, epochs: int, reason: StopReason, flags: str
+) -> None:
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "loss_curve.txt").write_text("chart\n")
+    out = io.StringIO()
+    result = TrainResult("r", tmp_path / "r", epochs, 1.5, reason, 12.0, 900.0, 30)
+    ui.show_train_result(Console(file=out, width=300), result, as_json=False)
+    assert out.getvalue().rstrip().endswith(f"--run r --checkpoint-dir {tmp_path}{flags}")
 
 
 def test_emoji_codes_in_user_text_are_printed_as_they_are() -> None:

@@ -70,6 +70,7 @@ class TrainResult:
     stop_reason: StopReason
     seconds: float
     chars_per_sec: float  # training speed of the last epoch
+    max_epochs: int  # the run's --epochs
     documents: int = 1  # files in the corpus
     unknown_chars: int = 0  # characters of the corpus --max-vocab mapped to the unknown id
     chief: bool = True  # whether this process wrote the run (the other workers of a cluster do not)

@@ -289,22 +289,25 @@ def _plan_resume(
     if run.has_state():
         run.check_usable()  # a damaged resume point is reported, never silently replaced
         state = run.load_state()
-        _check_room_to_train(run.name, config.training, state)
+        _check_room_to_train(run.name, config.training, state, saved.training.time_budget)
     else:  # stopped before its first save: start it cleanly
         run.start_over()
     return TrainPlan(run, config, splits, state, lock)
 
 
-def _check_room_to_train(name: str, training: TrainConfig, state: dict[str, Any]) -> None:
-    """Refuse to resume a run that has done all its epochs, or ended by spending all its time budget (a run
-    stopped past its budget, before validating its last epoch, resumes to validate it), saying what to add."""
+def _check_room_to_train(name: str, training: TrainConfig, state: dict[str, Any], saved_budget: float | None) -> None:
+    """Refuse to resume a run that has done all its epochs, or has trained as long as its time budget, saying what
+    to add. Only a run killed past its own budget before validating its last epoch resumes, to validate it; a
+    budget given now that the run has already spent is refused, not saved."""
     trained, budget = float(state.get("seconds", 0.0)), training.time_budget
     what, add = [], []
     if state["epoch"] >= training.epochs:
         what.append(f"all {training.epochs} epochs")
         add.append(f"--epochs {state['epoch'] + 10} (or more)")
-    if state.get("finished") is not None and budget is not None and trained >= budget:
-        what.append(f"{format_seconds(trained)} of training, its --time-budget {format_seconds(budget)}")
+    if budget is not None and trained >= budget and (state.get("finished") is not None or budget != saved_budget):
+        whose = "its" if budget == saved_budget else "more than the"
+        given = "" if budget == saved_budget else " given"
+        what.append(f"{format_seconds(trained)} of training, {whose} --time-budget {format_seconds(budget)}{given}")
         add.append(f"--time-budget {longer_budget(trained)} (the run's in all)")
     if what:
         raise ConfigError(f"run {name!r} has done {' and '.join(what)}; add {' and '.join(add)} to train it further")
@@ -605,6 +608,7 @@ def _train(
         stop_reason=stop_reason,
         seconds=clock.elapsed(),
         chars_per_sec=last.chars_per_sec if last else 0.0,
+        max_epochs=cfg.training.epochs,
         documents=plan.splits.encoded.documents,
         chief=plan.chief,
         unknown_chars=plan.splits.encoded.unknown,
@@ -648,6 +652,8 @@ def run_epoch(
     callbacks.on_epoch_begin(epoch)
     progress.epoch_begin(epoch, start.batch)
     done = dataclasses.replace(start)
+    if clock.expired():  # a run killed past its budget before validating resumes only to validate
+        return done
     batches = distributed_batches(trainer.strategy, ids, layout, start.batch)
     for batch, (x, y) in enumerate(batches, start=start.batch):
         started = time.monotonic()

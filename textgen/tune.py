@@ -451,8 +451,7 @@ def _run_trial(
         running = TrialSummary(trial.number, "running", flat, None, 0.0, run.name, note)
         reporter = Reporter(trial, progress.trial_begin(running, trial_budget), started)
         state = run.load_state() if run.has_state() else {}
-        trained = float(state.get("seconds", 0.0))
-        if not state.get("finished") and trial_budget - trained >= 1.0:  # else it had ended when it was stopped
+        if not state.get("finished"):  # a trial killed past its budget resumes only to validate its last epoch
             plan = plan_training(
                 None if run.config_path.is_file() else settings["corpus"],
                 space.profile,

@@ -218,10 +218,10 @@ def show_train_result(console: Console, result: TrainResult, as_json: bool) -> N
         highlight=False,
     )
     console.print(run.loss_curve_path.read_text(encoding="utf-8"), markup=False, end="")
-    more = {
-        StopReason.EPOCHS: f" --epochs {result.epochs + 10}",
-        StopReason.TIME_BUDGET: f" --time-budget {longer_budget(result.seconds)}",
-    }.get(result.stop_reason, "")
+    # What a resume needs to train further: both flags when the budget ran out in the last epoch.
+    more = f" --epochs {result.epochs + 10}" if result.epochs >= result.max_epochs else ""
+    if result.stop_reason is StopReason.TIME_BUDGET:
+        more += f" --time-budget {longer_budget(result.seconds)}"
     console.print(f"saved to {run.path}; {resume_hint(run, more)}", markup=False)
 
 
