@@ -149,13 +149,13 @@ TRAIN_EXAMPLES = """
 
     textgen train corpora/tolstoy/ --max-vocab 120     # every .txt file of a directory
 
-    textgen train 'books/*.txt' a.txt --accumulate 4   # a glob and a file; 4 x 64 streams per update
+    textgen train 'books/*.txt' a.txt --accumulate 4   # a glob and a file; 4 x --batch-size streams per update
 
     textgen train 2600-0.txt --optimizer adamw --weight-decay 0.05 --lr 3e-3
 
     textgen train my_book.txt --from-study my_book --time-budget 2h   # the best recipe textgen tune found
 
-    TF_CONFIG='{...}' textgen train books/ --strategy multiworker --checkpoint-dir /shared/ck   # on each machine
+    TF_CONFIG='{...}' textgen train books/ --strategy multiworker --run library --checkpoint-dir /shared/ck   # on each machine
 
 A name without a path is looked up in ./corpora and in $TEXTGEN_CORPUS_PATH.
 Ctrl-C stops at a clean point and saves; `--resume` continues from there.
@@ -233,6 +233,7 @@ def train(
             "Stop cleanly once the run has trained this long, e.g. 90s, 30m, 1h30m (resumes included: "
             "--resume trains for what is left, a longer one extends the run)",
             "Optimisation",
+            "no limit",
         ),
     ] = None,
     seed: Annotated[int | None, _option("Random seed", "Optimisation", TRAINING.seed)] = None,
@@ -322,7 +323,7 @@ def train(
 # Options shared by the commands that train a run from another (distill, prune).
 EpochsOption = Annotated[int | None, _option("Maximum epochs", "Optimisation", TRAINING.epochs)]
 TimeBudgetOption = Annotated[
-    str | None, _option("Stop cleanly once the run has trained this long, e.g. 10m", "Optimisation")
+    str | None, _option("Stop cleanly once the run has trained this long, e.g. 10m", "Optimisation", "no limit")
 ]
 TrainSeedOption = Annotated[int | None, _option("Random seed", "Optimisation", TRAINING.seed)]
 DeviceOption = Annotated[Device, _option("Device profile", "Run")]
@@ -406,7 +407,7 @@ def prune(
     time_budget: TimeBudgetOption = None,
     seed: TrainSeedOption = None,
     device: DeviceOption = Device.auto,
-    name: Annotated[str | None, _option("The pruned run's name", "Run", "RUN-pruned")] = None,
+    name: Annotated[str | None, _option("The pruned run's name", "Run", "RUN-prunedNN, NN = --sparsity in %")] = None,
     checkpoint_dir: RunsDirOption = DEFAULT_CHECKPOINT_DIR,
     as_json: TrainJsonOption = False,
 ) -> None:
@@ -462,7 +463,7 @@ SAMPLE_EXAMPLES = """
 
     textgen sample --temp 0.8                        # latest run, 500 characters
 
-    textgen sample --run war-and-peace --prime "Prince Andrew" --length 2000 --num 8 --seed 7
+    textgen sample --run 2600-0 --prime "Prince Andrew" --length 2000 --num 8 --seed 7
 
     textgen sample --temp 0 --top-k 5 --top-p 0.9 --json
 """
@@ -501,7 +502,7 @@ REPL_EXAMPLES = """
 
     textgen repl                      # the latest run
 
-    textgen repl --run war-and-peace --temp 0.5 --length 300
+    textgen repl --run 2600-0 --temp 0.5 --length 300
 
 In the REPL, type :help for commands (:temp, :len, :topk, :topp, :seed, :num, :context, :quit).
 """
@@ -593,7 +594,7 @@ def export(
     checkpoint_dir: CheckpointDirOption = DEFAULT_CHECKPOINT_DIR,
     last: LastOption = False,
     quantize: Annotated[
-        Quantize, typer.Option(help="LiteRT weights: float32, float16 (half size) or int8 (dynamic range)")
+        Quantize, typer.Option(help="LiteRT weights: none (float32), float16 (half size) or int8 (dynamic range)")
     ] = Quantize.none,
     output: Annotated[
         Path | None,
