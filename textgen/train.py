@@ -305,9 +305,11 @@ def _check_room_to_train(name: str, training: TrainConfig, state: dict[str, Any]
         what.append(f"all {training.epochs} epochs")
         add.append(f"--epochs {state['epoch'] + 10} (or more)")
     if budget is not None and trained >= budget and (state.get("finished") is not None or budget != saved_budget):
-        whose = "its" if budget == saved_budget else "more than the"
-        given = "" if budget == saved_budget else " given"
-        what.append(f"{format_seconds(trained)} of training, {whose} --time-budget {format_seconds(budget)}{given}")
+        limit = f"--time-budget {format_seconds(budget)}"
+        what.append(
+            f"{format_seconds(trained)} of training, "
+            + (f"its {limit}" if budget == saved_budget else f"more than the {limit} given")
+        )
         add.append(f"--time-budget {longer_budget(trained)} (the run's in all)")
     if what:
         raise ConfigError(f"run {name!r} has done {' and '.join(what)}; add {' and '.join(add)} to train it further")
