@@ -93,6 +93,90 @@ def test_each_replica_reads_the_same_rows_every_batch(
             np.testing.assert_array_equal(y, targets[k, replica * per : (replica + 1) * per])
 
 
+class PipelinesOnly:
+    """``distribute_datasets_from_function``'s side of a strategy with ``replicas`` replicas fed by ``pipelines``
+    input pipelines (one per worker), without the devices: each pipeline's dataset, as its worker builds it."""
+
+    def __init__(self, pipelines: int, replicas: int) -> None:
+        self.pipelines, self.num_replicas_in_sync = pipelines, replicas
+
+    def distribute_datasets_from_function(self, dataset_fn):
+        import tensorflow as tf
+
+        return [
+            dataset_fn(tf.distribute.InputContext(self.pipelines, p, self.num_replicas_in_sync))
+            for p in range(self.pipelines)
+        ]
+
+
+@settings(max_examples=10, deadline=None)  # each example builds tf.data pipelines
+@given(layouts(), st.sampled_from([(1, 2), (2, 2), (1, 4), (2, 4), (4, 4)]), st.integers(0, 3))
+def test_each_worker_deals_its_replicas_their_rows_of_every_batch_in_turn(
+    tmp_path_factory: pytest.TempPathFactory, shape: tuple[int, int, int], topology: tuple[int, int], start: int
+) -> None:
+    """Pipeline p (worker p) yields, batch after batch, one element per replica it feeds, in replica order;
+    ``distribute_datasets_from_function`` deals them round-robin, so replica r gets rows r * per .. of every batch."""
+    n, streams, seq_len = shape
+    pipelines, replicas = topology
+    streams *= replicas
+    n = max(n, streams * seq_len + 1)
+    layout = StreamLayout.of(n, streams, seq_len)
+    ids = write_id_file(np.arange(n, dtype=np.uint16), tmp_path_factory.mktemp("ids") / "train.ids")
+    inputs, targets = all_batches(ids, layout)
+    per, local, start = streams // replicas, replicas // pipelines, min(start, layout.batches)
+    for p, dataset in enumerate(distributed_batches(PipelinesOnly(pipelines, replicas), ids, layout, start)):
+        elements = [(x.numpy(), y.numpy()) for x, y in dataset]
+        assert len(elements) == (layout.batches - start) * local
+        for j, (x, y) in enumerate(elements):
+            k, replica = start + j // local, p * local + j % local
+            rows = slice(replica * per, (replica + 1) * per)
+            np.testing.assert_array_equal(x, inputs[k, rows])
+            np.testing.assert_array_equal(y, targets[k, rows])
+
+
+MIRRORED_ROWS = """
+import json, sys
+import numpy as np
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+from textgen.data import StreamLayout, distributed_batches, write_id_file
+ids = write_id_file(np.arange(1000, dtype=np.uint16), sys.argv[1])
+layout = StreamLayout.of(1000, 8, 10)
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+seen = [
+    [[r.numpy().tolist() for r in strategy.experimental_local_results(part)] for part in batch]
+    for batch in distributed_batches(strategy, ids, layout, start=1)
+]
+print(json.dumps(seen))
+"""
+
+
+def test_mirrored_replicas_each_read_their_own_rows_of_every_batch(tmp_path: Path) -> None:
+    """Through a real MirroredStrategy over two logical CPUs: replica r holds rows r * 4 .. r * 4 + 3 of each batch."""
+    import json
+    import subprocess
+    import sys
+
+    from helpers import subprocess_env
+
+    out = subprocess.run(
+        [sys.executable, "-c", MIRRORED_ROWS, str(tmp_path / "train.ids")],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=subprocess_env(),
+        check=True,
+    )
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    layout = StreamLayout.of(1000, 8, 10)
+    inputs, targets = all_batches(np.arange(1000), layout)
+    assert len(seen) == layout.batches - 1  # resumed at batch 1
+    for k, (x_parts, y_parts) in enumerate(seen, start=1):
+        assert x_parts == [inputs[k, :4].tolist(), inputs[k, 4:].tolist()]
+        assert y_parts == [targets[k, :4].tolist(), targets[k, 4:].tolist()]
+
+
 @pytest.mark.parametrize(("n", "streams", "seq_len"), [(0, 1, 1), (1, 1, 1), (16, 4, 4), (64, 4, 16)])
 def test_stream_layout_rejects_too_few_ids(n: int, streams: int, seq_len: int) -> None:
     with pytest.raises(CorpusError, match=f"{n} characters cannot fill one {streams} x {seq_len} batch"):
