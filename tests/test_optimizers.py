@@ -47,6 +47,20 @@ def test_the_cli_refuses_momentum_without_sgd(tmp_path: Path) -> None:
     assert_one_line_error(result, "--momentum is SGD's", "--optimizer sgd")
 
 
+def test_a_resumed_sgd_run_may_restate_its_momentum(tmp_path: Path) -> None:
+    """Resume flags are checked against the run's own optimizer, not the default one."""
+    corpus = write_corpus(tmp_path / "t.txt", 400)
+    common = ["--checkpoint-dir", str(tmp_path / "ck"), "--run", "sgd"]
+    recipe = ["--units", "16", "--batch-size", "4", "--seq-len", "16", "--optimizer", "sgd", "--lr", "0.1"]
+    first = invoke("train", str(corpus), *common, *recipe, "--epochs", "1", "--json")
+    assert first.exit_code == 0, first.stderr
+    again = invoke("train", "--resume", *common, "--momentum", "0.9", "--epochs", "2", "--json")
+    assert again.exit_code == 0, again.stderr
+    assert_one_line_error(
+        invoke("train", "--resume", *common, "--momentum", "0.5", "--epochs", "3"), "momentum", "0.9"
+    )
+
+
 def _plan(base: Path, name: str, resume: bool = False, **training):
     from textgen.train import plan_training
 

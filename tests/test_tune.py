@@ -248,11 +248,20 @@ def test_bad_tune_inputs(tmp_path: Path) -> None:
                           "no such file")  # fmt: skip
 
 
-def test_a_recipe_section_that_is_not_an_object_is_one_error(tmp_path: Path) -> None:
+@pytest.mark.parametrize("section", [5, [], 0, ""])  # falsy ones too: not read as an empty section
+def test_a_recipe_section_that_is_not_an_object_is_one_error(tmp_path: Path, section) -> None:
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({"data": {}, "model": 5}))
+    bad.write_text(json.dumps({"data": {}, "model": section}))
     with pytest.raises(ConfigError, match="its model section is not a JSON object"):
         read_recipe(bad)
+
+
+def test_a_recipe_with_an_optimizer_that_is_not_a_name_is_one_error(tmp_path: Path) -> None:
+    write_corpus(tmp_path / "tiny.txt", 200)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"training": {"optimizer": ["adam"]}}))
+    out = invoke("train", str(tmp_path / "tiny.txt"), "--config", str(bad), "--checkpoint-dir", str(tmp_path / "ck"))
+    assert_one_line_error(out, "--optimizer must be adam or adamw or rmsprop or sgd")
 
 
 def test_a_runs_config_reads_as_its_recipe(trained_run) -> None:

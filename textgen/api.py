@@ -84,14 +84,15 @@ def train(
     if recipe is not None:
         merged = apply_recipe(read_recipe(recipe), data=data, model=model, training=training)
         data, model, training = merged["data"], merged["model"], {**training, **merged["training"]}
-    _check_settings(data, model, training)
+    saved = find_run(checkpoint_dir, run_name).load_config() if resume else None
+    # A resumed run's flags are checked against its own optimizer (--momentum restated for an SGD run, say).
+    _check_settings(data, model, {**training, "optimizer": training.get("optimizer") or saved.training.optimizer} if saved else training)
     if distill:
         DistillConfig(teacher="", **{k: v for k, v in distill.items() if k != "teacher" and v is not None})
     if prune:
         PruneConfig(source="", **{k: v for k, v in prune.items() if k != "source" and v is not None})
     if threads is not None and not 0 < threads <= 1024:
         raise ConfigError(f"--threads must be between 1 and 1024 (got {threads})")
-    saved = find_run(checkpoint_dir, run_name).load_config() if resume else None
     if saved and device != "auto" and saved.profile.name != device:
         raise ConfigError(
             f"run {run_name or 'the latest'!r} was trained with the {saved.profile.name} profile; a resumed run "

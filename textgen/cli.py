@@ -274,7 +274,8 @@ def train(
         Path | None,
         _option(
             "Train a recipe: the best.json of textgen tune, or a run's config.json (its model, batch layout and "
-            "optimizer; the flags you give override it)",
+            "optimizer; the flags you give override it, and another --optimizer drops its lr, momentum and weight "
+            "decay for that optimizer's defaults)",
             "Recipe",
             None,
             "--config",

@@ -186,7 +186,9 @@ class TrainConfig:
     def of(cls, **given: Any) -> TrainConfig:
         """The config of the settings given, with the optimizer's own defaults for the rest (OPTIMIZER_DEFAULTS)."""
         given = {k: v for k, v in given.items() if v is not None}
-        return cls(**{**OPTIMIZER_DEFAULTS.get(given.get("optimizer", cls.optimizer), {}), **given})
+        optimizer = given.get("optimizer", cls.optimizer)
+        defaults = OPTIMIZER_DEFAULTS.get(optimizer, {}) if isinstance(optimizer, str) else {}  # else refused below
+        return cls(**{**defaults, **given})
 
     def __post_init__(self) -> None:
         _positive_int(self, "epochs")

@@ -49,7 +49,7 @@ def read_recipe(path: Path) -> Recipe:
     run_config = "profile" in data  # a run's config.json: everything beyond the recipe is left out
     recipe: Recipe = {}
     for part, names in RECIPE_FIELDS.items():
-        section = data.get(part) or {}
+        section = data.get(part, {})
         if not isinstance(section, dict):
             raise ConfigError(f"--config {path}: its {part} section is not a JSON object of settings")
         unknown = sorted(set(section) - set(names))
