@@ -56,9 +56,7 @@ def test_a_resumed_sgd_run_may_restate_its_momentum(tmp_path: Path) -> None:
     assert first.exit_code == 0, first.stderr
     again = invoke("train", "--resume", *common, "--momentum", "0.9", "--epochs", "2", "--json")
     assert again.exit_code == 0, again.stderr
-    assert_one_line_error(
-        invoke("train", "--resume", *common, "--momentum", "0.5", "--epochs", "3"), "momentum", "0.9"
-    )
+    assert_one_line_error(invoke("train", "--resume", *common, "--momentum", "0.5", "--epochs", "3"), "momentum", "0.9")
 
 
 def _plan(base: Path, name: str, resume: bool = False, **training):

@@ -86,7 +86,8 @@ def train(
         data, model, training = merged["data"], merged["model"], {**training, **merged["training"]}
     saved = find_run(checkpoint_dir, run_name).load_config() if resume else None
     # A resumed run's flags are checked against its own optimizer (--momentum restated for an SGD run, say).
-    _check_settings(data, model, {**training, "optimizer": training.get("optimizer") or saved.training.optimizer} if saved else training)
+    own = {"optimizer": training.get("optimizer") or saved.training.optimizer} if saved else {}
+    _check_settings(data, model, {**training, **own})
     if distill:
         DistillConfig(teacher="", **{k: v for k, v in distill.items() if k != "teacher" and v is not None})
     if prune:

@@ -74,6 +74,7 @@ class TrainResult:
     documents: int = 1  # files in the corpus
     unknown_chars: int = 0  # characters of the corpus --max-vocab mapped to the unknown id
     chief: bool = True  # whether this process wrote the run (the other workers of a cluster do not)
+    stop_requested: str | None = None  # a stop signal that came as the last epoch ended (the run finished anyway)
     best_val_bpc: float = field(init=False)
 
     def __post_init__(self) -> None:

@@ -614,6 +614,7 @@ def _train(
         documents=plan.splits.encoded.documents,
         chief=plan.chief,
         unknown_chars=plan.splits.encoded.unknown,
+        stop_requested=stop.requested,
     )
 
 
