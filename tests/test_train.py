@@ -202,6 +202,21 @@ def test_interrupt_in_the_last_batch_of_an_epoch_finishes_the_epoch(tmp_path: Pa
     assert rows[0]["loss"] > 0
 
 
+def test_a_stop_during_the_last_validation_finishes_the_run_and_says_so(tmp_path: Path, tiny_corpus: Path) -> None:
+    """The last epoch just ends (its validation runs, the run is finished), and the result carries the stop, so that
+    a caller running more than this run (textgen tune) stops too."""
+
+    class CtrlCWhileValidating(NoProgress):
+        def validating(self) -> None:
+            signal.raise_signal(signal.SIGINT)
+
+    plan = new_plan(tmp_path, tiny_corpus, epochs=1)
+    result = train(plan, CtrlCWhileValidating())
+    assert (result.stop_requested, result.epochs) == ("SIGINT", 1)
+    assert plan.run.load_state()["finished"] == "epochs"
+    assert train(new_plan(tmp_path / "quiet", tiny_corpus, epochs=1)).stop_requested is None
+
+
 def test_resume_hint() -> None:
     assert resume_hint(Run(Path("checkpoints") / "wp")) == "continue with: textgen train --resume --run wp"
     assert resume_hint(Run(Path("/tmp/ck") / "wp")).endswith("--run wp --checkpoint-dir /tmp/ck")

@@ -18,7 +18,7 @@ from optuna.trial import TrialState
 from textgen.checkpoint import Run, study_path
 from textgen.config import TrainConfig
 from textgen.device import CPU
-from textgen.errors import ConfigError
+from textgen.errors import ConfigError, TrainingInterrupted
 from textgen.recipe import read_recipe, recipe_of
 from textgen.study import load_study
 from textgen.tune import SameTimePruner, SearchSpace
@@ -270,6 +270,101 @@ def test_a_runs_config_reads_as_its_recipe(trained_run) -> None:
     assert set(recipe["training"]) == {
         "lr", "lr_schedule", "clip_norm", "optimizer", "weight_decay", "momentum", "accumulate",
     }  # fmt: skip
+
+
+def test_a_damaged_study_database_is_one_error(tmp_path: Path) -> None:
+    write_corpus(tmp_path / "tiny.txt", 3000)
+    directory = study_path(tmp_path / "ck", "broken")
+    directory.mkdir(parents=True)
+    (directory / "study.db").write_bytes(b"not a database" * 100)
+    ck = ["--checkpoint-dir", str(tmp_path / "ck")]
+    for args in (["--show", "--study", "broken"], [str(tmp_path / "tiny.txt"), "--study", "broken"]):
+        assert_one_line_error(invoke("tune", *args, *ck), "study.db is damaged or not a textgen tune study", "move it")
+
+
+def test_a_new_study_stopped_before_it_begins_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C between the database's creation and its settings would leave a study no command could continue."""
+    import textgen.tune as tuning
+
+    def ctrl_c(*args) -> None:
+        raise KeyboardInterrupt
+
+    write_corpus(tmp_path / "tiny.txt", 3000)
+    monkeypatch.setattr(tuning, "_set_search", ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        tuning.tune([str(tmp_path / "tiny.txt")], "cpu", study_name=None, checkpoint_dir=tmp_path / "ck", fixed=FIXED)
+    assert not study_path(tmp_path / "ck", "tiny").exists()
+
+
+def test_a_stop_as_a_trial_finishes_scores_it_and_stops_the_study(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A signal during a trial's last validation (textgen train then finishes the run) stops the study once the
+    trial is scored; the same call continues with the next trial."""
+    import dataclasses
+
+    import textgen.tune as tuning
+
+    real_train = tuning.train
+    monkeypatch.setattr(
+        tuning, "train", lambda *a, **k: dataclasses.replace(real_train(*a, **k), stop_requested="SIGTERM")
+    )
+    write_corpus(tmp_path / "tiny.txt", 3000)
+    args = ([str(tmp_path / "tiny.txt")], "cpu")
+    settings = {"study_name": None, "checkpoint_dir": tmp_path / "ck", "time_budget": 60, "trial_budget": 2}
+    with pytest.raises(TrainingInterrupted, match="after trial 0, which finished") as info:
+        tuning.tune(*args, **settings, trials=3, fixed=FIXED)
+    assert info.value.exit_code == 128 + signal.SIGTERM
+    study = load_study(tmp_path / "ck", "tiny")
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE]
+    assert (study_path(tmp_path / "ck", "tiny") / "best.json").is_file()
+    monkeypatch.setattr(tuning, "train", real_train)
+    result = tuning.tune(*args, **settings, trials=2, fixed=FIXED)
+    assert [t.state for t in result.trials] == ["complete", "complete"]
+
+
+def test_a_trial_starts_only_if_the_study_holds_its_training_and_the_most_a_trial_took_beyond_it(
+    tmp_path: Path,
+) -> None:
+    """The overhead is measured beyond each trial's own training (a resumed trial trains only the rest of its
+    budget), never negative; a queued resume needs only what its run has left."""
+    from textgen.tune import _room_needed
+
+    def finished(seconds: float, **trained: float) -> optuna.trial.FrozenTrial:
+        return optuna.trial.create_trial(value=1.0, user_attrs={"seconds": seconds, **trained})
+
+    study = optuna.create_study()
+    assert _room_needed(study, tmp_path, 100) == 100
+    study.add_trial(finished(80))  # an older trial, stopped early by EarlyStopping: nothing beyond its budget
+    assert _room_needed(study, tmp_path, 100) == 100
+    study.add_trial(finished(130, trained=100))
+    study.add_trial(finished(45, trained=20))  # a resumed trial: 25 s beyond the 20 s it trained
+    assert _room_needed(study, tmp_path, 100) == 130
+    run = tmp_path / "trial-007"
+    run.mkdir()
+    state = {"epoch": 3, "batch": 0, "last_weights": "w", "optimizer": "o", "seconds": 70.0}
+    (run / "state.json").write_text(json.dumps(state))
+    study.enqueue_trial({}, user_attrs={"resumes": 7, "run": "trial-007"})
+    assert _room_needed(study, tmp_path, 100) == 30 + 30
+
+
+def test_a_trial_that_trained_its_whole_budget_is_scored_not_pruned() -> None:
+    from textgen.results import EpochLog
+    from textgen.train import NoProgress
+    from textgen.tune import Reporter
+
+    class Behind:
+        def report(self, value: float, step: int) -> None: ...
+        def set_user_attr(self, key: str, value: float) -> None: ...
+        def should_prune(self) -> bool:
+            return True
+
+    reporter = Reporter(Behind(), NoProgress(), started=0.0, budget=10.0)  # type: ignore[arg-type]
+    log = dict(epoch=1, loss=2.0, bpc=2.9, val_loss=2.0, val_bpc=2.9, chars_per_sec=1.0, learning_rate=1e-3,
+               batches=5, improved=True, partial=False)  # fmt: skip
+    with pytest.raises(optuna.TrialPruned):
+        reporter.epoch_end(EpochLog(seconds=9.0, **log))
+    reporter.epoch_end(EpochLog(seconds=10.0, **log))  # the budget is spent: scored
 
 
 def test_an_interrupted_trial_counts_as_resumable_not_failed() -> None:

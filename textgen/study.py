@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import sqlalchemy.exc
 from optuna.trial import FrozenTrial, TrialState
 
 from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, safe_name, study_path
@@ -46,7 +47,12 @@ def find_study(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR, name: str | None =
 
 def load_study_in(directory: Path) -> optuna.Study:
     """The study stored in ``directory`` (one per database, whatever the directory is called now)."""
-    study = optuna.load_study(study_name=None, storage=storage_of(directory))
+    try:
+        study = optuna.load_study(study_name=None, storage=storage_of(directory))
+    except (sqlalchemy.exc.SQLAlchemyError, ValueError, KeyError):  # not SQLite, or not one Optuna study in it
+        raise ConfigError(
+            f"{directory / DATABASE} is damaged or not a textgen tune study; move it away or pick another --study"
+        ) from None
     if "settings" not in study.user_attrs:
         raise ConfigError(f"{directory / DATABASE} is not a textgen tune study; move it away or pick another --study")
     return study

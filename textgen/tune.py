@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import signal
 import statistics
 import time
 import warnings
@@ -190,8 +191,8 @@ class Reporter(NoProgress):
 
     SAVE_SECONDS_EVERY = 10.0
 
-    def __init__(self, trial: optuna.Trial, display: TrainingProgress, started: float) -> None:
-        self.trial, self.display, self.started = trial, display, started
+    def __init__(self, trial: optuna.Trial, display: TrainingProgress, started: float, budget: float) -> None:
+        self.trial, self.display, self.started, self.budget = trial, display, started, budget
         self.saved = started
 
     def start(self, plan: TrainPlan, steps: int) -> None:
@@ -213,7 +214,9 @@ class Reporter(NoProgress):
         self.save_seconds()
         if math.isfinite(log.val_loss):
             self.trial.report(log.val_loss, round(log.seconds * 1000))
-        if self.trial.should_prune():
+        # A trial that has trained its whole budget is scored, not pruned: pruning saves no time then, and the
+        # finished trials the pruner compares against would keep only those ahead of the median.
+        if log.seconds < self.budget and self.trial.should_prune():
             raise optuna.TrialPruned(f"behind the finished trials' median at {log.seconds:.0f}s")
 
     def end(self) -> None:
@@ -261,6 +264,7 @@ def tune(
     busy = "study {name!r} is being tuned by process {pid}; wait for it, stop it, or pick another --study"
     lock = RunLock(Run(directory), busy)
     new = not (directory / DATABASE).is_file()  # under the lock: another process may have made the study meanwhile
+    begun = False  # whether the study holds its settings (until then, a new one is removed on any error or stop)
     try:
         study = None if new else load_study_in(directory)
         settings = _new_settings(given) if study is None else _continued_settings(study, given)
@@ -278,10 +282,12 @@ def tune(
             study = optuna.create_study(study_name=name, storage=storage_of(directory), direction="minimize")
         _set_search(study, settings)
         study.set_user_attr("settings", settings)
+        begun = True
         _requeue_interrupted(study)
         return _run_study(study, directory, settings, space, trials, checkpoint_dir, progress)
     except BaseException:
-        if new and not (directory / DATABASE).is_file():  # leave nothing of a study that never started
+        if new and not begun:  # leave nothing of a study that never started
+            (directory / DATABASE).unlink(missing_ok=True)
             (directory / ".lock").unlink(missing_ok=True)
             with contextlib.suppress(OSError):
                 directory.rmdir()
@@ -400,7 +406,7 @@ def _run_study(
             ):
                 stop_reason = "trials"
                 break
-            if time_budget - spent_seconds(study) < trial_budget + _overhead(study, trial_budget):
+            if time_budget - spent_seconds(study) < _room_needed(study, directory, trial_budget):
                 stop_reason = "time_budget"
                 break
             error = _run_trial(study, directory, settings, space, checkpoint_dir, progress)
@@ -414,11 +420,21 @@ def _run_study(
     return result
 
 
-def _overhead(study: optuna.Study, trial_budget: float) -> float:
-    """The most a finished trial took beyond its training budget (building, compiling, scoring): a trial starts only
-    if the study's budget holds all of it."""
+def _room_needed(study: optuna.Study, directory: Path, trial_budget: float) -> float:
+    """Wall-clock the next trial needs: its training (the rest of the interrupted trial it resumes, if it does) and
+    the most a finished trial took beyond its training (building, compiling, scoring). A trial starts only if the
+    study's budget holds both."""
+    waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))  # study.ask() takes the first
+    training = trial_budget
+    if waiting and "run" in waiting[0].user_attrs:
+        run = Run(directory / str(waiting[0].user_attrs["run"]))
+        training -= float(run.load_state().get("seconds", 0.0)) if run.has_state() else 0.0
     finished = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    return max((float(t.user_attrs.get("seconds", 0.0)) - trial_budget for t in finished), default=0.0)
+    overhead = max(
+        (float(t.user_attrs.get("seconds", 0.0)) - float(t.user_attrs.get("trained", trial_budget)) for t in finished),
+        default=0.0,
+    )
+    return max(training, 0.0) + max(overhead, 0.0)
 
 
 def _run_trial(
@@ -436,8 +452,14 @@ def _run_trial(
     run = Run(directory / trial.user_attrs.get("run", f"trial-{trial.number:03d}"))
     trial.set_user_attr("run", run.name)
 
+    def trained_seconds() -> float:
+        return float(run.load_state().get("seconds", 0.0)) if run.has_state() else 0.0
+
+    trained_before = trained_seconds()
+
     def finish(state: TrialState, value: float | None = None, error: str | None = None) -> None:
         trial.set_user_attr("seconds", time.monotonic() - started)
+        trial.set_user_attr("trained", trained_seconds() - trained_before)  # of those seconds, training's
         if error:
             trial.set_user_attr("error", error[:500])
         study.tell(trial, value, state=state)
@@ -449,8 +471,8 @@ def _run_trial(
         trial.set_user_attr("recipe", flat)
         note = f"resumes trial {trial.user_attrs['resumes']}" if "resumes" in trial.user_attrs else ""
         running = TrialSummary(trial.number, "running", flat, None, 0.0, run.name, note)
-        reporter = Reporter(trial, progress.trial_begin(running, trial_budget), started)
-        state = run.load_state() if run.has_state() else {}
+        reporter = Reporter(trial, progress.trial_begin(running, trial_budget), started, trial_budget)
+        state, stop_requested = run.load_state() if run.has_state() else {}, None
         if not state.get("finished"):  # a trial killed past its budget resumes only to validate its last epoch
             plan = plan_training(
                 None if run.config_path.is_file() else settings["corpus"],
@@ -468,7 +490,7 @@ def _run_trial(
                 },
                 cache_dir=cache_root(checkpoint_dir),
             )
-            train(plan, reporter)
+            stop_requested = train(plan, reporter).stop_requested
         value = evaluate_run(
             run, split="val", streams=SCORE_STREAMS, cache_dir=cache_root(checkpoint_dir)
         ).nats_per_char
@@ -499,6 +521,12 @@ def _run_trial(
         keras.backend.clear_session()  # each trial builds its own model: free the last one's graphs
     finish(TrialState.COMPLETE, value)
     _save_best_recipe(study, directory)
+    if stop_requested:  # it came as the trial's last epoch ended: the trial is scored, and the study stops
+        raise TrainingInterrupted(
+            f"stopped ({stop_requested}) after trial {trial.number}, which finished: study {study.study_name!r} is "
+            "saved; run the same command to continue the study",
+            exit_code=128 + signal.Signals[stop_requested].value,
+        )
     return None
 
 
