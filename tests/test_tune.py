@@ -246,6 +246,10 @@ def test_bad_tune_inputs(tmp_path: Path) -> None:
     assert_one_line_error(invoke("train", str(tmp_path / "tiny.txt"), "--config", str(bad)), "unknown model settings")
     assert_one_line_error(invoke("train", str(tmp_path / "tiny.txt"), "--config", str(tmp_path / "none.json")),
                           "no such file")  # fmt: skip
+    with open(tmp_path / "tiny.txt", "a", encoding="utf-8") as text:  # new trials would read other splits
+        text.write("a few more words\n")
+    assert_one_line_error(invoke("tune", "--study", "tiny", "--checkpoint-dir", ck, "--trials", "3"),
+                          "the corpus of study 'tiny' changed since it started", "another --study")  # fmt: skip
 
 
 @pytest.mark.parametrize("section", [5, [], 0, ""])  # falsy ones too: not read as an empty section

@@ -32,9 +32,10 @@ from optuna.trial import FrozenTrial, TrialState
 
 from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, Run, RunLock, study_path
 from textgen.config import OPTIMIZERS, DataConfig, DeviceProfile, ModelConfig, TrainConfig, flag
+from textgen.corpus import corpus_fingerprint
 from textgen.data import fills_one_batch, load_splits
 from textgen.device import apply_profile, resolve_profile
-from textgen.errors import ConfigError, TextgenError, TrainingDiverged, TrainingInterrupted
+from textgen.errors import ConfigError, CorpusError, TextgenError, TrainingDiverged, TrainingInterrupted
 from textgen.evaluate import evaluate_run
 from textgen.idcache import cache_root
 from textgen.recipe import BEST_RECIPE, Recipe, recipe_of, write_recipe
@@ -306,6 +307,7 @@ def _new_settings(given: dict[str, Any]) -> dict[str, Any]:
         "trial_budget": given["trial_budget"] or DEFAULT_TRIAL_BUDGET,
         "time_budget": given["time_budget"] or DEFAULT_TIME_BUDGET,
         "seed": given["seed"] or 0,
+        "corpus_fingerprint": list(corpus_fingerprint([Path(f) for f in given["corpus"]])),
     }
 
 
@@ -330,7 +332,25 @@ def _continued_settings(study: optuna.Study, given: dict[str, Any]) -> dict[str,
             f"study {study.study_name!r} was started with {'; '.join(was)}; its trials are compared with each other, "
             "so that cannot change: give it as before (or leave it out), or start another --study"
         )
+    _check_corpus_unchanged(study.study_name, saved)
     return {**saved, "time_budget": given["time_budget"] or saved["time_budget"]}
+
+
+def _check_corpus_unchanged(name: str, saved: dict[str, Any]) -> None:
+    """Refuse a corpus whose bytes changed since the study started: new trials would be scored on other splits."""
+    files = [Path(f) for f in saved["corpus"]]
+    for path in files:
+        if not path.is_file():
+            raise CorpusError(f"the corpus of study {name!r}, {path}, is gone; put it back to continue the study")
+    if "corpus_fingerprint" not in saved:  # a study from before fingerprints
+        return
+    size, digest = corpus_fingerprint(files)
+    if [size, digest] != saved["corpus_fingerprint"]:
+        raise CorpusError(
+            f"the corpus of study {name!r} changed since it started ({saved['corpus_fingerprint'][0]:,} bytes then, "
+            f"{size:,} now); its trials would be scored on other splits. Restore the original text, or start "
+            "another --study"
+        )
 
 
 def _describe(key: str, value: Any) -> str:
