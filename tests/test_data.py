@@ -222,14 +222,24 @@ def test_distributed_batches_read_an_id_file_not_an_array() -> None:
 # --- splits -------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    ("n", "fractions", "sizes"),
+    [
+        (1000, (0.1, 0.05), (850, 100, 50)),
+        (3_207_562, (0.05, 0.05), (2_886_806, 160_378, 160_378)),  # War and Peace: its test split's 160,378 characters
+        (9, (0.1, 0.1), (9, 0, 0)),  # too short for a character of validation: none, rather than a rounded-up one
+        (0, (0.1, 0.1), (0, 0, 0)),
+    ],
+)
+def test_split_sizes(n: int, fractions: tuple[float, float], sizes: tuple[int, int, int]) -> None:
+    assert split_sizes(n, *fractions) == sizes
+
+
 @given(st.integers(0, 5000), st.floats(0.001, 0.499), st.floats(0.001, 0.499))
-def test_split_sizes_are_contiguous_train_val_test(n: int, val_fraction: float, test_fraction: float) -> None:
-    train, val, test = split_sizes(n, val_fraction, test_fraction)
-    assert (train, val, test) == (
-        n - int(n * val_fraction) - int(n * test_fraction),
-        int(n * val_fraction),
-        int(n * test_fraction),
-    )
+def test_split_sizes_cover_the_text_and_never_exceed_their_fractions(n: int, val: float, test: float) -> None:
+    sizes = split_sizes(n, val, test)
+    assert sum(sizes) == n and min(sizes) >= 0
+    assert sizes[1] <= n * val < sizes[1] + 1 and sizes[2] <= n * test < sizes[2] + 1
 
 
 def data_config(*paths: Path, **settings: object) -> DataConfig:

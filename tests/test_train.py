@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from clock import BatchClock
 from helpers import TINY_DATA, TINY_MODEL, read_history, steps_per_epoch, write_corpus
 
 from textgen.checkpoint import Run, resume_hint
@@ -365,15 +366,16 @@ def test_no_corpus_for_a_new_run(tmp_path: Path) -> None:
         plan_training(None, CPU, checkpoint_dir=tmp_path)
 
 
-def test_time_budget_stops_after_one_epoch(tmp_path: Path) -> None:
-    corpus = write_corpus(tmp_path / "longer.txt", 20_000)  # an epoch takes well over the 0.5 s budget
-    result = train(new_plan(tmp_path, corpus, time_budget=0.5, epochs=50))
-    assert result.stop_reason == "time_budget"
-    assert result.epochs == 1
+def test_time_budget_stops_mid_epoch(tmp_path: Path, tiny_corpus: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = BatchClock(monkeypatch, 1 / 64)
+    plan = new_plan(tmp_path, tiny_corpus, time_budget=0.5, epochs=50)  # 32 batches of the first epoch's 48
+    assert steps_per_epoch(len(plan.splits.train), TINY_DATA["batch_size"], TINY_DATA["seq_len"]) > 32
+    result = train(plan, clock)
+    assert (result.stop_reason, result.epochs, clock.batches) == ("time_budget", 1, 32)
     assert len(read_history(Run(result.path).path)) == 1
     state = Run(result.path).load_state()
     assert state["finished"] == "time_budget"
-    assert state["epoch"] == 0 and state["batch"] > 0  # one commit: where training stopped, mid-epoch
+    assert (state["epoch"], state["batch"], state["seconds"]) == (0, 32, 0.5)  # one commit: where training stopped
     assert state["epoch_progress"]["batches"] == state["batch"]
     assert Run(result.path).best_weights_path.is_file()
 
@@ -400,37 +402,46 @@ def test_cosine_schedule_anneals_over_the_epochs_when_they_end_first(
     assert "lr_schedule" not in Run(result.path).load_state()["callbacks"]  # no plateau cuts on top
 
 
-def test_cosine_schedule_with_a_budget_anneals_to_zero_by_the_deadline(tmp_path: Path) -> None:
-    corpus = write_corpus(tmp_path / "longer.txt", 20_000)
-    result = train(new_plan(tmp_path, corpus, time_budget=3.0, epochs=50, lr_schedule="cosine", patience=50))
-    assert result.stop_reason == "time_budget"
+def test_cosine_schedule_with_a_budget_anneals_to_zero_by_the_deadline(
+    tmp_path: Path, tiny_corpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batch k of the run (counting from 0) uses the rate k / 160 of the way through the anneal, 160 batches being
+    the 2.5 s budget: the time budget, not the 50 epochs, sets the schedule, and the last batch runs near zero."""
+    clock = BatchClock(monkeypatch, 1 / 64)
+    plan = new_plan(tmp_path, tiny_corpus, time_budget=2.5, epochs=50, lr_schedule="cosine", patience=50)
+    result = train(plan, clock)
+    assert result.stop_reason == "time_budget" and clock.batches == 160
     history = read_history(Run(result.path).path)
-    rates = [row["learning_rate"] for row in history]
-    assert rates[-1] < 0.05 * 2e-3  # the last batch ran in the final few percent of the budget
-    assert all(row["seconds"] < 3.0 for row in history[:-1])  # no epoch began after the deadline
-    assert rates == sorted(rates, reverse=True)
+    ends = np.cumsum([row["batches"] for row in history])  # each epoch's last batch is batch end - 1
+    assert ends[-1] == 160 and len(ends) == 160 // steps_per_epoch(len(plan.splits.train), 8, 32) + 1
+    expected = [cosine_lr(2e-3, (end - 1) / 160) for end in ends]
+    assert [row["learning_rate"] for row in history] == pytest.approx(expected, rel=1e-5)
 
 
-def test_the_time_budget_is_the_runs_and_a_resumed_run_trains_for_what_is_left(tmp_path: Path) -> None:
+def test_the_time_budget_is_the_runs_and_a_resumed_run_trains_for_what_is_left(
+    tmp_path: Path, tiny_corpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """--time-budget counts the run's training across invocations, as --epochs counts its epochs: a run stopped
     and resumed ends when the run has trained that long, its cosine rate going on down (a budget per
     invocation would train another whole budget, annealing over it from a higher rate)."""
-    corpus = write_corpus(tmp_path / "longer.txt", 20_000)
 
-    class CtrlCAfterAnEpoch(NoProgress):
+    class CtrlCAfterAnEpoch(BatchClock):
         epochs = 0
 
         def epoch_end(self, log: EpochLog) -> None:
             self.epochs += 1
 
         def batch_end(self, batch: int, loss: float) -> None:
+            super().batch_end(batch, loss)
             if self.epochs:
                 signal.raise_signal(signal.SIGINT)
 
-    plan = new_plan(tmp_path, corpus, time_budget=600.0, epochs=50, lr_schedule="cosine", patience=50)
+    plan = new_plan(tmp_path, tiny_corpus, time_budget=600.0, epochs=50, lr_schedule="cosine", patience=50)
     with pytest.raises(TrainingInterrupted):
-        train(plan, CtrlCAfterAnEpoch())
+        train(plan, CtrlCAfterAnEpoch(monkeypatch, 1 / 64))
     before = plan.run.load_state()["seconds"]
+    spe = steps_per_epoch(len(plan.splits.train), TINY_DATA["batch_size"], TINY_DATA["seq_len"])
+    assert before == (spe + 1) / 64  # an epoch and the batch Ctrl-C came in
     assert len(read_history(plan.run.path)) == 1
     assert resume_plan(tmp_path).config.training.time_budget == 600.0  # without the flag: the run's budget
     config_before = plan.run.config_path.read_text()
@@ -440,16 +451,15 @@ def test_the_time_budget_is_the_runs_and_a_resumed_run_trains_for_what_is_left(t
         resume_plan(tmp_path, time_budget=before / 2)  # a budget the run has already spent
     assert plan.run.config_path.read_text() == config_before
 
-    budget = before + 3.0  # the run's new total: 3 s more
-    result = train(resume_plan(tmp_path, time_budget=budget))
+    budget = before + 1.0  # the run's new total: 64 batches more
+    clock = BatchClock(monkeypatch, 1 / 64)
+    result = train(resume_plan(tmp_path, time_budget=budget), clock)
     assert result.stop_reason == "time_budget"
-    trained = plan.run.load_state()["seconds"]
-    # It stops within a batch and a validation of the budget, not after another `before`.
-    assert budget <= trained < budget + before / 2, f"{trained:.2f} s trained, {before:.2f} s of them before the stop"
+    assert (clock.batches, plan.run.load_state()["seconds"]) == (64, budget)  # not another `before`
     rates = [row["learning_rate"] for row in read_history(plan.run.path)]
-    assert len(rates) > 1
-    assert rates == sorted(rates, reverse=True)
-    assert rates[-1] < 0.05 * 2e-3  # annealed to zero by the run's deadline
+    assert len(rates) > 1 and rates == sorted(rates, reverse=True)
+    last = spe + 1 + 64 - 1  # the run's last batch: annealed to zero by the run's deadline
+    assert rates[-1] == pytest.approx(cosine_lr(2e-3, last / (budget * 64)), rel=1e-5)
 
     config_before = plan.run.config_path.read_text()
     with pytest.raises(

@@ -715,7 +715,7 @@ class Clock:
     before: float  # seconds trained by earlier invocations
     budget: float | None  # seconds for the whole run
     agree: Callable[[bool, float], tuple[bool, float]]  # (stop asked here, seconds here) -> (anywhere, agreed)
-    started: float = field(default_factory=time.monotonic)
+    started: float = field(default_factory=lambda: time.monotonic())  # looked up when called: tests fake it
     agreed: float = 0.0  # this invocation's seconds at the last synchronise
     stopping: bool = False  # whether some worker had been asked to stop at the last synchronise
 
