@@ -145,12 +145,32 @@ def test_best_weights_reproduce_the_best_validation_loss(trained_run) -> None:
     assert state["best_val_loss"] == pytest.approx(trained_run.result.best_val_loss)
 
 
-def test_last_weights_are_the_resume_point(trained_run) -> None:
-    run = Run(trained_run.run.path)
-    cfg = run.load_config()
+def test_last_weights_are_the_weights_training_had_at_its_last_resume_point(tmp_path: Path) -> None:
+    from helpers import TINY_DATA, TINY_MODEL, write_corpus
+
+    from textgen.device import CPU
+    from textgen.train import plan_training, train
+
+    plan = plan_training(
+        str(write_corpus(tmp_path / "tiny.txt", 3000)), CPU, checkpoint_dir=tmp_path / "ck", run_name="r",
+        data=TINY_DATA, model=TINY_MODEL, training={"epochs": 2},
+    )  # fmt: skip
+    saved: list[list[np.ndarray]] = []
+    original = plan.run.save_resume_point
+
+    def record(model, optimizer, state) -> None:
+        saved.append(model.get_weights())
+        original(model, optimizer, state)
+
+    plan.run.save_resume_point = record  # type: ignore[method-assign]
+    train(plan)
+    run = Run(plan.run.path)
     assert run.weights_path("last") == run.path / run.load_state()["last_weights"]
-    model = build_model(cfg.model, 1)
-    run.load_weights(model, "last")  # loads without error into another batch size
+    model = build_model(run.load_config().model, 1)  # another batch size: the weights do not depend on it
+    run.load_weights(model, "last")
+    assert len(saved) >= 2 and not all(np.array_equal(a, b) for a, b in zip(saved[0], saved[-1], strict=True))
+    for loaded, at_the_end in zip(model.get_weights(), saved[-1], strict=True):
+        np.testing.assert_array_equal(loaded, at_the_end)
 
 
 # --- finding runs -------------------------------------------------------------------

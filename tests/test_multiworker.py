@@ -154,5 +154,12 @@ def test_sigterm_on_one_worker_stops_the_cluster_cleanly_with_a_resumable_run(tm
     assert codes == [143, 143], [log.read_text() for _, log in workers]
     chief_output = workers[0][1].read_text()
     assert "a stop on another worker" in chief_output and "--resume" in chief_output
+    assert not any("Traceback" in log.read_text() for _, log in workers)
     state = json.loads((checkpoint_dir / "mw" / "state.json").read_text())
-    assert state["batch"] > 0 or state["epoch"] > 0  # a resume point where the cluster stopped
+    assert state["finished"] is None  # stopped, not done: resumed, the cluster trains on from where it stopped
+    resumed_dir = tmp_path / "resumed"
+    resumed_dir.mkdir()
+    again = start_workers(resumed_dir, [*args, "--resume"], free_ports(2))
+    assert finish(again) == [0, 0], [log.read_text() for _, log in again]
+    final = json.loads((checkpoint_dir / "mw" / "state.json").read_text())
+    assert final["finished"] == "epochs" and final["step"] > state["step"]
