@@ -163,6 +163,37 @@ def test_a_pruned_run_resumes_with_the_same_masks(checkpoints: Path) -> None:
         assert zero_after.mean() == pytest.approx(0.5, abs=1 / zero_after.size)
 
 
+def test_a_pruned_run_given_more_epochs_never_unmasks_a_weight(checkpoints: Path) -> None:
+    """More --epochs move the schedule back (3 of 3 epochs is 3 of 13); the sparsity goes on from the weights'."""
+    prune = {"source": TEACHER, "sparsity": 0.5}
+    plan = derived_plan(checkpoints, "extended", prune=prune, training={"epochs": 2})
+    train(plan)
+    before = [k == 0 for k in kernels(plan.run, "last")]
+    best_before = plan.run.best_weights_path.read_bytes()
+    train(
+        plan_training(None, CPU, checkpoint_dir=checkpoints, run_name="extended", resume=True, training={"epochs": 5})
+    )
+    for zero_before, zero_after in zip(before, [k == 0 for k in kernels(plan.run, "last")], strict=True):
+        assert zero_before.mean() == pytest.approx(0.5, abs=1 / zero_before.size)
+        assert np.array_equal(zero_after, zero_before)  # not one pruned weight trained again
+    assert plan.run.best_weights_path.read_bytes() != best_before  # the extra epochs may still be the best
+
+
+def test_the_schedule_starts_from_the_sparsity_the_weights_have() -> None:
+    import keras
+
+    kernel = keras.Variable(np.array([[0.0, 0.0, 3.0, -4.0], [5.0, 0.0, 7.0, 8.0]], np.float32))
+    mask = keras.Variable(np.ones((2, 4), np.float32))
+    schedule = PruneSchedule([(kernel, mask)], target=0.5, ramp=0.5, progress=lambda epoch, batch: 0.0)
+    schedule.on_train_begin()
+    assert (schedule.reached, schedule.at_target) == (3 / 8, False)
+    schedule.on_train_batch_begin(0)  # the schedule says 0 at the start: the weights' 3 zeros stay masked
+    assert mask.numpy().tolist() == [[0, 0, 1, 1], [1, 0, 1, 1]]
+    kernel.assign(np.array([[0.0, 0.0, 3.0, -4.0], [0.0, 0.0, 7.0, 8.0]], np.float32))
+    schedule.on_train_begin()  # 4 of 8 zeros: at the target, though no batch has set a mask (a validation only)
+    assert (schedule.reached, schedule.at_target) == (0.5, True)
+
+
 def test_prune_and_distill_commands(checkpoints: Path) -> None:
     result = invoke(
         "prune", "--run", TEACHER, "--sparsity", "0.6", "--epochs", "1", "--checkpoint-dir", str(checkpoints), "--json"
@@ -186,6 +217,7 @@ def test_prune_and_distill_commands(checkpoints: Path) -> None:
         (["prune", "--run", "nope"], ["nope"]),
         (["prune", "--run", TEACHER, "--sparsity", "1.5"], ["--sparsity", "between 0 and 1"]),
         (["prune", "--run", TEACHER, "--lr", "0"], ["--lr must be a positive number"]),
+        (["prune", "--run", TEACHER, "--ramp", "1"], ["--ramp must be in (0, 0.99]"]),
         (["distill", "--teacher", TEACHER, "--alpha", "2"], ["--alpha", "between 0 and 1"]),
         (["distill", "--teacher", TEACHER, "--temperature", "0"], ["--temperature"]),
     ],

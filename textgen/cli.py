@@ -401,7 +401,8 @@ def prune(
         float, _option("Fraction of each LSTM and output kernel set to zero in the end", "Pruning")
     ] = PruneConfig.sparsity,
     ramp: Annotated[
-        float, _option("Fraction of the fine-tuning over which the sparsity rises to its target", "Pruning")
+        float,
+        _option("Fraction of the fine-tuning (up to 0.99) over which the sparsity rises to its target", "Pruning"),
     ] = PruneConfig.ramp,
     lr: Annotated[float | None, _option("Adam's peak learning rate for the fine-tuning", "Optimisation", 1e-3)] = None,
     epochs: EpochsOption = None,

@@ -317,7 +317,9 @@ class PruneConfig:
     def __post_init__(self) -> None:
         ok = _finite(self.sparsity) and 0.0 < self.sparsity < 1.0
         _require(ok, "sparsity", "between 0 and 1 (exclusive)", self.sparsity)
-        _require(_finite(self.ramp) and 0.0 < self.ramp <= 1.0, "ramp", "in (0, 1]", self.ramp)
+        # The sparsity rises in steps of 1% of the run: it reaches the target at the step that starts at ``ramp``,
+        # so a ramp over 0.99 would never get there (and the run would have no best weights at full sparsity).
+        _require(_finite(self.ramp) and 0.0 < self.ramp <= 0.99, "ramp", "in (0, 0.99]", self.ramp)
 
 
 @dataclasses.dataclass(frozen=True)

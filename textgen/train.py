@@ -778,9 +778,7 @@ def build_callbacks(
     else:
         lr_schedule = CosineSchedule(trainer.optimizer, tcfg.lr, schedule_progress)
     pruning = PruneSchedule(trainer.masks, prune.sparsity, prune.ramp, schedule_progress) if prune else None
-    checkpoint = RunCheckpoint(
-        run, trainer.optimizer, stateful, eligible=lambda: pruning is None or pruning.sparsity >= pruning.target
-    )
+    checkpoint = RunCheckpoint(run, trainer.optimizer, stateful, eligible=lambda: pruning is None or pruning.at_target)
     callbacks = keras.callbacks.CallbackList(
         [
             ResetStatesCallback(trainer),
@@ -814,17 +812,32 @@ class PruneSchedule(keras.callbacks.Callback):
         super().__init__()
         self.masks, self.target, self.ramp, self.progress = masks, target, ramp, progress
         self.epoch = 0
-        self.sparsity = -1.0  # none set yet: the first batch (of a new or a resumed run) sets the masks
+        self.reached = 0.0  # the sparsity the weights already have (a resumed run's)
+        self.sparsity = -1.0  # the masks' sparsity; none yet: the first batch (of a new or a resumed run) sets them
 
     def sparsity_at(self, progress: float) -> float:
         quantised = math.floor(min(max(progress, 0.0), 1.0) * self.STEPS) / self.STEPS
         return self.target * (1.0 - (1.0 - min(quantised / self.ramp, 1.0)) ** 3)
 
+    @property
+    def at_target(self) -> bool:
+        """Whether the weights are at the full sparsity (a run resumed only to validate sets no masks)."""
+        return max(self.sparsity, self.reached) >= self.target
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        """A resumed run's pruned weights are exactly zero: its sparsity goes on from theirs, never below. (More
+        --epochs or --time-budget move the schedule back; unmasking would train pruned weights again.)"""
+        zeros = [(int(np.count_nonzero(kernel.numpy() == 0)), int(np.prod(kernel.shape))) for kernel, _ in self.masks]
+        if zeros and all(n >= round(self.target * size) for n, size in zeros):
+            self.reached = self.target  # exactly, for at_target
+        else:
+            self.reached = min((n / size for n, size in zeros), default=0.0)
+
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self.epoch = epoch
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-        sparsity = self.sparsity_at(self.progress(self.epoch, batch))
+        sparsity = max(self.sparsity_at(self.progress(self.epoch, batch)), self.reached)
         if sparsity != self.sparsity:
             update_masks(self.masks, sparsity)
             self.sparsity = sparsity
