@@ -218,6 +218,8 @@ def test_prune_and_distill_commands(checkpoints: Path) -> None:
         (["prune", "--run", TEACHER, "--sparsity", "1.5"], ["--sparsity", "between 0 and 1"]),
         (["prune", "--run", TEACHER, "--lr", "0"], ["--lr must be a positive number"]),
         (["prune", "--run", TEACHER, "--ramp", "1"], ["--ramp must be in (0, 0.99]"]),
+        (["prune", "--run", TEACHER, "--time-budget", "0"], ["--time-budget must be"]),
+        (["distill", "--teacher", TEACHER, "--time-budget", "soon"], ["--time-budget must be a duration"]),
         (["distill", "--teacher", TEACHER, "--alpha", "2"], ["--alpha", "between 0 and 1"]),
         (["distill", "--teacher", TEACHER, "--temperature", "0"], ["--temperature"]),
     ],

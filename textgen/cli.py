@@ -378,9 +378,8 @@ def distill(
     """Train a smaller student on a trained run's softened predictions (knowledge distillation)."""
     model = {"units": units, "layers": layers, "embedding_dim": embedding_dim, "dropout": dropout}
     distill = {"teacher": teacher, "temperature": temperature, "alpha": alpha}
-    _train_from_run(
-        device, checkpoint_dir, run, model, _training(lr, epochs, time_budget, seed), as_json, distill=distill
-    )
+    training = {"lr": lr, "epochs": epochs, "seed": seed}
+    _train_from_run(device, checkpoint_dir, run, model, training, time_budget, as_json, distill=distill)
 
 
 PRUNE_EXAMPLES = """
@@ -414,10 +413,9 @@ def prune(
     as_json: TrainJsonOption = False,
 ) -> None:
     """Prune a trained run to a sparsity, fine-tuning it as the smallest weights are masked to zero."""
-    training = _training(PRUNE_LR if lr is None else lr, epochs, time_budget, seed)
-    _train_from_run(
-        device, checkpoint_dir, name, {}, training, as_json, prune={"source": run, "sparsity": sparsity, "ramp": ramp}
-    )
+    training = {"lr": PRUNE_LR if lr is None else lr, "epochs": epochs, "seed": seed}
+    prune = {"source": run, "sparsity": sparsity, "ramp": ramp}
+    _train_from_run(device, checkpoint_dir, name, {}, training, time_budget, as_json, prune=prune)
 
 
 # Fine-tuning starts from trained weights: half the peak learning rate of training from scratch.
@@ -430,6 +428,7 @@ def _train_from_run(
     run_name: str | None,
     model: dict[str, Any],
     training: dict[str, Any],
+    time_budget: str | None,
     as_json: bool,
     distill: dict[str, Any] | None = None,
     prune: dict[str, Any] | None = None,
@@ -443,21 +442,12 @@ def _train_from_run(
             run_name=run_name,
             data={},
             model=model,
-            training=training,
+            training={**training, "time_budget": parse_duration(time_budget) if time_budget else None},
             progress=ui.TrainingDisplay(console, as_json=as_json),
             distill=distill,
             prune=prune,
         )
         ui.show_train_result(console, result, as_json)
-
-
-def _training(lr: float | None, epochs: int | None, time_budget: str | None, seed: int | None) -> dict[str, Any]:
-    return {
-        "lr": lr,
-        "epochs": epochs,
-        "seed": seed,
-        "time_budget": parse_duration(time_budget) if time_budget else None,
-    }
 
 
 SAMPLE_EXAMPLES = """
