@@ -11,7 +11,15 @@ import keras
 import numpy as np
 import pytest
 
-from textgen.checkpoint import Run, check_run_name, ensure_writable, find_run, list_runs, reserve_run
+from textgen.checkpoint import (
+    Run,
+    check_run_name,
+    ensure_writable,
+    find_run,
+    list_runs,
+    reserve_run,
+    run_summaries,
+)
 from textgen.config import RunConfig
 from textgen.data import StreamLayout
 from textgen.errors import CheckpointError, ConfigError
@@ -271,6 +279,21 @@ def test_corrupt_state(tmp_path: Path, trained_run, content: str) -> None:
     run.state_path.write_text(content)
     with pytest.raises(CheckpointError, match=r"state\.json is corrupt"):
         run.load_state()
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("best_val_loss", "1.2"), ("seconds", [1]), ("epoch", 1.5), ("batch", True)]
+)
+def test_a_state_number_of_the_wrong_type_is_corrupt_and_runs_lists_the_others(
+    tmp_path: Path, trained_run, key: str, value: object
+) -> None:
+    damaged = trained_run.copy_to(tmp_path / "ck", "damaged")
+    trained_run.copy_to(tmp_path / "ck", "fine")
+    damaged.state_path.write_text(json.dumps({**damaged.load_state(), key: value}))
+    with pytest.raises(CheckpointError, match=rf"state\.json is corrupt \({key}="):
+        damaged.load_state()
+    summaries = {s.run: s for s in run_summaries(tmp_path / "ck")}
+    assert summaries["fine"].problem is None and "corrupt" in (summaries["damaged"].problem or "")
 
 
 @pytest.mark.parametrize("content", ["{not json", "", "[]", '{"letters": "abc"}', '{"chars": 5}', "null"])

@@ -52,6 +52,16 @@ DEFAULT_CHECKPOINT_DIR = Path("checkpoints")
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")  # 100 characters: far below any filesystem's limit
 
 
+# The numbers in state.json every reader relies on, and their types.
+STATE_NUMBERS: dict[str, type | tuple[type, ...]] = {
+    "epoch": int,
+    "batch": int,
+    "step": int,
+    "seconds": (int, float),
+    "best_val_loss": (int, float),
+}
+
+
 class Run:
     """One training run's directory."""
 
@@ -203,6 +213,10 @@ class Run:
         for key in ("epoch", "batch", "last_weights", "optimizer"):
             if key not in state:
                 raise CheckpointError(f"{self.state_path} is corrupt (no {key!r}); train again")
+        for key, kind in STATE_NUMBERS.items():
+            value = state.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
+                raise CheckpointError(f"{self.state_path} is corrupt ({key}={value!r}); train again")
         return state
 
     def has_state(self) -> bool:
