@@ -162,7 +162,8 @@ def test_download_of_a_non_gutenberg_name_is_not_attempted(in_tmp: Path, monkeyp
 
 def test_many_sources_resolve_to_files_in_order(in_tmp: Path) -> None:
     books = in_tmp / "books"
-    for name in ("b.txt", "a.txt", "sub/c.txt", ".hidden/d.txt", "README.md", ".e.txt"):
+    names = ("b.txt", "a.txt", "sub/c.txt", ".hidden/d.txt", "README.md", ".e.txt", "ck/run/loss_curve.txt")
+    for name in (*names, "ck/run/config.json", "ck/run/state.json"):  # a textgen run's files are no corpus
         (books / name).parent.mkdir(parents=True, exist_ok=True)
         (books / name).write_text("text\n", encoding="utf-8")
     (in_tmp / "one.txt").write_text("one\n", encoding="utf-8")
@@ -178,6 +179,9 @@ def test_many_sources_resolve_to_files_in_order(in_tmp: Path) -> None:
         resolve_corpora(["nothing/*.txt"])
     with pytest.raises(CorpusError, match="give a corpus to train on"):
         resolve_corpora([])
+    for empty in ("", "  "):  # an unset "$BOOK": not the current directory
+        with pytest.raises(CorpusError, match="a corpus name is empty"):
+            resolve_corpora(["one.txt", empty])
 
 
 def test_the_fingerprint_of_many_files_changes_with_any_of_them(tmp_path: Path) -> None:
@@ -509,6 +513,13 @@ def test_utf16_and_utf32_are_refused_under_auto_with_the_flag_to_use(tmp_path: P
     message = str(info.value)
     assert f"wide.txt is {label} text; pass --encoding {label.lower()}, or convert it to UTF-8" in message
     assert f"iconv -f {label.lower()} -t utf-8" in message
+
+
+@pytest.mark.parametrize("codec", ["utf-16", "utf-32"])
+def test_utf16_and_utf32_named_for_a_file_without_their_bom_is_one_error(tmp_path: Path, codec: str) -> None:
+    path = write(tmp_path / "plain.txt", b"War and Peace\n")
+    with pytest.raises(CorpusError, match=rf"plain.txt is not valid {codec} \(.+\); pass --encoding auto"):
+        read_corpus(path, encoding=codec)
 
 
 @pytest.mark.parametrize("codec", ["utf-16", "utf-32"])

@@ -97,9 +97,11 @@ def resolve_corpora(names: list[str], download: bool = False) -> list[Path]:
         raise CorpusError("give a corpus to train on, e.g. textgen train 2600-0.txt")
     files: dict[Path, None] = {}
     for name in names:
+        if not name.strip():  # Path("") is the current directory: an unset "$BOOK" would read every .txt under it
+            raise CorpusError("a corpus name is empty; give a file, a directory or a pattern, e.g. 2600-0.txt")
         path = Path(os.path.expanduser(name))
         if path.is_dir():
-            found = sorted(p for p in path.rglob("*.txt") if p.is_file() and not _hidden(p.relative_to(path)))
+            found = sorted(p for p in path.rglob("*.txt") if p.is_file() and not _skipped(p.relative_to(path), path))
             if not found:
                 raise CorpusError(f"{name} has no .txt files; textgen reads the *.txt files of a directory")
         elif not path.exists() and glob.has_magic(name):
@@ -114,8 +116,13 @@ def resolve_corpora(names: list[str], download: bool = False) -> list[Path]:
     return list(files)
 
 
-def _hidden(relative: Path) -> bool:
-    return any(part.startswith(".") for part in relative.parts)
+def _skipped(relative: Path, root: Path) -> bool:
+    """Whether a file under a corpus directory is left out: hidden, or in a textgen run (its loss_curve.txt)."""
+    hidden = any(part.startswith(".") for part in relative.parts)
+    return hidden or any(
+        (root / folder / "config.json").is_file() and (root / folder / "state.json").is_file()
+        for folder in relative.parents
+    )
 
 
 # --- downloading ---------------------------------------------------------------
@@ -300,7 +307,7 @@ def _decodes_as(path: Path, codec: str) -> bool:
             while chunk := fh.read(READ_CHUNK_BYTES):
                 decoder.decode(chunk)
         decoder.decode(b"", final=True)  # a multi-byte character cut off at the end
-    except UnicodeDecodeError:
+    except UnicodeError:  # UnicodeDecodeError, or the UTF-16 and UTF-32 codecs' "no BOM"
         return False
     return True
 
@@ -487,10 +494,13 @@ def _clean_chunks(path: Path, codec: str) -> Iterator[str]:
             pending = len(decoder.getstate()[0])  # bytes of a character cut off by the last read
             try:
                 text = carry + decoder.decode(data, final=not data)
-            except UnicodeDecodeError as exc:
+            except UnicodeError as exc:  # UnicodeDecodeError, or the UTF-16 and UTF-32 codecs' "no BOM"
                 label = "UTF-8" if codec == "utf-8" else codec
+                where = (
+                    f"bad byte at offset {read - pending + exc.start}" if isinstance(exc, UnicodeDecodeError) else exc
+                )
                 raise CorpusError(
-                    f"{path} is not valid {label} (bad byte at offset {read - pending + exc.start}); pass "
+                    f"{path} is not valid {label} ({where}); pass "
                     "--encoding auto to detect UTF-8, Windows-1252 or Latin-1, or name the file's encoding "
                     "with --encoding"
                 ) from None
