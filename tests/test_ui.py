@@ -45,8 +45,20 @@ def test_json_is_every_field_of_the_result(tmp_path: Path) -> None:
         "documents": 1,
         "unknown_chars": 0,
         "chief": True,
+        "stop_requested": None,
         "best_val_bpc": pytest.approx(1.5 / math.log(2)),
     }
+
+
+def test_json_lines_carry_bytes_that_were_not_utf8_as_replacement_characters(tmp_path: Path) -> None:
+    """A file name or --prime with a non-UTF-8 byte reaches Python as a lone surrogate, which no UTF-8 stream
+    can carry: the line must still encode, and parse."""
+    path = tmp_path / "b\udcffd.txt"
+    result = TrainResult("r", path, 3, 1.5, StopReason.EPOCHS, 12.0, 900.0, 30)
+    line = ui.json_line(result, prime="ab\udcffc", nested={"names": ["x\udc80", 1.0, math.nan]})
+    record = strict(line.encode("utf-8").decode("utf-8"))
+    assert record["prime"] == "ab\ufffdc" and record["path"] == str(tmp_path / "b\ufffdd.txt")
+    assert record["nested"] == {"names": ["x\ufffd", 1.0, None]}
 
 
 @pytest.mark.parametrize("reason", list(StopReason))

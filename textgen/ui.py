@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import shlex
 import time
 from collections.abc import Iterable, Iterator
@@ -47,18 +48,29 @@ if TYPE_CHECKING:
 
 
 def json_line(record: Any, **extra: Any) -> str:
-    """One strict-JSON line: ``extra`` then the fields of the dataclass ``record``; paths as strings,
-    and a loss that is NaN or infinite (a diverged run) as null, which strict JSON has instead."""
+    """One strict-JSON line: ``extra`` then the fields of the dataclass ``record`` (see ``_strict``)."""
     return json.dumps(
-        _finite({**extra, **dataclasses.asdict(record)}), default=str, ensure_ascii=False, allow_nan=False
+        _strict({**extra, **dataclasses.asdict(record)}), default=str, ensure_ascii=False, allow_nan=False
     )
 
 
-def _finite(value: Any) -> Any:
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _strict(value: Any) -> Any:
+    """``value`` as strict JSON holds it: paths as strings, a loss that is NaN or infinite (a diverged run) as null,
+    and bytes that were not UTF-8 (in a file name or an argument, which Python keeps as lone surrogates that no
+    UTF-8 output can carry) as U+FFFD."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
+    if isinstance(value, Path):
+        value = str(value)
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_strict(v) for v in value]
     return value
 
 
