@@ -88,6 +88,7 @@ def test_bad_flag_values(workdir: Path, flags: list[str], fragment: str) -> None
         (["evaluate", "--split", "train"], "invalid value for '--split': 'train' is not one of 'test', 'val'"),
         (["sample", "--bogus"], "no such option: --bogus"),
         (["trian"], "no such command 'trian'"),
+        (["export"], "missing option '--format'. Choose from: litert, savedmodel"),
     ],
 )
 def test_usage_errors_are_one_line(workdir: Path, args: list[str], fragment: str) -> None:

@@ -268,6 +268,10 @@ def test_bad_exports_and_models_are_one_line(run: Run, exports: dict[str, Path],
     broken = tmp_path / "broken"
     shutil.copytree(exports["litert-int8"], broken)
     (broken / "model.tflite").write_bytes(b"not a model")
+    mismatched = tmp_path / "mismatched"  # a textgen.json describing another model than the file's
+    shutil.copytree(exports["litert-int8"], mismatched)
+    info = json.loads((mismatched / INFO_FILE).read_text())
+    (mismatched / INFO_FILE).write_text(json.dumps({**info, "model": {**info["model"], "layers": 2}}))
     cases = [
         (
             ["export", *checkpoints, "--format", "savedmodel", "--quantize", "int8"],
@@ -280,6 +284,7 @@ def test_bad_exports_and_models_are_one_line(run: Run, exports: dict[str, Path],
         (["sample", "--model", str(damaged)], "is damaged"),
         (["sample", "--model", str(not_an_object)], "is damaged (not a JSON object)"),
         (["sample", "--model", str(broken)], "export the run again"),
+        (["sample", "--model", str(mismatched)], "has no input or output 'h_1' that its textgen.json describes"),
         (["sample", "--model", str(exports["litert"]), "--run", "tiny"], "give --run or --model, not both"),
         (["evaluate", "--model", str(exports["litert"])], "give a text FILE"),
     ]

@@ -38,9 +38,15 @@ class LiteRTGenerator(Sampler):
             raise ConfigError(f"{path} is not a model textgen exported ({exc}); export the run again") from None
         del signature  # it holds views of the interpreter's buffers, which would block invoke()
         names = state_names(cfg.layers)
-        self.ids_input, self.logits_output = inputs["ids"], outputs["logits"]
-        self.state_inputs = [inputs[n] for n in names]
-        self.state_outputs = [outputs[n] for n in names]
+        try:
+            self.ids_input, self.logits_output = inputs["ids"], outputs["logits"]
+            self.state_inputs = [inputs[n] for n in names]
+            self.state_outputs = [outputs[n] for n in names]
+        except KeyError as exc:
+            raise ConfigError(
+                f"{path} has no input or output {exc} that its textgen.json describes ({cfg.layers} layers); "
+                "export the run again"
+            ) from None
         self.batch = 0
 
     def _resize(self, batch: int) -> None:

@@ -96,7 +96,8 @@ def show_os_error(err_console: Console, exc: OSError) -> None:
 
 def show_usage_error(err_console: Console, message: str, ctx: Any) -> None:
     """One of click's usage errors (a bad choice, an unknown option) on one line, with where to find help."""
-    message = message.replace("Value error, ", "").rstrip(".")  # typer words choices as pydantic errors
+    # Typer words choices as pydantic errors, and lists a missing option's choices one per line.
+    message = " ".join(message.replace("Value error, ", "").split()).rstrip(".")
     where = f"; see {ctx.command_path} --help" if ctx is not None else ""
     err_console.print(f"[red]error:[/] {escape(message[:1].lower() + message[1:])}{where}")
 
