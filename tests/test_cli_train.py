@@ -337,3 +337,28 @@ def test_a_directory_of_books_trains_then_samples_and_evaluates(workdir: Path) -
     )
     assert again.returncode == 0, again.stderr
     assert list((workdir / "checkpoints" / ".cache").iterdir()) == entries
+
+
+REFUSED_WITHOUT_TENSORFLOW = """
+import sys
+from textgen.cli import main
+sys.argv = ["textgen", "train", "missing.txt", "--checkpoint-dir", "ck"]
+try:
+    main()
+except SystemExit as exit:
+    assert exit.code == 1, exit.code
+assert "tensorflow" not in sys.modules, "TensorFlow was imported"
+"""
+
+
+def test_a_missing_corpus_is_refused_before_tensorflow_loads(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", REFUSED_WITHOUT_TENSORFLOW],
+        cwd=tmp_path,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "corpus 'missing.txt' not found" in result.stderr

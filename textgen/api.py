@@ -24,6 +24,7 @@ from textgen.config import (
     TrainConfig,
     check_fits_in_memory,
 )
+from textgen.corpus import resolve_corpora
 from textgen.device import apply_profile, configure_for_inference, import_tensorflow, resolve_profile
 from textgen.errors import ConfigError
 from textgen.idcache import cache_root
@@ -101,6 +102,8 @@ def train(
         )
     strategy_name = training.get("strategy") or (saved.training.strategy if saved else "none")
     role = cluster_role(strategy_name, saved=not training.get("strategy"))
+    if corpus and strategy_name != "multiworker":  # a missing file is said at once, not after TensorFlow's ~4 s
+        resolve_corpora(corpus, download=download)  # (a worker of a cluster fails after joining it: see below)
     import_tensorflow()
     profile = saved.profile if saved else resolve_profile(device)  # a resumed run keeps its profile
     apply_profile(profile, threads=threads)
