@@ -100,14 +100,14 @@ def test_seed_none_means_a_random_seed() -> None:
 @pytest.mark.parametrize(
     ("line", "warning"),
     [
-        (":topp 2", "--top-p must be in (0, 1] (got 2.0)"),
-        (":topp 0", "--top-p must be in (0, 1] (got 0.0)"),
-        (":temp -1", "--temp must be 0 (greedy) or between 0.001 and 1000 (got -1.0)"),
-        (":temp hot", "--temp needs a number (got 'hot')"),
-        (":len 0", "--length must be a positive integer up to 2,147,483,647 (got 0)"),
-        (":num 1.5", "--num needs a number (got '1.5')"),
-        (":topk -2", "--top-k must be 0 (off) or a positive integer (got -2)"),
-        (":seed -1", "--seed must be an integer in [0, 2**31) (got -1)"),
+        (":topp 2", ":topp must be in (0, 1] (got 2.0)"),
+        (":topp 0", ":topp must be in (0, 1] (got 0.0)"),
+        (":temp -1", ":temp must be 0 (greedy) or between 0.001 and 1000 (got -1.0)"),
+        (":temp hot", ":temp needs a number (got 'hot')"),
+        (":len 0", ":len must be a positive integer up to 2,147,483,647 (got 0)"),
+        (":num 1.5", ":num needs a number (got '1.5')"),
+        (":topk -2", ":topk must be 0 (off) or a positive integer (got -2)"),
+        (":seed -1", ":seed must be an integer in [0, 2**31) (got -1)"),
     ],
 )
 def test_a_bad_value_warns_and_keeps_the_old_one(line: str, warning: str) -> None:

@@ -71,12 +71,14 @@ class Session:
             self.state = None
             print(f"context {words[1]}", file=self.out)
         elif words[0] in _SETTINGS and len(words) == 2:
-            self.set(_SETTINGS[words[0]], words[1])
+            self.set(words[0], words[1])
         else:
             self.warn(f"unknown command :{' '.join(words)}; type :help")
         return True
 
-    def set(self, field: str, text: str) -> None:
+    def set(self, command: str, text: str) -> None:
+        """``:command text``, e.g. ``:temp 0.7``; a bad value is named by its command, as the REPL's help does."""
+        field = _SETTINGS[command]
         try:
             value: Any
             if field == "seed" and text.lower() == "none":
@@ -87,10 +89,10 @@ class Session:
                 value = int(text)
             self.settings = dataclasses.replace(self.settings, **{field: value})
         except ValueError:
-            self.warn(f"{flag(field)} needs a number (got {text!r})")
+            self.warn(f":{command} needs a number (got {text!r})")
             return
         except ConfigError as exc:
-            self.warn(str(exc))
+            self.warn(str(exc).replace(flag(field), f":{command}", 1))
             return
         print(self.describe(), file=self.out)
 
