@@ -166,9 +166,9 @@ def test_last_weights_are_the_weights_training_had_at_its_last_resume_point(tmp_
     saved: list[list[np.ndarray]] = []
     original = plan.run.save_resume_point
 
-    def record(model, optimizer, state) -> None:
+    def record(model, optimizer, state, *streams) -> None:
         saved.append(model.get_weights())
-        original(model, optimizer, state)
+        original(model, optimizer, state, *streams)
 
     plan.run.save_resume_point = record  # type: ignore[method-assign]
     train(plan)

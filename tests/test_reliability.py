@@ -239,9 +239,9 @@ def test_save_every_writes_mid_epoch_resume_points(tmp_path: Path, monkeypatch: 
     saves: list[tuple[int, int]] = []
     original = plan.run.save_resume_point
 
-    def record(model, optimizer, state):
+    def record(model, optimizer, state, *streams):
         saves.append((state["epoch"], state["batch"]))
-        original(model, optimizer, state)
+        original(model, optimizer, state, *streams)
 
     plan.run.save_resume_point = record
     train(plan, clock)

@@ -14,6 +14,7 @@ from helpers import TINY_DATA, TINY_MODEL, read_history, steps_per_epoch, write_
 from textgen.checkpoint import Run, resume_hint
 from textgen.device import CPU
 from textgen.errors import CheckpointError, ConfigError, TrainingInterrupted
+from textgen.model import build_model
 from textgen.results import EpochLog
 from textgen.train import NoProgress, TrainPlan, cosine_lr, plan_training, train
 
@@ -181,6 +182,42 @@ def test_interrupt_saves_a_resume_point_mid_epoch(tmp_path: Path, tiny_corpus: P
     assert [row["epoch"] for row in rows] == [0, 1]
     assert rows[0]["batches"] == spe  # the row covers the whole epoch: the 4 batches before Ctrl-C were saved with it
     assert run.load_state()["step"] == 2 * spe
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_a_run_stopped_mid_epoch_and_resumed_ends_where_an_uninterrupted_one_does(
+    tmp_path: Path, tiny_corpus: Path, accumulate: int
+) -> None:
+    """The streams' LSTM states go on from where they were at the stop (each accumulation group's too), as the
+    weights, the optimizer, the schedule and the dropout masks do: the same updates as without the stop."""
+    import keras
+
+    class CtrlCAtBatch5(NoProgress):
+        def batch_end(self, batch: int, loss: float) -> None:
+            if batch == 5:
+                signal.raise_signal(signal.SIGINT)
+
+    data = {"batch_size": 4, "seq_len": 16}
+    training = {"epochs": 2, "accumulate": accumulate, "lr_schedule": "cosine"}
+    model = {**TINY_MODEL, "dropout": 0.1}
+    runs = {}
+    for name, stops in (("straight", False), ("stopped", True)):
+        plan = plan_training(str(tiny_corpus), CPU, checkpoint_dir=tmp_path / name, run_name="r", data=data,
+                             model=model, training=training)  # fmt: skip
+        keras.utils.set_random_seed(0)
+        if stops:
+            with pytest.raises(TrainingInterrupted, match="stopped at epoch 1, batch 6/"):
+                train(plan, CtrlCAtBatch5())
+            plan = plan_training(None, CPU, checkpoint_dir=tmp_path / name, run_name="r", resume=True)
+        train(plan)
+        runs[name] = plan.run
+    weights = []
+    for run in runs.values():
+        model_ = build_model(run.load_config().model, 1)
+        run.load_weights(model_, "last")
+        weights.append(model_.get_weights())
+    for a, b in zip(*weights, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
 def test_interrupt_in_the_last_batch_of_an_epoch_finishes_the_epoch(tmp_path: Path, tiny_corpus: Path) -> None:

@@ -115,10 +115,15 @@ class Run:
             return math.inf
 
     def save_resume_point(
-        self, model: keras.Model, optimizer: keras.optimizers.Optimizer, state: dict[str, Any]
+        self,
+        model: keras.Model,
+        optimizer: keras.optimizers.Optimizer,
+        state: dict[str, Any],
+        stream_states: list[np.ndarray] | None = None,
     ) -> None:
-        """Write weights and optimizer state for ``state`` (which must hold epoch and batch), then commit
-        it by replacing state.json; history.csv is then rewritten from the committed history."""
+        """Write weights and optimizer state for ``state`` (which must hold epoch and batch), and mid-epoch the
+        streams' LSTM states, then commit it by replacing state.json; history.csv is then rewritten from the
+        committed history."""
         tag = f"e{state['epoch']:04d}-b{state['batch']:06d}"
         weights_name, optimizer_name = f"last-{tag}.weights.h5", f"optimizer-{tag}.npz"
         with self._saving("a resume point"):
@@ -126,7 +131,11 @@ class Run:
                 model.save_weights(tmp)
             with atomic_path(self.path / optimizer_name) as tmp, open(tmp, "wb") as fh:
                 np.savez(fh, *[np.asarray(v) for v in optimizer.variables])
-            state = {**state, "last_weights": weights_name, "optimizer": optimizer_name}
+            state = {**state, "last_weights": weights_name, "optimizer": optimizer_name, "stream_states": None}
+            if stream_states is not None:
+                state["stream_states"] = f"states-{tag}.npz"
+                with atomic_path(self.path / state["stream_states"]) as tmp, open(tmp, "wb") as fh:
+                    np.savez(fh, *stream_states)
             atomic_write_text(self.state_path, json.dumps(state, indent=2) + "\n")
             self._write_history(state.get("history", []))
             self._remove_unreferenced(state)
@@ -153,9 +162,9 @@ class Run:
 
     def _remove_unreferenced(self, state: dict[str, Any]) -> None:
         """Delete what no commit refers to: older resume files, and temporary files of interrupted saves."""
-        keep = {state.get("last_weights"), state.get("optimizer")}
+        keep = {state.get("last_weights"), state.get("optimizer"), state.get("stream_states")}
         for path in self.path.iterdir():
-            stale = path.name.startswith(("last-", "optimizer-")) and path.name not in keep
+            stale = path.name.startswith(("last-", "optimizer-", "states-")) and path.name not in keep
             if stale or TEMPORARY.match(path.name):
                 path.unlink(missing_ok=True)
 
@@ -292,6 +301,19 @@ class Run:
             raise CheckpointError(f"{path} does not match this model's optimizer; cannot resume, train again")
         for var, value in zip(variables, values, strict=True):
             var.assign(value)
+
+    def load_stream_states(self) -> list[np.ndarray] | None:
+        """The streams' LSTM states saved with a mid-epoch resume point (None at an epoch's start, or in a run
+        from before they were saved: its streams restart cold)."""
+        name = self.load_state().get("stream_states")
+        if not name:
+            return None
+        path = self.path / name
+        try:
+            with np.load(path) as saved:
+                return [saved[f"arr_{i}"] for i in range(len(saved.files))]
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+            raise CheckpointError(f"{path} is missing or corrupt ({exc}); cannot resume, train again") from None
 
     def _read_json(self, path: Path) -> dict[str, Any]:
         try:

@@ -340,6 +340,13 @@ class Trainer:
     teacher: keras.Model | None = None  # ``textgen distill``'s teacher, reading the same streams
     masks: list[tuple[keras.Variable, keras.Variable]] = field(default_factory=list)  # (kernel, mask) when pruning
 
+    def stream_states(self) -> list[keras.Variable]:
+        """Every LSTM state the streams carry from one batch to the next: the model's, the teacher's and each
+        accumulation group's."""
+        models = [self.model, *([self.teacher] if self.teacher is not None else [])]
+        lstms = [layer for m in models for layer in m.layers if isinstance(layer, keras.layers.LSTM)]
+        return [v for layer in lstms for v in layer.states] + [v for group in self.group_states for v in group]
+
     def reset_states(self) -> None:
         """Zero the LSTM states, every accumulation group's and the teacher's included."""
         reset_states(self.model)
@@ -549,8 +556,9 @@ def _train(
                 if epoch == start_epoch
                 else EpochProgress()
             )
+            carried = run.load_stream_states() if epoch == start_epoch and resume and checkpoint.stream_states else None
             done = run_epoch(
-                trainer, plan.splits.train, layout, epoch, start, callbacks, progress, stop, clock, after_batch
+                trainer, plan.splits.train, layout, epoch, start, callbacks, progress, stop, clock, after_batch, carried
             )
             # Commit the training before validating: a kill during validation costs only the validation.
             checkpoint.save_resume_point(epoch, done.batch, clock.elapsed(), done)
@@ -649,10 +657,15 @@ def run_epoch(
     stop: StopRequests,
     clock: Clock,
     after_batch: Callable[[int, EpochProgress], None],
+    stream_states: list[np.ndarray] | None = None,
 ) -> EpochProgress:
     """Train on the epoch's batches from ``start`` on, until they end, a stop is asked for (on any worker),
-    or time is up; a mid-epoch resume point is saved whenever ``--save-every`` has passed."""
+    or time is up; a mid-epoch resume point is saved whenever ``--save-every`` has passed. A resumed epoch's
+    streams go on from ``stream_states``, saved with its resume point."""
     callbacks.on_epoch_begin(epoch)
+    if stream_states is not None:
+        for variable, value in zip(trainer.stream_states(), stream_states, strict=True):
+            variable.assign(value)
     progress.epoch_begin(epoch, start.batch)
     done = dataclasses.replace(start)
     if clock.expired():  # a run killed past its budget before validating resumes only to validate
@@ -778,7 +791,15 @@ def build_callbacks(
     else:
         lr_schedule = CosineSchedule(trainer.optimizer, tcfg.lr, schedule_progress)
     pruning = PruneSchedule(trainer.masks, prune.sparsity, prune.ramp, schedule_progress) if prune else None
-    checkpoint = RunCheckpoint(run, trainer.optimizer, stateful, eligible=lambda: pruning is None or pruning.at_target)
+    checkpoint = RunCheckpoint(
+        run,
+        trainer.optimizer,
+        stateful,
+        eligible=lambda: pruning is None or pruning.at_target,
+        # One replica's: a replica's states are its own, which a mirrored variable's value does not show (several
+        # replicas restart their streams cold after a mid-epoch resume).
+        stream_states=trainer.stream_states() if trainer.strategy.num_replicas_in_sync == 1 else None,
+    )
     callbacks = keras.callbacks.CallbackList(
         [
             ResetStatesCallback(trainer),
@@ -885,10 +906,13 @@ class RunCheckpoint(keras.callbacks.Callback):
         optimizer: keras.optimizers.Optimizer,
         stateful_callbacks: dict[str, Any],
         eligible: Callable[[], bool] = lambda: True,
+        stream_states: list[keras.Variable] | None = None,
     ) -> None:
         super().__init__()
         self.run, self.optimizer, self.stateful_callbacks = run, optimizer, stateful_callbacks
         self.eligible = eligible  # whether the weights may be the run's best (a pruned run's: at full sparsity)
+        self.stream_states = stream_states  # saved with mid-epoch resume points, if given
+        self.streams_at: list[np.ndarray] | None = None  # their values at the last mid-epoch resume point
         self.best_val_loss = math.inf
         self.history: list[dict[str, Any]] = []  # one row per epoch, committed with every resume point
         self.saved_at = time.monotonic()
@@ -914,11 +938,15 @@ class RunCheckpoint(keras.callbacks.Callback):
         # A row per epoch: an epoch a time budget cut and a resumed run finished replaces its partial row.
         self.history = [row for row in self.history if row["epoch"] != epoch] + [{"epoch": epoch, **logs}]
         resume_epoch, resume_batch, position = self.resume_at
-        self.save_resume_point(resume_epoch, resume_batch, logs["seconds"], position)
+        self.save_resume_point(resume_epoch, resume_batch, logs["seconds"], position, validated=True)
 
-    def save_resume_point(self, epoch: int, batch: int, seconds: float, position: EpochProgress | None = None) -> None:
+    def save_resume_point(
+        self, epoch: int, batch: int, seconds: float, position: EpochProgress | None = None, validated: bool = False
+    ) -> None:
         """Commit weights, optimizer and loop position: training resumes at ``epoch``, ``batch`` (with the
-        epoch's progress so far when that is mid-epoch). Weights that are no longer finite are never committed."""
+        epoch's progress so far and the streams' states when that is mid-epoch). Validation resets the states:
+        ``validated`` commits those of the last resume point, made before validating at the same batch.
+        Weights that are no longer finite are never committed."""
         if not all(np.isfinite(w).all() for w in self.model.get_weights()):
             raise TrainingDiverged(
                 f"training diverged: the weights became NaN or infinite at epoch {epoch + 1}; nothing after the last "
@@ -935,7 +963,12 @@ class RunCheckpoint(keras.callbacks.Callback):
             "history": self.history,
             "epoch_progress": dataclasses.asdict(position) if position else None,
         }
-        self.run.save_resume_point(self.model, self.optimizer, state)
+        streams = None
+        if batch > 0 and self.stream_states is not None:
+            if not validated:
+                self.streams_at = [np.asarray(v) for v in self.stream_states]
+            streams = self.streams_at
+        self.run.save_resume_point(self.model, self.optimizer, state, streams)
         self.saved_at = time.monotonic()
 
     def mark_finished(self, reason: StopReason) -> None:
