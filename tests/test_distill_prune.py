@@ -114,6 +114,24 @@ def test_a_student_learns_from_the_teacher_and_is_an_ordinary_run(checkpoints: P
     assert len(json.loads(sample.stdout)["text"]) == 40  # (text ending in newlines made a plain-text count flaky)
 
 
+def test_a_student_refuses_a_teacher_whose_best_weights_changed(trained_run, tmp_path: Path) -> None:
+    """Its soft targets would change in the middle of the run: a teacher trained further is another teacher."""
+    import h5py
+
+    from textgen.errors import ConfigError
+    from textgen.train import build_trainer
+
+    teacher = trained_run.copy_to(tmp_path / "ck", "teacher")
+    plan = derived_plan(tmp_path / "ck", "student", distill={"teacher": "teacher"}, model={"units": 12})
+    assert plan.config.distill is not None and plan.config.distill.teacher_val_loss == teacher.best_weights_loss()
+    plan.lock.release()
+    build_trainer(plan.config)  # the same teacher: fine
+    with h5py.File(teacher.best_weights_path, "a") as fh:  # as a further epoch of the teacher would leave it
+        fh.attrs["textgen_val_loss"] = teacher.best_weights_loss() - 0.01
+    with pytest.raises(ConfigError, match="the teacher run 'teacher' has other best weights than when this student"):
+        build_trainer(plan.config)
+
+
 # --- pruning ------------------------------------------------------------------------------
 
 

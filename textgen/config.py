@@ -299,6 +299,7 @@ class DistillConfig:
     # reached 1.535 val nats/char, training from scratch 1.556, and Hinton's temperature 2 with alpha 0.5 1.622.
     temperature: float = 1.0  # softens both distributions in the soft-target term
     alpha: float = 0.0  # weight of the true next character; 1 - alpha goes to the teacher's soft targets
+    teacher_val_loss: float | None = None  # its best weights' loss when the student started (None in older runs)
 
     def __post_init__(self) -> None:
         if not (_finite(self.temperature) and 0.1 <= self.temperature <= 100):  # not sampling's --temp

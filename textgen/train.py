@@ -216,7 +216,9 @@ def _plan_derived(
         raise ConfigError("textgen distill does not combine with --accumulate (the teacher reads one batch at a time)")
     check_corpus_unchanged(base, saved.data)
     source = str(base.path.resolve())
-    distill_cfg = DistillConfig(teacher=source, **settings) if distill else None
+    distill_cfg = (
+        DistillConfig(teacher=source, teacher_val_loss=base.best_weights_loss(), **settings) if distill else None
+    )
     prune_cfg = PruneConfig(source=source, **settings) if prune else None
     if distill_cfg:
         stem = f"{base.name}-{model.get('units', saved.model.units)}u"
@@ -455,6 +457,13 @@ def _teacher_model(cfg: RunConfig, batch: int) -> keras.Model:
     """The teacher of a distilled run, with its best weights, stateful on the student's streams."""
     assert cfg.distill is not None
     teacher_run = Run(Path(cfg.distill.teacher))
+    recorded, now = cfg.distill.teacher_val_loss, teacher_run.best_weights_loss()
+    if recorded is not None and now != recorded:  # its soft targets would change in the middle of the run
+        raise ConfigError(
+            f"the teacher run {teacher_run.name!r} has other best weights than when this student started "
+            f"(validation loss {recorded:.4f} then, {now:.4f} now); start a new student: textgen distill --teacher "
+            f"{teacher_run.name}"
+        )
     teacher_cfg = teacher_run.load_config()
     teacher = build_model(teacher_cfg.model, batch, cfg.profile.precision)
     teacher_run.load_weights(teacher, "best")
