@@ -160,12 +160,16 @@ def test_ctrl_c_stops_the_answer_and_keeps_the_session() -> None:
 
 
 def test_each_turn_and_each_sample_gets_its_own_seed() -> None:
+    """Turn t's sample i draws at seed S + t x 4,096 + i: never a seed of another turn (--num is at most 4,096)."""
     session, out, _ = make_session(seed=5, num=2)
     session.handle("a")
     session.handle("b")
-    assert [call[1].seed for call in session.generator.calls] == [5, 6, 6, 7]
+    assert [call[1].seed for call in session.generator.calls] == [5, 6, 5 + 4096, 6 + 4096]
     text = out.getvalue()
     assert text.count("--- sample 1/2 ---") == 2 and text.count("--- sample 2/2 ---") == 2
+    session.handle(":seed 5")  # the next turn draws what seed 5 drew first
+    session.handle("c")
+    assert [call[1].seed for call in session.generator.calls[-2:]] == [5, 6]
 
 
 def test_the_largest_seed_wraps_around_instead_of_crashing() -> None:
@@ -210,6 +214,18 @@ def test_context_on_continues_the_conversation(generator) -> None:
     # Greedy, the second answer is what the model says after the whole conversation so far.
     assert generator.generate(["the " + first + "a "], greedy) == [second]
     assert warnings == []
+
+
+def test_an_empty_line_with_context_on_continues_the_text(generator) -> None:
+    """Enter on an empty line (or only unknown characters) reads nothing on top of the conversation, rather than a
+    newline nobody typed: greedy, the answer goes on exactly where the last one stopped."""
+    session, out, _ = make_session(generator, length=30, temperature=0.0)
+    session.handle("the ")
+    first = out.getvalue()[:-1]
+    session.handle("")
+    second = out.getvalue()[len(first) + 1 : -1]
+    greedy = SampleConfig(length=60, temperature=0.0, seed=0)
+    assert first + second == generator.generate(["the "], greedy)[0]
 
 
 def test_context_off_starts_each_prompt_fresh(generator) -> None:

@@ -72,38 +72,51 @@ class Sampler(ABC):
         """All-zero (h, c) for every layer: the state at the start of training's epochs."""
         return tuple(np.zeros([batch, self.cfg.units], np.float32) for _ in range(2 * self.cfg.layers))
 
-    def encode_prompts(self, prompts: Sequence[str]) -> list[np.ndarray]:
+    def encode_prompts(self, prompts: Sequence[str], fallback: bool = True) -> list[np.ndarray]:
         """Each prompt's ids, without characters outside the vocabulary (``Vocabulary.unknown_chars`` names them).
 
-        An empty prompt (or one with no known character) becomes a newline, as if at the start of a
-        paragraph: reading nothing would leave all-zero logits, a uniform (greedy: always id 1) first character.
+        With ``fallback``, an empty prompt (or one with no known character) becomes a newline, as if at the start
+        of a paragraph: reading nothing from zero states would leave all-zero logits, a uniform (greedy: always
+        id 1) first character. (On a carried state, reading nothing goes on from that state's logits.)
         """
-        fallback = self.vocab.encode("\n ")
-        fallback = fallback[fallback != UNKNOWN_ID][:1]
-        if not fallback.size:  # neither a newline nor a space in the vocabulary
-            fallback = np.array([1], np.int32)
+        newline = self.vocab.encode("\n ")
+        newline = newline[newline != UNKNOWN_ID][:1]
+        if not newline.size:  # neither a newline nor a space in the vocabulary
+            newline = np.array([1], np.int32)
         encoded = [ids[ids != UNKNOWN_ID] for ids in (self.vocab.encode(p) for p in prompts)]
-        return [ids if ids.size else fallback for ids in encoded]
+        return [newline if fallback and not ids.size else ids for ids in encoded]
 
     def feed(self, encoded: Sequence[np.ndarray], state: GenerationState | None = None) -> GenerationState:
-        """Read one encoded prompt per sequence, on top of ``state`` (or from zero states): where generation starts."""
-        states = state.states if state is not None else self.zero_states(1)
+        """Read one encoded prompt per sequence, on top of ``state`` (or from zero states): where generation starts.
+        An empty prompt on a ``state`` goes on from it."""
+        logits, states = (state.logits, state.states) if state is not None else (None, self.zero_states(1))
         batch = len(encoded)
         if states[0].shape[0] == 1 and all(np.array_equal(ids, encoded[0]) for ids in encoded):
             # One prompt from one state: read it once, then copy the result to every row.
-            logits, states = self._read_in_chunks(encoded[0], states)
+            logits, states = self._read_in_chunks(encoded[0], states, logits)
             return GenerationState(np.repeat(logits, batch, axis=0), tuple(np.repeat(s, batch, axis=0) for s in states))
         if states[0].shape[0] == 1:
             states = tuple(np.repeat(s, batch, axis=0) for s in states)
-        rows = [self._read_in_chunks(ids, tuple(s[i : i + 1] for s in states)) for i, ids in enumerate(encoded)]
-        logits = np.concatenate([r[0] for r in rows], axis=0)
-        return GenerationState(logits, tuple(np.concatenate([r[1][j] for r in rows]) for j in range(len(states))))
+            logits = None if logits is None else np.repeat(logits, batch, axis=0)
+        rows = [
+            self._read_in_chunks(
+                ids, tuple(s[i : i + 1] for s in states), None if logits is None else logits[i : i + 1]
+            )
+            for i, ids in enumerate(encoded)
+        ]
+        return GenerationState(
+            np.concatenate([r[0] for r in rows], axis=0),
+            tuple(np.concatenate([r[1][j] for r in rows]) for j in range(len(states))),
+        )
 
-    def _read_in_chunks(self, ids: np.ndarray, states: States) -> tuple[np.ndarray, States]:
-        """Read one sequence's ids (at least one) in bounded calls; the logits after the last, and the states."""
+    def _read_in_chunks(self, ids: np.ndarray, states: States, logits: np.ndarray | None) -> tuple[np.ndarray, States]:
+        """Read one sequence's ids in bounded calls on top of ``states``; the logits after the last (``logits``, the
+        state's own, if there are none), and the states."""
         steps = steps_per_call(1)
-        for start in range(0, len(ids), steps):
-            logits, states = self.read(ids[None, start : start + steps].astype(np.int32), states)
+        for first in range(0, len(ids), steps):
+            logits, states = self.read(ids[None, first : first + steps].astype(np.int32), states)
+        if logits is None:
+            raise ValueError("nothing to read from zero states: encode the prompts with a fallback")
         return logits, states
 
     def stream(
@@ -121,7 +134,7 @@ class Sampler(ABC):
         """
         seed = settings.seeded().seed or 0
         limit = steps_per_call(len(prompts))
-        state = self.feed(self.encode_prompts(prompts), state)
+        state = self.feed(self.encode_prompts(prompts, fallback=state is None), state)
         produced = 0
         while produced < settings.length:
             steps = min(first_chunk if produced == 0 else chunk, limit, settings.length - produced)

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
-from textgen.config import SampleConfig, flag
+from textgen.config import MAX_SAMPLES, SampleConfig, flag
 from textgen.errors import ConfigError
 from textgen.vocab import Vocabulary, for_display
 
@@ -88,6 +88,8 @@ class Session:
             else:
                 value = int(text)
             self.settings = dataclasses.replace(self.settings, **{field: value})
+            if field == "seed":  # :seed S: the next turn draws what S drew first
+                self.turn = 0
         except ValueError:
             self.warn(f":{command} needs a number (got {text!r})")
             return
@@ -110,8 +112,8 @@ class Session:
         if note:
             self.warn(note)
         settings = self.settings
-        if settings.seed is not None:  # a fixed seed still gives each turn its own text
-            settings = dataclasses.replace(settings, seed=(settings.seed + self.turn) % 2**31)
+        if settings.seed is not None:  # a fixed seed still gives each turn, and each sample of a turn, its own text
+            settings = dataclasses.replace(settings, seed=(settings.seed + self.turn * MAX_SAMPLES) % 2**31)
         self.turn += 1
         start = self.state if self.carry_context else None
         after = start
