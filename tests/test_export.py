@@ -159,12 +159,21 @@ args = dict(length=tf.constant(120), top_k=tf.constant(0), top_p=tf.constant(1.0
 greedy = loaded.signatures["generate"](prompt=prompt, temperature=tf.constant(0.0), **args)["ids"].numpy()
 drawn = loaded.signatures["generate"](prompt=prompt, temperature=tf.constant(1.0), **args)["ids"].numpy()
 again = loaded.signatures["generate"](prompt=prompt, temperature=tf.constant(1.0), **args)["ids"].numpy()
+nucleus_of_one = {**args, "top_p": tf.constant(0.0)}  # keeps the likeliest id alone, never nothing
+top_p_0 = loaded.signatures["generate"](prompt=prompt, temperature=tf.constant(1.0), **nucleus_of_one)["ids"].numpy()
+try:
+    loaded.signatures["generate"](prompt=prompt, temperature=tf.constant(1.0), **{**args, "length": tf.constant(0)})
+    refused = ""
+except tf.errors.InvalidArgumentError as exc:
+    refused = exc.message
 step = loaded.signatures["step"]
 out = step(ids=prompt[:, 0], h_0=tf.zeros([2, {units}]), c_0=tf.zeros([2, {units}]))
 print(json.dumps({
     "greedy": ["".join(chars[i] for i in row) for row in greedy],
     "drawn": ["".join(chars[i] for i in row) for row in drawn],
     "repeatable": bool((drawn == again).all()),
+    "top_p_0_is_greedy": bool((top_p_0 == greedy).all()),
+    "length_0": refused,
     "step": sorted(out),
 }))
 """
@@ -179,6 +188,7 @@ def test_the_savedmodel_generates_with_its_signatures_alone(exports: dict[str, P
     out = json.loads(result.stdout.splitlines()[-1])
     assert out["greedy"] == run_sample(run, "--temp", "0", "--prime", PROMPT, "--length", "120", "--num", "2")
     assert out["repeatable"] and out["drawn"][0] != out["drawn"][1]
+    assert out["top_p_0_is_greedy"] and "length must be at least 1" in out["length_0"]
     assert out["step"] == ["c_0", "h_0", "logits"]
 
 

@@ -133,8 +133,10 @@ PROBS = [0.5, 0.3, 0.15, 0.05]
 
 @pytest.mark.parametrize(
     ("p", "kept"),
-    [(0.4, {1}), (0.7, {1, 2}), (0.85, {1, 2, 3}), (0.9, {1, 2, 3}), (0.97, {1, 2, 3, 4}), (1.0, {1, 2, 3, 4})],
-)
+    [(0.4, {1}), (0.7, {1, 2}), (0.85, {1, 2, 3}), (0.9, {1, 2, 3}), (0.97, {1, 2, 3, 4}), (1.0, {1, 2, 3, 4}),
+     (0.0, {1}), (-1.0, {1}),  # as a SavedModel caller may pass: the likeliest is always kept
+     (0.99999999, {1, 2, 3, 4})],  # 1 in float32, where TensorFlow decides: off for NumPy too
+)  # fmt: skip
 def test_top_p_keeps_the_smallest_set_reaching_p(choose, p: float, kept: set[int]) -> None:
     logits = [5.0, *np.log(PROBS).tolist()]  # a large unknown logit, masked before the mass is counted
     seen: set[int] = set()

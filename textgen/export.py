@@ -133,6 +133,8 @@ def export_module(generator: Generator) -> tuple[tf.Module, dict[str, tf.types.e
     )
     def generate(prompt: tf.Tensor, length: tf.Tensor, temperature: tf.Tensor, top_k: tf.Tensor, top_p: tf.Tensor,
                  seed: tf.Tensor) -> dict[str, tf.Tensor]:  # fmt: skip
+        tf.debugging.assert_positive(length, message="length must be at least 1")
+        tf.debugging.assert_positive(tf.shape(prompt)[1], message="the prompt must hold at least one id")
         zeros = tf.zeros([tf.shape(prompt)[0], cfg.units])
         logits, states = generator.feed_function(prompt, tuple(zeros for _ in names))
         # The graph's own seeded stream (textgen's uniforms are made in NumPy, outside the graph).

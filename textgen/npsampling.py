@@ -44,11 +44,13 @@ def top_k_filter(logits: np.ndarray, k: int) -> np.ndarray:
 
 
 def top_p_filter(logits: np.ndarray, p: float) -> np.ndarray:
-    """Keep the smallest set of most likely ids whose probability mass reaches ``p``."""
+    """Keep the smallest set of most likely ids whose probability mass reaches ``p`` (the likeliest always)."""
     sorted_logits = -np.sort(-logits, axis=-1)
     mass = np.cumsum(_softmax(sorted_logits), axis=-1)
     mass_before = np.concatenate([np.zeros_like(mass[:, :1]), mass[:, :-1]], axis=-1)
-    threshold = np.where(mass_before < np.float32(p), sorted_logits, np.inf).min(axis=-1, keepdims=True)
+    kept = mass_before < np.float32(p)
+    kept[:, 0] = True  # a p of 0 or less (a SavedModel caller's) would keep nothing
+    threshold = np.where(kept, sorted_logits, np.inf).min(axis=-1, keepdims=True)
     return np.where(logits < threshold, NEG_INF, logits)
 
 
@@ -72,6 +74,6 @@ def choose_next(logits: np.ndarray, temperature: float, top_k: int, top_p: float
     scaled = known / np.float32(temperature)
     if top_k > 0:
         scaled = top_k_filter(scaled, top_k)
-    if top_p < 1.0:
+    if np.float32(top_p) < 1.0:  # as TensorFlow decides, on the float32 value
         scaled = top_p_filter(scaled, top_p)
     return (draw(scaled, u) + 1).astype(np.int32)

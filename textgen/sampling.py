@@ -56,10 +56,11 @@ def top_k_filter(logits: tf.Tensor, k: tf.Tensor) -> tf.Tensor:
 
 
 def top_p_filter(logits: tf.Tensor, p: tf.Tensor) -> tf.Tensor:
-    """Keep the smallest set of most likely ids whose probability mass reaches ``p``."""
+    """Keep the smallest set of most likely ids whose probability mass reaches ``p`` (the likeliest always)."""
     sorted_logits = tf.sort(logits, axis=-1, direction="DESCENDING")
     mass_before = tf.cumsum(tf.nn.softmax(sorted_logits), axis=-1, exclusive=True)
-    kept = tf.where(mass_before < p, sorted_logits, tf.cast(math.inf, logits.dtype))
+    first = tf.range(tf.shape(logits)[-1]) == 0  # a p of 0 or less (a SavedModel caller's) would keep nothing
+    kept = tf.where((mass_before < p) | first, sorted_logits, tf.cast(math.inf, logits.dtype))
     threshold = tf.reduce_min(kept, axis=-1, keepdims=True)
     return tf.where(logits < threshold, tf.cast(NEG_INF, logits.dtype), logits)
 
