@@ -177,6 +177,19 @@ def test_mirrored_replicas_each_read_their_own_rows_of_every_batch(tmp_path: Pat
         assert y_parts == [targets[k, :4].tolist(), targets[k, 4:].tolist()]
 
 
+@given(layouts(), st.integers(1, 9), st.randoms(use_true_random=False))
+def test_counting_in_the_targets_reads_exactly_the_scored_ids(shape: tuple[int, int, int], chunk: int, rnd) -> None:
+    import textgen.data
+
+    n, streams, seq_len = shape
+    ids = np.array([rnd.randrange(3) for _ in range(n)], dtype=np.uint8)
+    layout = StreamLayout.of(n, streams, seq_len)
+    _, targets = all_batches(ids, layout)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(textgen.data, "COUNT_CHUNK", chunk)  # chunk edges anywhere
+        assert layout.count_in_targets(ids, 0) == int(np.count_nonzero(targets == 0))
+
+
 @pytest.mark.parametrize(("n", "streams", "seq_len"), [(0, 1, 1), (1, 1, 1), (16, 4, 4), (64, 4, 16)])
 def test_stream_layout_rejects_too_few_ids(n: int, streams: int, seq_len: int) -> None:
     with pytest.raises(CorpusError, match=f"{n} characters cannot fill one {streams} x {seq_len} batch"):
@@ -247,6 +260,31 @@ def data_config(*paths: Path, **settings: object) -> DataConfig:
     return DataConfig(
         corpus=files[0], files=files if len(files) > 1 else (), **{"batch_size": 4, "seq_len": 16, **settings}
     )  # type: ignore[arg-type]
+
+
+def test_an_encoding_keeps_its_scratch_alive_and_clears_a_killed_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A killed encoding's scratch (untouched for an hour) is removed by the next; a running one touches its
+    scratch after every chunk it writes, so that a second process never takes it for a killed one's."""
+    import os
+    import time
+
+    from textgen.data import corpus_source
+
+    path = write_corpus(tmp_path / "c.txt", 2000)
+    cfg = data_config(path)
+    key = corpus_source(cfg).key()
+    killed, live = tmp_path / "cache" / f".tmp-{key}-killed", tmp_path / "cache" / f".tmp-{key}-live"
+    for scratch, age in ((killed, 2 * idcache.STALE_SCRATCH_S), (live, 60.0)):
+        scratch.mkdir(parents=True)
+        os.utime(scratch, (time.time() - age, time.time() - age))
+    touched: list[Path] = []
+    real_utime = os.utime
+    monkeypatch.setattr(idcache.os, "utime", lambda p, *a, **k: (touched.append(Path(p)), real_utime(p, *a, **k)))
+    load_splits(cfg, tmp_path / "cache")
+    assert not killed.exists() and live.exists()
+    assert touched and all(p.name.startswith(f".tmp-{key}-") and p not in (killed, live) for p in touched)
 
 
 def test_one_file_splits_exactly_as_the_whole_text_in_memory(tmp_path: Path) -> None:

@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from textgen.config import ModelConfig, from_dict, to_dict
 from textgen.corpus import read_corpus, resolve_corpus, resolve_encoding
 from textgen.data import scoring_layout
@@ -134,5 +132,5 @@ def evaluate_artifact(path: Path, file: str, encoding: str = "auto", streams: in
     ids = info.vocab.encode(read_corpus(corpus, info.strip_boilerplate, resolve_encoding(corpus, encoding)))
     layout = scoring_layout(len(ids), streams or info.batch_size, info.seq_len, file)
     nats, chars = sampler.score(ids, layout)
-    unknown = int(np.sum(ids == UNKNOWN_ID))
+    unknown = layout.count_in_targets(ids, UNKNOWN_ID)
     return Evaluation(str(path), file, nats / chars, chars, unknown, layout.streams, layout.seq_len)

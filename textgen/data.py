@@ -113,11 +113,23 @@ class StreamLayout:
         """Where stream ``i`` begins in the ids: the streams are consecutive slices of them."""
         return i * self.batches * self.seq_len
 
+    def count_in_targets(self, ids: np.ndarray, value: int) -> int:
+        """How many of the layout's targets (ids 1 to streams x batches x seq_len: the characters scored) are
+        ``value``, read a chunk at a time: ``ids`` may be a memory map bigger than memory."""
+        end = self.streams * self.batches * self.seq_len + 1
+        return sum(
+            int(np.count_nonzero(np.asarray(ids[a : min(a + COUNT_CHUNK, end)]) == value))
+            for a in range(1, end, COUNT_CHUNK)
+        )
+
     def batch(self, ids: np.ndarray, k: int, rows: slice = slice(None)) -> tuple[np.ndarray, np.ndarray]:
         """Inputs and targets (int32, ``rows`` x ``seq_len``) of batch ``k``, read from ``ids``."""
         starts = np.array([self.stream_start(i) for i in range(self.streams)[rows]]) + k * self.seq_len
         window = np.asarray(ids[starts[:, None] + np.arange(self.seq_len + 1)], dtype=np.int32)
         return window[:, :-1], window[:, 1:]
+
+
+COUNT_CHUNK = 1 << 24  # ids per read when counting: 16 MB of a uint8 memory map
 
 
 def scoring_layout(n: int, streams: int, seq_len: int, source: str) -> StreamLayout:

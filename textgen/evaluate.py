@@ -55,7 +55,7 @@ def evaluate_run(
         model = build_model(cfg.model, layout.streams, cfg.profile.precision)
         run.load_weights(model, which)
         nats, chars = score(compile_eval_step(model, cfg.profile), model, ids, layout)
-        unknown = int(np.sum(ids == UNKNOWN_ID))
+        unknown = layout.count_in_targets(ids, UNKNOWN_ID)
     return Evaluation(run.name, source, nats / chars, chars, unknown, layout.streams, layout.seq_len)
 
 

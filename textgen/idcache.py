@@ -12,6 +12,7 @@ to validation and test. In a many-file corpus the documents of a split are joine
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -134,8 +135,9 @@ def _encode(source: CorpusSource, entry: Path) -> None:
     known = np.isin(codes, np.array([ord(c) for c in vocab.chars], dtype=np.uint32))
     entry.parent.mkdir(parents=True, exist_ok=True)
     for stale in entry.parent.glob(f".tmp-{entry.name}-*"):  # left by a killed encoding (or one running now,
-        if time.time() - stale.stat().st_mtime > STALE_SCRATCH_S:  # which writes it far more often than this)
-            shutil.rmtree(stale, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):  # which touches it after every chunk: see _write_splits)
+            if time.time() - stale.stat().st_mtime > STALE_SCRATCH_S:
+                shutil.rmtree(stale, ignore_errors=True)
     # A unique name, also between machines sharing the cache (their process ids may be equal).
     scratch = Path(tempfile.mkdtemp(prefix=f".tmp-{entry.name}-", dir=entry.parent))
     try:
@@ -177,6 +179,7 @@ def _write_splits(source: CorpusSource, scans: list[TextScan], vocab: Vocabulary
             for name, ids in _route(kept_chunks(path, codec, scan), vocab, limits):
                 handles[name].write(ids.tobytes())
                 sizes[name] += len(ids)
+                os.utime(out)  # alive: another process must not take this for a killed encoding's scratch
         for handle in handles.values():
             handle.flush()
             os.fsync(handle.fileno())

@@ -89,7 +89,7 @@ class Evaluation:
     source: str
     nats_per_char: float
     chars: int  # characters scored
-    unknown_chars: int  # characters outside the vocabulary (scored as the unknown id)
+    unknown_chars: int  # characters scored that are outside the vocabulary (scored as the unknown id)
     streams: int  # contiguous streams read in parallel, each from zero states
     seq_len: int  # characters per stream per batch; the state carries across batches
     bits_per_char: float = field(init=False)
