@@ -323,6 +323,21 @@ def test_many_files_split_each_file_and_mark_the_boundaries(tmp_path: Path) -> N
             assert document == expected[name]  # every book contributes its own contiguous part to every split
 
 
+def test_a_document_too_short_for_a_split_adds_no_boundary_to_it(tmp_path: Path) -> None:
+    """Two 15-character files have no validation or test text (5% of 15 is 0): those splits hold the long book's
+    parts alone, not boundaries between documents that are not there."""
+    paths = [tmp_path / "a.txt", tmp_path / "b.txt", tmp_path / "book.txt"]
+    for path, text in zip(paths, ["short note one\n", "short note two\n", make_text(800)], strict=True):
+        path.write_text(text, encoding="utf-8")
+    splits = load_splits(data_config(*paths), tmp_path / "cache")
+    book = paths[2].read_text(encoding="utf-8")
+    n_train, n_val, _ = split_sizes(len(book), 0.05, 0.05)
+    assert splits.vocab.decode(splits.val) == book[n_train : n_train + n_val]
+    assert splits.vocab.decode(splits.test) == book[n_train + n_val :]
+    b = DOCUMENT_BOUNDARY
+    assert splits.vocab.decode(splits.train) == f"short note one\n{b}short note two\n{b}{book[:n_train]}"
+
+
 def test_max_vocab_keeps_the_most_frequent_characters(tmp_path: Path) -> None:
     path = tmp_path / "c.txt"
     text = "aaaa bbb cc d\n" * 300 + "xyz"

@@ -30,7 +30,7 @@ from textgen.errors import CorpusError
 from textgen.files import fsync_path, fsync_tree
 from textgen.vocab import DOCUMENT_BOUNDARY, Vocabulary, merge_counts
 
-FORMAT = 1  # bump when the ids an entry holds would change for the same inputs
+FORMAT = 2  # bump when the ids an entry holds would change for the same inputs (2: no boundary without text)
 SPLIT_NAMES = ("train", "val", "test")
 CACHE_DIR_ENV = "TEXTGEN_CACHE_DIR"
 STALE_SCRATCH_S = 3600.0  # a scratch directory untouched this long belongs to an encoding that was killed
@@ -170,13 +170,16 @@ def _write_splits(source: CorpusSource, scans: list[TextScan], vocab: Vocabulary
     sizes = dict.fromkeys(SPLIT_NAMES, 0)
     handles = {name: open(out / f"{name}.ids", "wb") for name in SPLIT_NAMES}  # noqa: SIM115 (closed below)
     try:
-        for i, (path, codec, scan) in enumerate(zip(source.files, source.codecs, scans, strict=True)):
+        for path, codec, scan in zip(source.files, source.codecs, scans, strict=True):
             limits = np.cumsum(split_sizes(scan.chars, source.val_fraction, source.test_fraction))
-            if i:
-                for name in SPLIT_NAMES:
+            begun: set[str] = set()  # the splits this document has text in so far
+            for name, ids in _route(kept_chunks(path, codec, scan), vocab, limits):
+                # A boundary between two documents' text in a split (a document too short for a split adds none:
+                # 1,000 files of 15 characters made a validation split of boundaries alone).
+                if name not in begun and sizes[name]:
                     handles[name].write(boundary.tobytes())
                     sizes[name] += 1
-            for name, ids in _route(kept_chunks(path, codec, scan), vocab, limits):
+                begun.add(name)
                 handles[name].write(ids.tobytes())
                 sizes[name] += len(ids)
                 os.utime(out)  # alive: another process must not take this for a killed encoding's scratch
