@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,11 @@ from hypothesis import settings
 # No per-example deadline: the machine is small and shared, and timing is not what these tests check.
 settings.register_profile("textgen", deadline=None)
 settings.load_profile("textgen")
+
+# Tests send Ctrl-C (SIGINT) to the processes they start. A suite started in the background by a script (`cmd &`)
+# has SIGINT ignored, which exec'd children inherit (and Python then leaves ignored): give them the default back.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture
