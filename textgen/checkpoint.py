@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from textgen.config import DataConfig, RunConfig
-from textgen.corpus import corpus_fingerprint
-from textgen.errors import CheckpointError, ConfigError, CorpusError
+from textgen.corpus import check_unchanged
+from textgen.errors import CheckpointError, ConfigError
 from textgen.files import TEMPORARY, atomic_path, atomic_write_text
 from textgen.results import METRICS, RunSummary, StopReason, bits
 from textgen.vocab import Vocabulary
@@ -502,18 +502,16 @@ def find_run(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR, name: str | None = N
 def check_corpus_unchanged(run: Run, data: DataConfig) -> None:
     """Refuse a corpus whose bytes changed since the run started: its splits would not be the run's."""
     paths = [Path(p) for p in data.paths]
-    for path in paths:
-        if not path.is_file():
-            raise CorpusError(f"the corpus of run {run.name!r}, {path}, is gone; put it back to continue the run")
-    if data.corpus_hash is None:  # a run from before fingerprints
-        return
-    size, digest = corpus_fingerprint(paths)
-    if (size, digest) != (data.corpus_size, data.corpus_hash):
-        what = str(paths[0]) if len(paths) == 1 else f"a file of {data.corpus}"
-        raise CorpusError(
-            f"{what} changed since run {run.name!r} started ({data.corpus_size:,} bytes then, {size:,} now); "
-            "its splits would differ. Restore the original text, or start a new run on the new one"
-        )
+    what = str(paths[0]) if len(paths) == 1 else f"a file of {data.corpus}"
+    check_unchanged(
+        paths,
+        (data.corpus_size or 0, data.corpus_hash) if data.corpus_hash is not None else None,
+        gone=lambda path: f"the corpus of run {run.name!r}, {path}, is gone; put it back to continue the run",
+        changed=lambda then, now: (
+            f"{what} changed since run {run.name!r} started ({then:,} bytes then, {now:,} "
+            "now); its splits would differ. Restore the original text, or start a new run on the new one"
+        ),
+    )
 
 
 def resume_hint(run: Run, more: str = "") -> str:

@@ -15,7 +15,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -386,6 +386,25 @@ def corpus_fingerprint(files: list[Path] | tuple[Path, ...]) -> tuple[int, str]:
         return prints[0]
     digest = hashlib.blake2b("\n".join(f"{size} {h}" for size, h in prints).encode(), digest_size=16)
     return sum(size for size, _ in prints), digest.hexdigest()
+
+
+def check_unchanged(
+    paths: list[Path],
+    fingerprint: Sequence[int | str] | None,
+    gone: Callable[[Path], str],
+    changed: Callable[[int, int], str],
+) -> None:
+    """Refuse corpus files that are gone (the message ``gone(path)``) or whose bytes differ from their
+    ``fingerprint`` (``corpus_fingerprint``'s; None if it was not recorded: ``changed(bytes then, bytes now)``).
+    A run's or a study's splits would no longer be those it started on."""
+    for path in paths:
+        if not path.is_file():
+            raise CorpusError(gone(path))
+    if fingerprint is None:  # recorded before fingerprints were
+        return
+    size, digest = corpus_fingerprint(paths)
+    if [size, digest] != list(fingerprint):
+        raise CorpusError(changed(int(fingerprint[0]), size))
 
 
 def read_corpus(path: str | Path, strip_boilerplate: bool = True, encoding: str = "utf-8") -> str:

@@ -32,10 +32,10 @@ from optuna.trial import FrozenTrial, TrialState
 
 from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, Run, RunLock, study_path
 from textgen.config import OPTIMIZERS, DataConfig, DeviceProfile, ModelConfig, TrainConfig, flag
-from textgen.corpus import corpus_fingerprint
+from textgen.corpus import check_unchanged, corpus_fingerprint
 from textgen.data import fills_one_batch, load_splits
 from textgen.device import apply_profile, resolve_profile
-from textgen.errors import ConfigError, CorpusError, TextgenError, TrainingDiverged, TrainingInterrupted
+from textgen.errors import ConfigError, TextgenError, TrainingDiverged, TrainingInterrupted
 from textgen.evaluate import evaluate_run
 from textgen.idcache import cache_root
 from textgen.recipe import BEST_RECIPE, Recipe, recipe_of, write_recipe
@@ -338,19 +338,15 @@ def _continued_settings(study: optuna.Study, given: dict[str, Any]) -> dict[str,
 
 def _check_corpus_unchanged(name: str, saved: dict[str, Any]) -> None:
     """Refuse a corpus whose bytes changed since the study started: new trials would be scored on other splits."""
-    files = [Path(f) for f in saved["corpus"]]
-    for path in files:
-        if not path.is_file():
-            raise CorpusError(f"the corpus of study {name!r}, {path}, is gone; put it back to continue the study")
-    if "corpus_fingerprint" not in saved:  # a study from before fingerprints
-        return
-    size, digest = corpus_fingerprint(files)
-    if [size, digest] != saved["corpus_fingerprint"]:
-        raise CorpusError(
-            f"the corpus of study {name!r} changed since it started ({saved['corpus_fingerprint'][0]:,} bytes then, "
-            f"{size:,} now); its trials would be scored on other splits. Restore the original text, or start "
-            "another --study"
-        )
+    check_unchanged(
+        [Path(f) for f in saved["corpus"]],
+        saved.get("corpus_fingerprint"),
+        gone=lambda path: f"the corpus of study {name!r}, {path}, is gone; put it back to continue the study",
+        changed=lambda then, now: (
+            f"the corpus of study {name!r} changed since it started ({then:,} bytes then, "
+            f"{now:,} now); its trials would be scored on other splits. Restore the original text, or start another --study"
+        ),
+    )
 
 
 def _describe(key: str, value: Any) -> str:
