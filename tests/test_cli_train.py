@@ -196,6 +196,24 @@ def test_resume_with_changed_model_flags(workdir: Path, trained_run) -> None:
 # --- real runs ----------------------------------------------------------------------------
 
 
+def test_a_layer_normalized_run_trains_resumes_evaluates_and_says_so(workdir: Path) -> None:
+    write_corpus(workdir / "tiny.txt", 1500)
+    where = ["--checkpoint-dir", "ck", "--run", "ln"]
+    trained = invoke("train", "tiny.txt", *TINY_FLAGS, *where, "--layer-norm", "--epochs", "1", "--json")
+    assert trained.exit_code == 0, trained.stderr
+    assert json.loads((workdir / "ck" / "ln" / "config.json").read_text())["model"]["layer_norm"] is True
+    refused = invoke("train", "--resume", "--device", "cpu", *where, "--no-layer-norm")
+    assert_one_line_error(refused, "--layer-norm cannot change when resuming run 'ln' (it has --layer-norm)")
+    resumed = invoke("train", "--resume", "--device", "cpu", *where, "--epochs", "2", "--json")  # keeps it
+    assert resumed.exit_code == 0, resumed.stderr
+    done = json.loads(resumed.stdout.splitlines()[-1])
+    evaluated = invoke("evaluate", "--split", "val", "--json", *where)
+    assert evaluated.exit_code == 0, evaluated.stderr
+    assert json.loads(evaluated.stdout)["nats_per_char"] == pytest.approx(done["best_val_loss"], rel=1e-5)
+    listed = invoke("runs", "--checkpoint-dir", "ck")
+    assert "1x32 d0.1 LN" in listed.stdout
+
+
 def test_json_output(workdir: Path) -> None:
     write_corpus(workdir / "tiny.txt", 1500)
     result = invoke("train", "tiny.txt", *TINY_FLAGS, "--epochs", "1", "--checkpoint-dir", "ck", "--run", "j", "--json")

@@ -13,6 +13,7 @@ from textgen.config import (
     RunConfig,
     TrainConfig,
     flag,
+    flag_setting,
     from_dict,
     parse_duration,
     replace,
@@ -63,6 +64,8 @@ def test_parse_duration_rejects(text: str) -> None:
         (ModelConfig, {"dropout": 1.5}, "--dropout"),
         (ModelConfig, {"dropout": 1.0}, "--dropout"),
         (ModelConfig, {"dropout": -0.1}, "--dropout"),
+        (ModelConfig, {"layer_norm": "yes"}, "--layer-norm"),
+        (ModelConfig, {"layer_norm": 1}, "--layer-norm"),
         (TrainConfig, {"epochs": -1}, "--epochs"),
         (TrainConfig, {"epochs": 0}, "--epochs"),
         (TrainConfig, {"epochs": 2.5}, "--epochs"),
@@ -102,12 +105,21 @@ def test_flag_names() -> None:
     assert flag("seq_len") == "--seq-len"
     assert flag("units") == "--units"
     assert flag("time_budget") == "--time-budget"
+    assert flag_setting("units", 512) == "--units 512"
+    assert flag_setting("layer_norm", True) == "--layer-norm"
+    assert flag_setting("layer_norm", False) == "--no-layer-norm"
+
+
+def test_a_run_saved_before_layer_norm_existed_reads_as_plain() -> None:
+    saved = to_dict(ModelConfig(vocab_size=9))
+    del saved["layer_norm"]
+    assert from_dict(ModelConfig, saved).layer_norm is False
 
 
 def run_config() -> RunConfig:
     return RunConfig(
         data=DataConfig(corpus="/books/2600-0.txt", strip_boilerplate=False, batch_size=8, seq_len=32),
-        model=ModelConfig(vocab_size=83, embedding_dim=16, units=64, layers=2, dropout=0.25),
+        model=ModelConfig(vocab_size=83, embedding_dim=16, units=64, layers=2, dropout=0.25, layer_norm=True),
         training=TrainConfig(epochs=7, lr=1e-3, seed=3, time_budget=5400.0, patience=2),
         profile=GPU,
     )
@@ -117,7 +129,7 @@ def test_run_config_round_trip_through_json() -> None:
     cfg = run_config()
     data = json.loads(json.dumps(cfg.to_dict()))
     assert RunConfig.from_dict(data) == cfg
-    assert data["model"]["units"] == 64
+    assert data["model"]["units"] == 64 and data["model"]["layer_norm"] is True
     assert data["training"]["time_budget"] == 5400.0
     assert data["profile"]["precision"] == "mixed_float16"
 

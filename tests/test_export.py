@@ -317,12 +317,13 @@ def test_sampler_settings_apply_to_exports(exports: dict[str, Path]) -> None:
     assert not sampler.vocab.unknown_chars("".join(texts).replace("\n", ""))
 
 
-def test_a_two_layer_run_exports_with_its_four_states(tmp_path: Path) -> None:
-    run = train_tiny_run(tmp_path, "two", {"units": 16, "layers": 2, "embedding_dim": 8}, {"epochs": 2, "lr": 0.02})
+def test_a_two_layer_layer_normalized_run_exports_with_its_four_states(tmp_path: Path) -> None:
+    model = {"units": 16, "layers": 2, "embedding_dim": 8, "layer_norm": True}
+    run = train_tiny_run(tmp_path, "two", model, {"epochs": 2, "lr": 0.02})
     greedy = SampleConfig(length=60, temperature=0.0, seed=0)
     expected = Generator.from_run(run).generate([PROMPT, "a"], greedy)
     for format in ("litert", "savedmodel"):
         exported = api.export(tmp_path / "checkpoints", "two", format, "none", tmp_path / format).path
         sampler, info = open_artifact(exported)
-        assert info.model.layers == 2 and len(sampler.zero_states(1)) == 4
+        assert info.model.layers == 2 and info.model.layer_norm and len(sampler.zero_states(1)) == 4
         assert sampler.generate([PROMPT, "a"], greedy) == expected

@@ -44,6 +44,13 @@ def run2(tmp_path_factory: pytest.TempPathFactory) -> Run:
 
 
 @pytest.fixture(scope="module")
+def run_ln(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """A tiny 2-layer layer-normalized run (a few seconds)."""
+    model = {"units": 16, "layers": 2, "embedding_dim": 8, "layer_norm": True}
+    return train_tiny_run(tmp_path_factory.mktemp("layer-norm"), "ln", model, {"epochs": 3, "lr": 0.02})
+
+
+@pytest.fixture(scope="module")
 def gen1(run1: Run) -> Generator:
     return Generator.from_run(run1)
 
@@ -234,23 +241,24 @@ def test_a_batch_gives_different_samples(gen1: Generator) -> None:
     assert len(set(texts)) == 6
 
 
-@pytest.mark.parametrize("layers", [1, 2])
-def test_step_reproduces_the_keras_logits(layers: int, request: pytest.FixtureRequest) -> None:
-    run = request.getfixturevalue(f"run{layers}")
-    generator = Generator.from_run(run)
-    ids = generator.vocab.encode("the quick brown fox jumps over a lazy dog\nand")
+@pytest.mark.parametrize("run_name", ["run1", "run2", "run_ln"])
+def test_step_reproduces_the_keras_logits(run_name: str, request: pytest.FixtureRequest) -> None:
+    run = request.getfixturevalue(run_name)
+    vocab = run.load_vocab()
+    ids = vocab.encode("the quick brown fox jumps over a lazy dog\nand")
     expected = keras_model(run)(ids[None, :]).numpy()[0]
-    states, got = generator.zero_states(1), []
-    for i in ids:
-        logits, states = generator.step(tf.constant([i], tf.int32), states)
-        got.append(logits.numpy()[0])
-    assert generator.cfg.layers == layers
-    np.testing.assert_allclose(np.array(got), expected, atol=1e-4, rtol=0)
+    for input_table in (True, False):  # sampling's precomputed first projection, and an export's
+        generator = Generator.from_run(run, input_table=input_table)
+        states, got = generator.zero_states(1), []
+        for i in ids:
+            logits, states = generator.step(tf.constant([i], tf.int32), states)
+            got.append(logits.numpy()[0])
+        np.testing.assert_allclose(np.array(got), expected, atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("layers", [1, 2])
-def test_greedy_generation_is_the_keras_argmax_loop(layers: int, request: pytest.FixtureRequest) -> None:
-    run = request.getfixturevalue(f"run{layers}")
+@pytest.mark.parametrize("run_name", ["run1", "run2", "run_ln"])
+def test_greedy_generation_is_the_keras_argmax_loop(run_name: str, request: pytest.FixtureRequest) -> None:
+    run = request.getfixturevalue(run_name)
     generator, model = Generator.from_run(run), keras_model(run)
     prompt = "the cat sat "
     ids = list(generator.vocab.encode(prompt))

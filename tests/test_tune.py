@@ -87,6 +87,7 @@ def test_the_search_space_keeps_fixed_settings_and_fits_the_corpus() -> None:
         "layers": 1,
         "embedding_dim": 64,
         "dropout": 0.1,
+        "layer_norm": False,
         "batch_size": 64,
         "seq_len": 100,
     }

@@ -451,7 +451,9 @@ def _summary(run: Run) -> RunSummary:
     return RunSummary(
         run=run.name,
         corpus=cfg.data.corpus_name,
-        model=f"{cfg.model.layers}x{cfg.model.units}" + (f" d{cfg.model.dropout:g}" if cfg.model.dropout else ""),
+        model=f"{cfg.model.layers}x{cfg.model.units}"
+        + (f" d{cfg.model.dropout:g}" if cfg.model.dropout else "")
+        + (" LN" if cfg.model.layer_norm else ""),
         epochs=state.get("epoch", 0),
         batches_into_epoch=state.get("batch", 0),
         steps=state.get("step", 0),

@@ -27,6 +27,13 @@ def flag(field_name: str) -> str:
     return _FLAG_NAMES.get(field_name, "--" + field_name.replace("_", "-"))
 
 
+def flag_setting(field_name: str, value: Any) -> str:
+    """A config field's value as the flags that give it: ``--units 512``, ``--layer-norm``, ``--no-layer-norm``."""
+    if isinstance(value, bool):
+        return flag(field_name) if value else "--no-" + flag(field_name).removeprefix("--")
+    return f"{flag(field_name)} {value}"
+
+
 def _require(ok: bool, field_name: str, rule: str, value: Any) -> None:
     if not ok:
         raise ConfigError(f"{flag(field_name)} must be {rule} (got {value!r})")
@@ -102,16 +109,20 @@ class ModelConfig:
     units: int = 512
     layers: int = 1
     dropout: float = 0.1
+    layer_norm: bool = False  # layer-normalized LSTMs (textgen.model.LayerNormLSTMCell)
 
     def __post_init__(self) -> None:
         _positive_int(self, "vocab_size", "embedding_dim", "units", "layers")
         _require(_finite(self.dropout) and 0.0 <= self.dropout < 1.0, "dropout", "in [0, 1)", self.dropout)
+        _require(isinstance(self.layer_norm, bool), "layer_norm", "true or false", self.layer_norm)
 
     @property
     def parameters(self) -> int:
-        """Trainable parameters: embedding, each LSTM (4 gates), the output layer."""
+        """Trainable parameters: embedding, each LSTM (4 gates, and layer normalization's gains and shift), the
+        output layer."""
+        normalization = 10 * self.units if self.layer_norm else 0  # two 4U gains, and the cell's gain and shift
         lstm = sum(
-            4 * self.units * ((self.embedding_dim if i == 0 else self.units) + self.units + 1)
+            4 * self.units * ((self.embedding_dim if i == 0 else self.units) + self.units + 1) + normalization
             for i in range(self.layers)
         )
         return self.vocab_size * self.embedding_dim + lstm + (self.units + 1) * self.vocab_size

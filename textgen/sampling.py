@@ -27,8 +27,8 @@ import tensorflow as tf
 from textgen.checkpoint import Run
 from textgen.config import ModelConfig, SampleConfig
 from textgen.generation import Sampler, States
-from textgen.lstm import lstm_cell, run_unrolled
-from textgen.model import build_model
+from textgen.lstm import layer_norm, lstm_cell, run_unrolled
+from textgen.model import LAYER_NORM_WEIGHTS, build_model
 from textgen.npsampling import NEG_INF
 from textgen.vocab import UNKNOWN_ID, Vocabulary
 
@@ -106,17 +106,21 @@ class Generator(Sampler):
         input_table: bool = True,
     ) -> None:
         super().__init__(cfg, vocab)
-        expected = 1 + 3 * cfg.layers + 2
+        per_layer = 3 + (len(LAYER_NORM_WEIGHTS) if cfg.layer_norm else 0)
+        expected = 1 + per_layer * cfg.layers + 2
         if len(weights) != expected:
             raise ValueError(f"expected {expected} weight arrays for {cfg}, got {len(weights)}")
         embedding, *lstm, dense_kernel, dense_bias = [tf.constant(w, tf.float32) for w in weights]
-        kernels, recurrents, biases = lstm[0::3], lstm[1::3], lstm[2::3]
-        # Layer 0's input projection for every character, precomputed: a gather replaces a matmul. An export
-        # keeps the embedding and the kernel instead: the table is dense where a pruned kernel is mostly zeros
-        # (it was 0.86 of the 1.99 MB of a gzipped 80%-pruned LiteRT file).
+        by_layer = [lstm[n * per_layer : (n + 1) * per_layer] for n in range(cfg.layers)]
+        self.kernels, recurrents, self.biases = ([w[k] for w in by_layer] for k in range(3))
+        # Each layer's (input_gain, recurrent_gain, cell_gain, cell_shift) when layer-normalized.
+        self.norms: list[tuple[tf.Tensor, ...] | None] = [tuple(w[3:]) if cfg.layer_norm else None for w in by_layer]
+        # Layer 0's input projection for every character, precomputed: a gather replaces a matmul (and the
+        # input's normalization, which is each row's own). An export keeps the embedding and the kernel instead:
+        # the table is dense where a pruned kernel is mostly zeros (it was 0.86 of the 1.99 MB of a gzipped
+        # 80%-pruned LiteRT file).
         self.embedding = embedding
-        self.input_table = tf.matmul(embedding, kernels[0]) + biases[0] if input_table else None
-        self.kernels, self.biases = kernels, biases
+        self.input_table = self._project(0, embedding) if input_table else None
         self.recurrent_blocks = [tf.split(r, recurrent_blocks, axis=1) for r in recurrents]
         self.dense_kernel, self.dense_bias = dense_kernel, dense_bias
         state_spec = tuple(tf.TensorSpec([None, cfg.units], tf.float32) for _ in range(2 * cfg.layers))
@@ -155,14 +159,22 @@ class Generator(Sampler):
         if self.input_table is not None:
             x_projection = tf.gather(self.input_table, ids)
         else:
-            x_projection = tf.matmul(tf.gather(self.embedding, ids), self.kernels[0]) + self.biases[0]
+            x_projection = self._project(0, tf.gather(self.embedding, ids))
         new_states: list[tf.Tensor] = []
         for layer in range(self.cfg.layers):
             if layer > 0:
-                x_projection = tf.matmul(new_states[-2], self.kernels[layer]) + self.biases[layer]
-            h, c = _lstm_cell(x_projection, states[2 * layer], states[2 * layer + 1], self.recurrent_blocks[layer])
+                x_projection = self._project(layer, new_states[-2])
+            h, c = _lstm_cell(
+                x_projection, states[2 * layer], states[2 * layer + 1], self.recurrent_blocks[layer], self.norms[layer]
+            )
             new_states += [h, c]
         return tf.matmul(new_states[-2], self.dense_kernel) + self.dense_bias, tuple(new_states)
+
+    def _project(self, layer: int, x: tf.Tensor) -> tf.Tensor:
+        """A layer's input projection (..., 4U) of its inputs ``x``, bias added (normalized first, if it is)."""
+        projection = tf.matmul(x, self.kernels[layer])
+        norm = self.norms[layer]
+        return (projection if norm is None else layer_norm(projection, norm[0])) + self.biases[layer]
 
     def _feed_impl(self, ids: tf.Tensor, states: tuple[tf.Tensor, ...]) -> tuple[tf.Tensor, tuple[tf.Tensor, ...]]:
         steps = tf.shape(ids)[1]
@@ -247,10 +259,20 @@ def _call_generate(
 
 
 def _lstm_cell(
-    x_projection: tf.Tensor, h: tf.Tensor, c: tf.Tensor, recurrent_blocks: Sequence[tf.Tensor]
+    x_projection: tf.Tensor,
+    h: tf.Tensor,
+    c: tf.Tensor,
+    recurrent_blocks: Sequence[tf.Tensor],
+    norm: tuple[tf.Tensor, ...] | None,
 ) -> tuple[tf.Tensor, tf.Tensor]:
-    """One step of Keras' LSTM cell, the recurrent kernel given as column blocks: independent matmuls
-    the executor runs on both cores at once, each block small enough to stay in one core's L2 cache."""
-    z = x_projection + tf.concat([tf.matmul(h, block) for block in recurrent_blocks], axis=-1)
-    h, c, _ = lstm_cell(z, c)
+    """One step of Keras' LSTM cell (layer-normalized with ``norm``'s gains and shift), the recurrent kernel given
+    as column blocks: independent matmuls the executor runs on both cores at once, each block small enough to stay
+    in one core's L2 cache."""
+    recurrent_projection = tf.concat([tf.matmul(h, block) for block in recurrent_blocks], axis=-1)
+    if norm is None:
+        h, c, _ = lstm_cell(x_projection + recurrent_projection, c)
+    else:
+        _, recurrent_gain, cell_gain, cell_shift = norm
+        z = x_projection + layer_norm(recurrent_projection, recurrent_gain)
+        h, c, _ = lstm_cell(z, c, (cell_gain, cell_shift))
     return h, c

@@ -64,7 +64,7 @@ from textgen.data import Splits, StreamLayout, distributed_batches, load_splits
 from textgen.errors import ClusterError, ConfigError, TrainingDiverged, TrainingInterrupted
 from textgen.files import atomic_write_text
 from textgen.idcache import cache_root
-from textgen.model import build_model, reset_states
+from textgen.model import LAYER_NORM_WEIGHTS, build_model, lstm_layers, reset_states
 from textgen.plot import loss_chart, read_history
 from textgen.results import EpochLog, StopReason, TrainResult, bits
 from textgen.scoring import EvalStep, compile_eval_step, model_logits, score, summed_cross_entropy
@@ -280,7 +280,7 @@ def _plan_resume(
     changed = sorted(k for k, v in given.items() if v != saved_values[k])
     if changed:
         flags = ", ".join(cfgmod.flag(k) for k in changed)
-        was = ", ".join(f"{cfgmod.flag(k)} {saved_values[k]}" for k in changed)
+        was = ", ".join(cfgmod.flag_setting(k, saved_values[k]) for k in changed)
         raise ConfigError(
             f"{flags} cannot change when resuming run {run.name!r} (it has {was}); drop them or start a new run"
         )
@@ -346,7 +346,7 @@ class Trainer:
         """Every LSTM state the streams carry from one batch to the next: the model's, the teacher's and each
         accumulation group's."""
         models = [self.model, *([self.teacher] if self.teacher is not None else [])]
-        lstms = [layer for m in models for layer in m.layers if isinstance(layer, keras.layers.LSTM)]
+        lstms = [layer for m in models for layer in lstm_layers(m)]
         return [v for layer in lstms for v in layer.states] + [v for group in self.group_states for v in group]
 
     def reset_states(self) -> None:
@@ -380,7 +380,7 @@ def build_trainer(cfg: RunConfig, strategy: tf.distribute.Strategy | None = None
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         model.compile(optimizer=optimizer)  # callbacks reach the optimizer through model.optimizer
         optimizer.build(model.trainable_variables)
-        lstm_states = [v for layer in model.layers if isinstance(layer, keras.layers.LSTM) for v in layer.states]
+        lstm_states = [v for layer in lstm_layers(model) for v in layer.states]
         group_states = [
             [keras.Variable(tf.zeros_like(v), trainable=False, name=f"group_{g}_state") for v in lstm_states]
             for g in range(groups if groups > 1 else 0)
@@ -438,7 +438,8 @@ def build_trainer(cfg: RunConfig, strategy: tf.distribute.Strategy | None = None
 
 
 def make_optimizer(tcfg: TrainConfig) -> keras.optimizers.Optimizer:
-    """The run's optimizer, with global-norm clipping and decoupled weight decay on everything but the biases."""
+    """The run's optimizer, with global-norm clipping and decoupled weight decay on everything but the biases and
+    layer normalization's gains and shifts (decay would pull a gain towards zero, not towards the identity)."""
     # Keras' other optimizers take None for no decay; AdamW insists on a number.
     decay = tcfg.weight_decay if tcfg.optimizer == "adamw" else tcfg.weight_decay or None
     settings = {"learning_rate": tcfg.lr, "global_clipnorm": tcfg.clip_norm, "weight_decay": decay}
@@ -449,7 +450,7 @@ def make_optimizer(tcfg: TrainConfig) -> keras.optimizers.Optimizer:
         kind = {"adam": keras.optimizers.Adam, "adamw": keras.optimizers.AdamW, "rmsprop": keras.optimizers.RMSprop}
         optimizer = kind[tcfg.optimizer](**settings)
     if tcfg.weight_decay:
-        optimizer.exclude_from_weight_decay(var_names=["bias"])
+        optimizer.exclude_from_weight_decay(var_names=["bias", *LAYER_NORM_WEIGHTS])
     return optimizer
 
 
@@ -481,7 +482,7 @@ def soft_cross_entropy(teacher_logits: tf.Tensor, logits: tf.Tensor, temperature
 def prunable_kernels(model: keras.Model) -> list[keras.Variable]:
     """The weights ``textgen prune`` masks: every LSTM's input and recurrent kernels and the output kernel
     (the embedding and the biases, ~1% of the default model, stay dense)."""
-    lstms = [layer.cell for layer in model.layers if isinstance(layer, keras.layers.LSTM)]
+    lstms = [layer.cell for layer in lstm_layers(model)]
     return [v for cell in lstms for v in (cell.kernel, cell.recurrent_kernel)] + [model.get_layer("logits").kernel]
 
 

@@ -31,7 +31,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, Run, RunLock, study_path
-from textgen.config import OPTIMIZERS, DataConfig, DeviceProfile, ModelConfig, TrainConfig, flag
+from textgen.config import OPTIMIZERS, DataConfig, DeviceProfile, ModelConfig, TrainConfig, flag, flag_setting
 from textgen.corpus import check_unchanged, corpus_fingerprint
 from textgen.data import fills_one_batch, load_splits
 from textgen.device import apply_profile, resolve_profile
@@ -117,6 +117,7 @@ class SearchSpace:
                 "layers": pick("model", "layers", trial.suggest_int, 1, 3),
                 "embedding_dim": pick("model", "embedding_dim", trial.suggest_categorical, [16, 32, 64, 128]),
                 "dropout": pick("model", "dropout", trial.suggest_float, 0.0, 0.4, step=0.05),
+                "layer_norm": pick("model", "layer_norm", trial.suggest_categorical, [False, True]),
             },
             "training": {
                 "optimizer": optimizer,
@@ -141,6 +142,7 @@ class SearchSpace:
             "layers": model.layers,
             "embedding_dim": model.embedding_dim,
             "dropout": model.dropout,
+            "layer_norm": model.layer_norm,
         }
         fixed = self.fixed.get("data", {})  # a fixed batch size or length changes what fits beside it
         batch_size, seq_len = fixed.get("batch_size", self.profile.batch_size), fixed.get("seq_len", data.seq_len)
@@ -356,7 +358,8 @@ def _describe(key: str, value: Any) -> str:
     if key == "trial_budget":
         return f"{value:g}s"
     if key == "fixed":
-        return " ".join(f"{flag(k)} {v}" for part in value.values() for k, v in part.items()) or "nothing fixed"
+        settings = (flag_setting(k, v) for part in value.values() for k, v in part.items())
+        return " ".join(settings) or "nothing fixed"
     return str(value)
 
 

@@ -454,18 +454,19 @@ class TrialLine:
 
 
 def describe_recipe(recipe: dict[str, Any]) -> str:
-    """A trial's recipe on one line: ``1x512 e64  dropout 0.1  batch 64x100  adam lr 0.002  clip 5``."""
+    """A trial's recipe on one line: ``1x512 e64  dropout 0.1  batch 64x100  adam lr 0.002  clip 5`` (``1x512 e64 LN``
+    when layer-normalized)."""
     model, dropout, batch, optimizer, lr, decay, clip = _recipe_cells(recipe)
     decay = f" weight decay {decay}" if decay != "-" else ""
     return f"{model}  dropout {dropout}  batch {batch}  {optimizer} lr {lr}{decay}  clip {clip}"
 
 
 def _recipe_cells(recipe: dict[str, Any]) -> list[str]:
-    """Model (layers x units, embedding), dropout, batch, optimizer, learning rate, weight decay, clip norm."""
+    """Model (layers x units, embedding, LN if layer-normalized), dropout, batch, optimizer, learning rate, weight decay, clip norm."""
     get = recipe.get
     decay = get("weight_decay") or 0.0
     return [
-        f"{get('layers', '?')}x{get('units', '?')} e{get('embedding_dim', '?')}",
+        f"{get('layers', '?')}x{get('units', '?')} e{get('embedding_dim', '?')}" + (" LN" if get("layer_norm") else ""),
         f"{get('dropout', 0):g}",
         f"{get('batch_size', '?')}x{get('seq_len', '?')}",
         str(get("optimizer", "?")),
