@@ -65,13 +65,17 @@ class NaiveSampler:
         import numpy as np
         import tensorflow as tf
 
+        from textgen.model import LayerNormLSTMCell
         from textgen.vocab import UNKNOWN_ID
 
         ids = keras.Input(shape=(None,), dtype="int32")
         states_in = [keras.Input(shape=(cfg.units,)) for _ in range(2 * cfg.layers)]
         x, states_out = keras.layers.Embedding(cfg.vocab_size, cfg.embedding_dim)(ids), []
         for i in range(cfg.layers):
-            lstm = keras.layers.LSTM(cfg.units, return_sequences=True, return_state=True)
+            if cfg.layer_norm:  # textgen's own cell: Keras has no layer-normalized LSTM
+                lstm = keras.layers.RNN(LayerNormLSTMCell(cfg.units), return_sequences=True, return_state=True)
+            else:
+                lstm = keras.layers.LSTM(cfg.units, return_sequences=True, return_state=True)
             x, h, c = lstm(x, initial_state=states_in[2 * i : 2 * i + 2])
             states_out += [h, c]
         logits = keras.layers.Dense(cfg.vocab_size)(x)

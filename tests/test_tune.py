@@ -21,7 +21,7 @@ from textgen.device import CPU
 from textgen.errors import ConfigError, TrainingInterrupted
 from textgen.recipe import read_recipe, recipe_of
 from textgen.study import load_study
-from textgen.tune import SameTimePruner, SearchSpace
+from textgen.tune import SameTimePruner, SearchSpace, _requeue_interrupted
 
 # A tiny model, so that a trial of a few seconds trains several epochs; the rest of the recipe is searched.
 TINY = ["--units", "32", "--layers", "1", "--embedding-dim", "8", "--batch-size", "8", "--seq-len", "32"]
@@ -184,6 +184,30 @@ def test_a_study_runs_prunes_continues_and_its_best_recipe_trains_again(tmp_path
     assert (shown["path"], shown["best_recipe"]) == (str(moved), str(moved / "best.json"))
 
 
+def test_an_interrupted_trial_from_before_layer_norm_resumes_without_it() -> None:
+    """A study begun before layer normalization was searched: its interrupted trial's params lack it, and the trial
+    that resumes it must build the plain model its run holds, whatever the sampler would draw (seeds 0-9 draw both)."""
+    space = SearchSpace(FIXED, val_chars=700, profile=CPU)
+    params = {"optimizer": "adam", "lr": 0.002, "clip_norm": 5.0, "dropout": 0.1}
+    distributions = {
+        "optimizer": optuna.distributions.CategoricalDistribution(["adam", "adamw", "rmsprop", "sgd"]),
+        "lr": FloatDistribution(5e-4, 1e-2, log=True),
+        "clip_norm": FloatDistribution(0.5, 10.0, log=True),
+        "dropout": FloatDistribution(0.0, 0.4, step=0.05),
+    }
+    for seed in range(10):
+        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+        killed = optuna.trial.create_trial(
+            params=params, distributions=distributions, state=TrialState.FAIL, user_attrs={"run": "trial-000"}
+        )
+        study.add_trial(killed)
+        _requeue_interrupted(study)
+        resuming = study.ask()
+        assert resuming.user_attrs["resumes"] == 0
+        recipe = space.suggest(resuming)
+        assert recipe["model"]["layer_norm"] is False and recipe["training"]["lr"] == 0.002
+
+
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGKILL])
 def test_a_stopped_study_resumes_its_trial(tmp_path: Path, stop: signal.Signals) -> None:
     """Ctrl-C saves the running trial; a kill leaves it running in the database. Either way the same command
@@ -241,7 +265,7 @@ def test_bad_tune_inputs(tmp_path: Path) -> None:
     out = invoke("tune", "--study", "tiny", "--checkpoint-dir", ck, "--units", "32", "--trials", "1", "--json")
     assert out.exit_code == 0, out.stderr
     assert_one_line_error(invoke("tune", "--study", "tiny", "--checkpoint-dir", ck, "--units", "64"),
-                          "--units 32", "not --units as given")  # fmt: skip
+                          "--units 32", "not --units 64 as given")  # fmt: skip
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"model": {"units": 32, "colour": "red"}}))
     assert_one_line_error(invoke("train", str(tmp_path / "tiny.txt"), "--config", str(bad)), "unknown model settings")

@@ -41,7 +41,7 @@ GPU = DeviceProfile(
     # The cuDNN LSTM kernel is not XLA-compilable (Keras turns XLA off for it), so the
     # train step runs without jit_compile; the LSTM layers keep cuDNN-eligible arguments.
     jit_compile=False,
-    notes="mixed_float16 with float32 logits, cuDNN LSTM kernel, batch 256",
+    notes="mixed_float16 with float32 logits, cuDNN LSTM kernel (Keras' generic loop with --layer-norm), batch 256",
 )
 
 PROFILES = {p.name: p for p in (CPU, GPU)}

@@ -31,7 +31,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, Run, RunLock, study_path
-from textgen.config import OPTIMIZERS, DataConfig, DeviceProfile, ModelConfig, TrainConfig, flag, flag_setting
+from textgen.config import OPTIMIZERS, DataConfig, DeviceProfile, ModelConfig, TrainConfig, flag_setting
 from textgen.corpus import check_unchanged, corpus_fingerprint
 from textgen.data import fills_one_batch, load_splits
 from textgen.device import apply_profile, resolve_profile
@@ -321,7 +321,7 @@ def _continued_settings(study: optuna.Study, given: dict[str, Any]) -> dict[str,
         k for k in ("corpus", "trial_budget", "device", "seed") if given[k] not in (None, []) and given[k] != saved[k]
     ]
     fixed = [
-        flag(k)
+        flag_setting(k, v)
         for part, values in given["fixed"].items()
         for k, v in values.items()
         if saved["fixed"].get(part, {}).get(k) != v
@@ -390,7 +390,9 @@ def _requeue_interrupted(study: optuna.Study) -> None:
     resumed = {t.user_attrs.get("resumes") for t in trials}
     for trial in trials:
         if is_interrupted(trial) and trial.number not in resumed and "run" in trial.user_attrs:
-            study.enqueue_trial(trial.params, user_attrs={"resumes": trial.number, "run": trial.user_attrs["run"]})
+            # A trial of a study begun before --layer-norm existed trained without it: resumed, it must not draw it.
+            params = {"layer_norm": False, **trial.params}
+            study.enqueue_trial(params, user_attrs={"resumes": trial.number, "run": trial.user_attrs["run"]})
 
 
 class _NoTuneProgress:

@@ -462,7 +462,8 @@ def describe_recipe(recipe: dict[str, Any]) -> str:
 
 
 def _recipe_cells(recipe: dict[str, Any]) -> list[str]:
-    """Model (layers x units, embedding, LN if layer-normalized), dropout, batch, optimizer, learning rate, weight decay, clip norm."""
+    """Model (layers x units, embedding, LN if layer-normalized), dropout, batch, optimizer, learning rate, weight
+    decay, clip norm."""
     get = recipe.get
     decay = get("weight_decay") or 0.0
     return [
