@@ -96,8 +96,10 @@ def test_stateful_model_carries_state_until_reset() -> None:
     np.testing.assert_allclose(np.asarray(model(x)), first, rtol=1e-6, atol=1e-6)
 
 
-def test_gpu_profile_trains_through_keras_lstm_with_loss_scaling() -> None:
-    """The CPU's fast LSTM path must not leak into the GPU profile: Keras' (cuDNN) LSTM, loss scaling."""
+@pytest.mark.parametrize("layer_norm", [False, True], ids=["plain", "layer-norm"])
+def test_gpu_profile_trains_through_keras_lstm_with_loss_scaling(layer_norm: bool) -> None:
+    """The CPU's fast LSTM path must not leak into the GPU profile: Keras' (cuDNN) LSTM, or the layer-normalized
+    cell in Keras' RNN loop, with dropout (0.1, the default), in float16 with loss scaling."""
     import tensorflow as tf
 
     from textgen.config import DataConfig, RunConfig, TrainConfig
@@ -106,7 +108,7 @@ def test_gpu_profile_trains_through_keras_lstm_with_loss_scaling() -> None:
     assert not GPU.fast_lstm and CPU.fast_lstm
     cfg = RunConfig(
         DataConfig(corpus="", batch_size=4, seq_len=8),
-        ModelConfig(vocab_size=12, embedding_dim=8, units=16),
+        ModelConfig(vocab_size=12, embedding_dim=8, units=16, layer_norm=layer_norm),
         TrainConfig(),
         GPU,
     )
