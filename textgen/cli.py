@@ -158,6 +158,8 @@ TRAIN_EXAMPLES = """
 
     textgen train 2600-0.txt --optimizer adamw --weight-decay 0.05 --lr 3e-3
 
+    textgen train my_book.txt --layers 2 --layer-norm --time-budget 2h   # layer-normalized LSTMs
+
     textgen train my_book.txt --from-study my_book --time-budget 2h   # the best recipe textgen tune found
 
     TF_CONFIG='{...}' textgen train books/ --strategy multiworker --run library --checkpoint-dir /shared/ck   # on each machine
