@@ -137,8 +137,8 @@ def _option(help: str, panel: str, default: Any = None, *decls: str) -> Any:
 
 
 LAYER_NORM_HELP = (
-    "Layer-normalize each LSTM (Ba et al., 2016): ~0.76x the chars/s on the cpu profile, better loss for the time "
-    "(README, Quality); on a GPU it runs Keras' generic loop, not cuDNN"
+    "Layer-normalize each LSTM (Ba et al., 2016): 0.64-0.76x the chars/s on the cpu profile, better loss for the "
+    "time (README, Quality); on a GPU it runs Keras' generic loop, not cuDNN"
 )
 
 TRAIN_EXAMPLES = """
