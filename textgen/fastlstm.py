@@ -28,6 +28,13 @@ from textgen.model import LayerNormLSTMCell, lstm_layers
 UNROLL = 4  # timesteps per loop iteration, forward and backward
 
 
+def _gate_derivatives(c_prev: tf.Tensor, gates: tuple[tf.Tensor, ...], tanh_out: tf.Tensor) -> tf.Tensor:
+    """d z / d c for the i, f, g pre-activations and d z / d h for o's (..., 4U), given the activated gates and the
+    tanh the output gate multiplies."""
+    i, f, g, o = gates
+    return tf.concat([g * i * (1.0 - i), c_prev * f * (1.0 - f), i * (1.0 - g * g), tanh_out * o * (1.0 - o)], axis=-1)
+
+
 # The two loops are compiled with XLA, which fuses each step's gate arithmetic into a few kernels around the
 # matmul: +7% chars/s on REF (19,677 against 18,375, benchmarks/train_throughput.py's child, 15 s each, 2026-11-24),
 # level at 2 x 512 (7,460 against 7,535 in 20 s), for ~100 MB more peak RSS. The rest of the step stays uncompiled.
@@ -45,9 +52,7 @@ def _forward_loop(x_projection: tf.Tensor, h0: tf.Tensor, c0: tf.Tensor, recurre
         # rather than saving the gates and reading them back in a separate pass.
         tanh_c = tf.tanh(c)  # lstm_cell's own tanh(c): XLA computes it once
         dc_through_h = o * (1.0 - tanh_c * tanh_c)  # d c / d h, through the output gate's tanh
-        dz_factors = tf.concat(  # d z / d c for the i, f, g pre-activations, d z / d h for o's
-            [g * i * (1.0 - i), c_prev * f * (1.0 - f), i * (1.0 - g * g), tanh_c * o * (1.0 - o)], axis=-1
-        )
+        dz_factors = _gate_derivatives(c_prev, (i, f, g, o), tanh_c)
         return (
             t + 1,
             h,
@@ -139,9 +144,7 @@ def _normalized_forward_loop(
         c_hat, c_inv_std = normalize(c)  # lstm_cell's own normalization and tanh: XLA computes them once
         tanh_n = tf.tanh(cell_gain * c_hat + cell_shift)
         dn_through_h = o * (1.0 - tanh_n * tanh_n)  # d (normalized c) / d h, through the output gate's tanh
-        dz_factors = tf.concat(
-            [g * i * (1.0 - i), c_prev * f * (1.0 - f), i * (1.0 - g * g), tanh_n * o * (1.0 - o)], axis=-1
-        )
+        dz_factors = _gate_derivatives(c_prev, (i, f, g, o), tanh_n)
         values = (h, r_hat, r_inv_std, c_hat, c_inv_std, dn_through_h, dz_factors, f)
         return t + 1, h, c, *(array.write(t, v) for array, v in zip(saved, values, strict=True))
 
