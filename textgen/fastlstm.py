@@ -35,6 +35,17 @@ def _gate_derivatives(c_prev: tf.Tensor, gates: tuple[tf.Tensor, ...], tanh_out:
     return tf.concat([g * i * (1.0 - i), c_prev * f * (1.0 - f), i * (1.0 - g * g), tanh_out * o * (1.0 - o)], axis=-1)
 
 
+def _forward_over_time(
+    step: Any, x_projection: tf.Tensor, h0: tf.Tensor, c0: tf.Tensor, saved: int
+) -> tuple[tf.Tensor, ...]:
+    """Run a forward ``step(t, h, c, *arrays)`` over every timestep of ``x_projection``, each step writing ``saved``
+    values: the final (h, c), then each value stacked over time."""
+    steps = tf.shape(x_projection)[0]
+    arrays = [tf.TensorArray(x_projection.dtype, size=steps) for _ in range(saved)]
+    _, h_last, c_last, *written = run_unrolled(step, (tf.constant(0), h0, c0, *arrays), lambda t, *_: steps - t, UNROLL)
+    return h_last, c_last, *(array.stack() for array in written)
+
+
 # The two loops are compiled with XLA, which fuses each step's gate arithmetic into a few kernels around the
 # matmul: +7% chars/s on REF (19,677 against 18,375, benchmarks/train_throughput.py's child, 15 s each, 2026-11-24),
 # level at 2 x 512 (7,460 against 7,535 in 20 s), for ~100 MB more peak RSS. The rest of the step stays uncompiled.
@@ -43,7 +54,6 @@ def _gate_derivatives(c_prev: tf.Tensor, gates: tuple[tf.Tensor, ...], tanh_out:
 @tf.function(jit_compile=True)
 def _forward_loop(x_projection: tf.Tensor, h0: tf.Tensor, c0: tf.Tensor, recurrent: tf.Tensor) -> tuple[tf.Tensor, ...]:
     """Final (h, c) and, for every timestep, h and what the backward pass needs of the step (its derivatives)."""
-    steps = tf.shape(x_projection)[0]
 
     def step(t: tf.Tensor, h: tf.Tensor, c: tf.Tensor, *saved: tf.TensorArray) -> tuple[Any, ...]:
         c_prev = c
@@ -60,9 +70,7 @@ def _forward_loop(x_projection: tf.Tensor, h0: tf.Tensor, c0: tf.Tensor, recurre
             *(array.write(t, v) for array, v in zip(saved, (h, dc_through_h, dz_factors, f), strict=True)),
         )
 
-    arrays = [tf.TensorArray(x_projection.dtype, size=steps) for _ in range(4)]
-    _, h_last, c_last, *saved = run_unrolled(step, (tf.constant(0), h0, c0, *arrays), lambda t, *_: steps - t, UNROLL)
-    return h_last, c_last, *(array.stack() for array in saved)
+    return _forward_over_time(step, x_projection, h0, c0, saved=4)
 
 
 @tf.function(jit_compile=True)
@@ -135,7 +143,6 @@ def _normalized_forward_loop(
     cell_shift: tf.Tensor,
 ) -> tuple[tf.Tensor, ...]:
     """Final (h, c) and, for every timestep, h and what the backward pass needs of the step."""
-    steps = tf.shape(x_projection)[0]
 
     def step(t: tf.Tensor, h: tf.Tensor, c: tf.Tensor, *saved: tf.TensorArray) -> tuple[Any, ...]:
         c_prev = c
@@ -148,9 +155,7 @@ def _normalized_forward_loop(
         values = (h, r_hat, r_inv_std, c_hat, c_inv_std, dn_through_h, dz_factors, f)
         return t + 1, h, c, *(array.write(t, v) for array, v in zip(saved, values, strict=True))
 
-    arrays = [tf.TensorArray(x_projection.dtype, size=steps) for _ in range(8)]
-    _, h_last, c_last, *saved = run_unrolled(step, (tf.constant(0), h0, c0, *arrays), lambda t, *_: steps - t, UNROLL)
-    return h_last, c_last, *(array.stack() for array in saved)
+    return _forward_over_time(step, x_projection, h0, c0, saved=8)
 
 
 @tf.function(jit_compile=True)
