@@ -313,7 +313,7 @@ def test_war_and_peace_with_a_time_budget(tmp_path: Path) -> None:
     found = find_on_corpus_path("2600-0.txt")
     if found is None:
         pytest.skip("2600-0.txt is not in any directory of $TEXTGEN_CORPUS_PATH")
-    args = ["train", "2600-0.txt", "--device", "cpu", "--time-budget", "20s", "--units", "64"]
+    args = ["train", "2600-0.txt", "--device", "cpu", "--time-budget", "8s", "--units", "64"]
     corpus_path = str(found.parent.resolve())  # $TEXTGEN_CORPUS_PATH may be relative to this directory
     proc = run_textgen(
         [*args, "--checkpoint-dir", "ck", "--run", "wp"], cwd=tmp_path, timeout=300, TEXTGEN_CORPUS_PATH=corpus_path

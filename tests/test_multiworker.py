@@ -109,12 +109,13 @@ def test_two_workers_follow_one_workers_loss_trajectory(tmp_path: Path, corpus: 
     assert [row["epoch"] for row in read_history(tmp_path / "ck" / "two")] == [0, 1]
 
 
-@pytest.mark.parametrize("victim", [1, 0], ids=["worker", "chief"])
+# The chief's loss is the harder case (it writes the run); the other worker's costs 24 s more of the suite.
+@pytest.mark.parametrize("victim", [pytest.param(1, marks=pytest.mark.slow), 0], ids=["worker", "chief"])
 def test_a_killed_worker_stops_the_other_with_a_clear_error_and_the_cluster_resumes(
     tmp_path: Path, corpus: Path, victim: int
 ) -> None:
     checkpoint_dir = tmp_path / "ck"
-    args = [str(corpus), *SETTINGS, "--epochs", "3", "--run", "mw", "--checkpoint-dir", str(checkpoint_dir)]
+    args = [str(corpus), *SETTINGS, "--epochs", "2", "--run", "mw", "--checkpoint-dir", str(checkpoint_dir)]
     args += ["--save-every", "1s"]
     workers = start_workers(tmp_path, args, free_ports(2))
     chief_proc, chief_log = workers[0]
@@ -139,7 +140,7 @@ def test_a_killed_worker_stops_the_other_with_a_clear_error_and_the_cluster_resu
     again = start_workers(resumed_dir, [*args, "--resume"], free_ports(2))
     assert finish(again) == [0, 0], [log.read_text() for _, log in again]
     done = [json.loads(line) for line in again[0][1].read_text().splitlines() if '"event": "done"' in line]
-    assert done and done[0]["epochs"] == 3
+    assert done and done[0]["epochs"] == 2
     assert json.loads((checkpoint_dir / "mw" / "state.json").read_text())["step"] > state["step"]
 
 

@@ -220,6 +220,49 @@ def test_a_run_stopped_mid_epoch_and_resumed_ends_where_an_uninterrupted_one_doe
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_validating_mid_epoch_leaves_training_as_it_was(tmp_path: Path, tiny_corpus: Path, accumulate: int) -> None:
+    """An interim validation (tune's, for its pruner) runs the streams through the validation split; the training
+    streams' states (each accumulation group's too) are put back, so the run makes the same updates as without
+    it. It is never asked for after an epoch's last batch, where the epoch's own validation follows."""
+    import keras
+
+    class EveryThirdBatch:
+        def __init__(self) -> None:
+            self.asked: list[float] = []
+            self.reports: list[tuple[float, float]] = []
+
+        def due(self, seconds: float) -> bool:
+            self.asked.append(seconds)
+            return len(self.asked) % 3 == 0
+
+        def report(self, seconds: float, val_loss: float) -> None:
+            self.reports.append((seconds, val_loss))
+
+    data = {"batch_size": 4, "seq_len": 16}
+    training = {"epochs": 2, "accumulate": accumulate, "lr_schedule": "cosine"}
+    model = {**TINY_MODEL, "dropout": 0.1}
+    runs, interim = {}, EveryThirdBatch()
+    for name, validating in (("straight", None), ("validating", interim)):
+        plan = plan_training(str(tiny_corpus), CPU, checkpoint_dir=tmp_path / name, run_name="r", data=data,
+                             model=model, training=training)  # fmt: skip
+        keras.utils.set_random_seed(0)
+        train(plan, interim=validating)
+        runs[name] = plan.run
+    spe = runs["straight"].load_state()["step"] // 2
+    assert len(interim.asked) == 2 * (spe - 1)  # after every batch but each epoch's last
+    assert len(interim.reports) == 2 * (spe - 1) // 3 and all(np.isfinite(v) for _, v in interim.reports)
+    weights = []
+    for run in runs.values():
+        model_ = build_model(run.load_config().model, 1)
+        run.load_weights(model_, "last")
+        weights.append(model_.get_weights())
+    for a, b in zip(*weights, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    losses = [[row["loss"] for row in read_history(run.path)] for run in runs.values()]
+    assert losses[1] == pytest.approx(losses[0], rel=1e-6)
+
+
 def test_interrupt_in_the_last_batch_of_an_epoch_finishes_the_epoch(tmp_path: Path, tiny_corpus: Path) -> None:
     """Stopping after the epoch's last batch validates and saves the epoch, instead of a resume point that
     would make the resumed run train an empty epoch."""

@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from textgen import ui
-from textgen.results import EpochLog, RunSummary, StopReason, TrainResult
+from textgen.results import EpochLog, RunSummary, StopReason, StudyResult, TrainResult, TrialSummary
 
 
 def strict(line: str) -> dict:
@@ -103,3 +103,34 @@ def test_emoji_codes_in_user_text_are_printed_as_they_are() -> None:
     with err_console.capture() as err:
         ui.warn(err_console, "skipping ':smile:'")
     assert out.get().startswith(":fire: Moscow") and ":smile:" in err.get()
+
+
+def test_the_live_tune_table_shows_the_latest_trials_that_fit_and_the_whole_table_at_the_end(tmp_path: Path) -> None:
+    """A study with more trials than the terminal has rows: the live view keeps the newest rows and the running
+    trial's line on screen (the best trial starred even when it has scrolled off); the end prints every trial."""
+    recipe = {"units": 64, "layers": 1, "embedding_dim": 16, "dropout": 0.1, "optimizer": "adam", "lr": 0.002}
+    trials = [
+        TrialSummary(n, "complete" if n % 3 else "pruned", recipe, 1.5 - (0.1 if n == 2 else 0.0), 60.0, f"t{n}")
+        for n in range(30)
+    ]
+    out = io.StringIO()
+    console = Console(file=out, width=120, height=12, force_terminal=True, color_system=None)
+    display = ui.TuneDisplay(console)
+    display.trials = trials
+    display.running = TrialSummary(30, "running", recipe, None, 0.0, "t30")
+    display.status = "trial 30: epoch 1, batch 3/40"
+    with console.capture() as live:
+        console.print(display._render())
+    lines = live.get().splitlines()
+    assert len(lines) == 12 - 1  # the cursor's line left free
+    assert lines[0].startswith("... 23 earlier trials") and lines[-1] == "trial 30: epoch 1, batch 3/40"
+    assert [line.split()[0] for line in lines[2:-1]] == [str(n) for n in range(23, 31)]
+    assert "*" not in live.get()  # the best, trial 2, has scrolled off: no row is starred
+
+    # Stopped by Ctrl-C (no result is shown after it): the live view gives way to every trial.
+    stopped = StudyResult("s", tmp_path, ["c.txt"], 60.0, 3600.0, 1800.0, trials, trials[2], None, "interrupted")
+    display.begin(stopped)
+    display.end(stopped)
+    after_the_live_view = out.getvalue().rsplit("\x1b[2K", 1)[1]  # what follows its last erased line
+    rows = after_the_live_view.splitlines()
+    assert [line.split()[0] for line in rows] == ["#", "0", "1", "2*", *map(str, range(3, 30))]

@@ -23,6 +23,7 @@ from textgen.config import (
     PruneConfig,
     TrainConfig,
     check_fits_in_memory,
+    settings_given,
 )
 from textgen.corpus import resolve_corpora
 from textgen.device import apply_profile, configure_for_inference, import_tensorflow, resolve_profile
@@ -213,7 +214,7 @@ def evaluate(
 
 def _check_settings(data: dict[str, Any], model: dict[str, Any], training: dict[str, Any]) -> None:
     """Validate the given settings by building the configs (the values, not the corpus) before TensorFlow loads."""
-    given = [{k: v for k, v in d.items() if v is not None} for d in (data, model, training)]
+    given = [settings_given(d) for d in (data, model, training)]
     DataConfig(corpus="", **given[0])
     check_fits_in_memory(ModelConfig(vocab_size=1, **given[1]))
     TrainConfig.of(**given[2])
@@ -243,6 +244,11 @@ def tune(
     _check_settings(fixed.get("data", {}), fixed.get("model", {}), {**fixed.get("training", {}), "seed": seed})
     if trial_budget is not None and trial_budget < MIN_TRIAL_SECONDS:
         raise ConfigError(f"--trial-budget must be at least {MIN_TRIAL_SECONDS:g}s (got {trial_budget:g}s)")
+    from textgen.study import DATABASE, check_fixed_settings, locate_study
+
+    directory = locate_study(checkpoint_dir, corpus, study)[2]
+    if not (directory / DATABASE).is_file():  # a continued study's own fixed settings count too: checked with them
+        check_fixed_settings({part: settings_given(values) for part, values in fixed.items()})
     ensure_writable(checkpoint_dir)
     import_tensorflow()  # the profile is the study's: tune resolves and applies it
     from textgen.tune import tune as run_study

@@ -33,10 +33,11 @@ from textgen.config import (
     Split,
     Strategy,
     TrainConfig,
+    flag,
     parse_duration,
 )
 from textgen.device import Device
-from textgen.errors import ClusterError, TextgenError
+from textgen.errors import ClusterError, ConfigError, TextgenError
 from textgen.repl import GREETING, Session, read_lines
 
 console = Console(highlight=False, soft_wrap=True, emoji=False)  # user text is data: ":fire:" stays ":fire:"
@@ -161,6 +162,8 @@ TRAIN_EXAMPLES = """
     textgen train my_book.txt --layers 2 --layer-norm --time-budget 2h   # layer-normalized LSTMs
 
     textgen train my_book.txt --from-study my_book --time-budget 2h   # the best recipe textgen tune found
+
+    textgen train other.txt --config checkpoints/studies/my_book/best.json   # that recipe, another corpus
 
     TF_CONFIG='{...}' textgen train books/ --strategy multiworker --run library --checkpoint-dir /shared/ck   # on each machine
 
@@ -651,7 +654,7 @@ def tune(
     corpus: Annotated[
         list[str] | None,
         typer.Argument(
-            help="The text to tune on, as for textgen train (not needed to continue or show a study)",
+            help="The text to tune on: files, directories or globs (not needed to continue or show a study)",
             show_default=False,
         ),
     ] = None,
@@ -705,8 +708,34 @@ def tune(
     ] = False,
 ) -> None:
     """Search for the training recipe that scores best on a corpus's validation split, in a time budget."""
+    fixed: dict[str, dict[str, Any]] = {
+        "data": {"batch_size": batch_size, "seq_len": seq_len},
+        "model": {
+            "units": units,
+            "layers": layers,
+            "embedding_dim": embedding_dim,
+            "dropout": dropout,
+            "layer_norm": layer_norm,
+        },
+        "training": {
+            "optimizer": optimizer.value if optimizer else None,
+            "lr": lr,
+            "weight_decay": weight_decay,
+            "clip_norm": clip_norm,
+        },
+    }
     with _errors():
         if show:
+            searching = {
+                "--time-budget": time_budget,
+                "--trial-budget": trial_budget,
+                "--trials": trials,
+                "--seed": seed,
+                "--device": None if device is Device.auto else device,
+                **{flag(k): v for values in fixed.values() for k, v in values.items()},
+            }
+            if ignored := [name for name, value in searching.items() if value is not None]:
+                raise ConfigError(f"--show only lists a study: drop {', '.join(ignored)}")
             ui.show_study(console, api.show_study(checkpoint_dir, study, corpus), as_json)
             return
         display = ui.TuneDisplay(console, as_json=as_json)
@@ -719,22 +748,7 @@ def tune(
             trial_budget=parse_duration(trial_budget, "--trial-budget") if trial_budget else None,
             trials=trials,
             seed=seed,
-            fixed={
-                "data": {"batch_size": batch_size, "seq_len": seq_len},
-                "model": {
-                    "units": units,
-                    "layers": layers,
-                    "embedding_dim": embedding_dim,
-                    "dropout": dropout,
-                    "layer_norm": layer_norm,
-                },
-                "training": {
-                    "optimizer": optimizer.value if optimizer else None,
-                    "lr": lr,
-                    "weight_decay": weight_decay,
-                    "clip_norm": clip_norm,
-                },
-            },
+            fixed=fixed,
             progress=display,
         )
         ui.show_study(console, result, as_json, shown_live=display.live is not None)

@@ -196,7 +196,7 @@ class TrainConfig:
     @classmethod
     def of(cls, **given: Any) -> TrainConfig:
         """The config of the settings given, with the optimizer's own defaults for the rest (OPTIMIZER_DEFAULTS)."""
-        given = {k: v for k, v in given.items() if v is not None}
+        given = settings_given(given)
         optimizer = given.get("optimizer", cls.optimizer)
         defaults = OPTIMIZER_DEFAULTS.get(optimizer, {}) if isinstance(optimizer, str) else {}  # else refused below
         return cls(**{**defaults, **given})
@@ -237,6 +237,11 @@ class TrainConfig:
         _require(0 < self.lr_factor < 1, "lr_factor", "between 0 and 1", self.lr_factor)
 
 
+def settings_given(values: dict[str, Any]) -> dict[str, Any]:
+    """The settings a user gave: a CLI flag left out arrives as ``None``."""
+    return {k: v for k, v in values.items() if v is not None}
+
+
 def to_dict(cfg: Any) -> dict[str, Any]:
     """A config as a JSON-ready dict (tuples as lists, as JSON reads them back)."""
     return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(cfg).items()}
@@ -253,7 +258,7 @@ def from_dict(cls: type[T], data: dict[str, Any]) -> T:
 
 def replace(cfg: T, **changes: Any) -> T:
     """A copy of a config with the given fields changed; ``None`` values are ignored."""
-    return dataclasses.replace(cfg, **{k: v for k, v in changes.items() if v is not None})  # type: ignore[type-var]
+    return dataclasses.replace(cfg, **settings_given(changes))  # type: ignore[type-var]
 
 
 _DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?$")

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from textgen.config import RunConfig, TrainConfig, to_dict
+from textgen.config import RunConfig, TrainConfig, settings_given, to_dict
 from textgen.errors import ConfigError
 from textgen.files import atomic_write_text
 
@@ -62,7 +62,7 @@ def read_recipe(path: Path) -> Recipe:
 def apply_recipe(recipe: Recipe, **given: dict[str, Any]) -> Recipe:
     """Each section of ``recipe`` overridden by the settings given (``None`` values are not given). Another
     optimizer than the recipe's gets its own defaults for the learning rate, momentum and decay not given."""
-    given = {part: {k: v for k, v in values.items() if v is not None} for part, values in given.items()}
+    given = {part: settings_given(values) for part, values in given.items()}
     base = {part: dict(recipe.get(part, {})) for part in RECIPE_FIELDS}
     optimizer = given.get("training", {}).get("optimizer")
     if optimizer is not None and optimizer != base["training"].get("optimizer", TrainConfig.optimizer):

@@ -146,8 +146,10 @@ class TrialSummary:
     number: int
     state: str  # complete, pruned, running, interrupted, failed or waiting
     recipe: dict[str, Any]  # the settings tried, flat (units, lr, optimizer, ...)
-    val_loss: float | None  # complete: validation nats/char as SCORE_STREAMS streams; pruned: its last report
-    seconds: float  # wall-clock spent on the trial, all invocations
+    # complete: validation nats/char read as SCORE_STREAMS streams; pruned: its last epoch's validation as training
+    # reads it, as --batch-size streams (the stream count moves the reading a little: 0.001 from 16 to 64 streams)
+    val_loss: float | None
+    seconds: float  # wall-clock this trial took (a resumed trial's earlier time is the interrupted trial's row)
     run: str  # the trial's run directory
     note: str = ""  # why it failed, or which trial it resumes
     val_bpc: float | None = field(init=False)

@@ -21,13 +21,9 @@ DATABASE = "study.db"
 
 
 def storage_of(directory: Path) -> optuna.storages.RDBStorage:
+    # Optuna logs every trial at INFO on stderr, between the table's redraws: textgen shows the trials itself.
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     return optuna.storages.RDBStorage(f"sqlite:///{directory / DATABASE}")
-
-
-def load_study(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR, name: str | None = None) -> optuna.Study:
-    """The study called ``name`` under ``checkpoint_dir``, or the most recently updated one."""
-    return load_study_in(find_study(checkpoint_dir, name))
 
 
 def find_study(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR, name: str | None = None) -> Path:
@@ -115,7 +111,7 @@ def study_result(
     settings: dict[str, Any] = study.user_attrs.get("settings", {})
     best_recipe = directory / BEST_RECIPE
     return StudyResult(
-        study=study.study_name,
+        study=directory.name,  # the name --study and --from-study find it by (a renamed study keeps its old one)
         path=directory,
         corpus=list(settings.get("corpus", [])),
         trial_budget=float(settings.get("trial_budget", 0.0)),
@@ -132,6 +128,25 @@ def show_study(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR, name: str | None =
     """A study's trials and best recipe, read without a lock (a running study shows where it is)."""
     directory = find_study(checkpoint_dir, name)  # its name, not the study's own, if it was renamed
     return study_result(load_study_in(directory), directory)
+
+
+def locate_study(
+    checkpoint_dir: Path, corpus: list[str] | None, study_name: str | None
+) -> tuple[str, list[Path], Path]:
+    """A study's name, its corpus's files (if given) and its directory; a study that does not exist yet needs a
+    corpus."""
+    name, files = study_name_of(corpus, study_name)
+    directory = study_path(checkpoint_dir, name)
+    if not (directory / DATABASE).is_file() and not files:
+        raise ConfigError(f"there is no study {name!r} yet; give a corpus to tune on, e.g. textgen tune book.txt")
+    return name, files, directory
+
+
+def check_fixed_settings(fixed: dict[str, dict[str, Any]]) -> None:
+    """Refuse fixed settings no search can follow (they are checked before TensorFlow loads)."""
+    training = fixed.get("training", {})
+    if "lr" in training and "optimizer" not in training:
+        raise ConfigError("a fixed --lr needs a fixed --optimizer (SGD's steps are ~50x Adam's): give both, or neither")
 
 
 def study_name_of(corpus: list[str] | None, study_name: str | None) -> tuple[str, list[Path]]:

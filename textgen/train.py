@@ -58,6 +58,7 @@ from textgen.config import (
     check_fits_in_memory,
     format_seconds,
     longer_budget,
+    settings_given,
 )
 from textgen.corpus import corpus_fingerprint, corpus_stem, resolve_corpora, resolve_encoding, same_codec
 from textgen.data import Splits, StreamLayout, distributed_batches, load_splits
@@ -97,6 +98,15 @@ class TrainingProgress(Protocol):
     def validating(self) -> None: ...
     def epoch_end(self, log: EpochLog) -> None: ...
     def end(self) -> None: ...  # also after Ctrl-C or an error
+
+
+class InterimValidation(Protocol):
+    """Validation between epochs' ends, for a caller that judges a run by its curve (``textgen tune``'s pruner):
+    ``due`` is asked after each batch with the run's training seconds, and ``report`` may stop training by
+    raising."""
+
+    def due(self, seconds: float) -> bool: ...
+    def report(self, seconds: float, val_loss: float) -> None: ...
 
 
 class NoProgress:
@@ -141,9 +151,7 @@ def plan_training(
     """
     cache_dir = cache_dir or cache_root(checkpoint_dir)
     names = [corpus] if isinstance(corpus, str) else list(corpus or [])
-    data, model, training = (
-        {k: v for k, v in d.items() if v is not None} for d in (data or {}, model or {}, training or {})
-    )
+    data, model, training = (settings_given(d or {}) for d in (data, model, training))
     ensure_writable(checkpoint_dir)
     if resume:
         run = find_run(checkpoint_dir, run_name)
@@ -204,7 +212,7 @@ def _plan_derived(
 ) -> TrainPlan:
     """A new run made from another: a student of a teacher run (``distill``), or a pruned copy of a run
     (``prune``), on that run's corpus, splits and vocabulary."""
-    settings = {k: v for k, v in (distill or prune or {}).items() if v is not None}
+    settings = settings_given(distill or prune or {})
     base = find_run(checkpoint_dir, settings.pop("teacher" if distill else "source"), "best")
     base.weights_path("best")  # refused before a run is made from it, not by the first load
     saved = base.load_config()
@@ -507,24 +515,33 @@ def update_masks(masks: list[tuple[keras.Variable, keras.Variable]], sparsity: f
 
 
 def train(
-    plan: TrainPlan, progress: TrainingProgress | None = None, strategy: tf.distribute.Strategy | None = None
+    plan: TrainPlan,
+    progress: TrainingProgress | None = None,
+    strategy: tf.distribute.Strategy | None = None,
+    interim: InterimValidation | None = None,
 ) -> TrainResult:
     """Train ``plan.run`` until its epochs are done, validation stalls, its time budget ends, or a stop
     signal (Ctrl-C, SIGTERM, SIGHUP; under a multi-worker strategy, on any worker); the run's lock is
-    released when it returns."""
+    released when it returns. ``interim`` validates mid-epoch when it asks (on one replica only: several
+    replicas' stream states cannot be put back)."""
     lock, plan.lock = plan.lock, None  # the lock is this call's: a second train(plan) takes it again
     lock = lock or plan.run.lock()
     strategy = strategy or tf.distribute.get_strategy()
     unsaved: list[Callable[[], None]] = []  # saves where training got, if it got past the last commit
     try:
         with _lost_peers(plan, unsaved) if isinstance(strategy, _MULTI_WORKER) else contextlib.nullcontext():
-            return _train(plan, progress or NoProgress(), strategy, unsaved)
+            interim = interim if strategy.num_replicas_in_sync == 1 else None
+            return _train(plan, progress or NoProgress(), strategy, unsaved, interim)
     finally:
         lock.release()
 
 
 def _train(
-    plan: TrainPlan, progress: TrainingProgress, strategy: tf.distribute.Strategy, unsaved: list[Callable[[], None]]
+    plan: TrainPlan,
+    progress: TrainingProgress,
+    strategy: tf.distribute.Strategy,
+    unsaved: list[Callable[[], None]],
+    interim: InterimValidation | None,
 ) -> TrainResult:
     cfg, run = plan.config, plan.run
     keras.utils.set_random_seed(cfg.training.seed)
@@ -554,6 +571,18 @@ def _train(
         if time.monotonic() - checkpoint.saved_at >= cfg.training.save_every:
             unsaved.pop()()
 
+    def between_batches() -> None:
+        """Validate if ``interim`` asks, then put the training streams' states back for the next batch."""
+        seconds = clock.elapsed()
+        if interim is None or not interim.due(seconds):
+            return
+        states = [np.asarray(v) for v in trainer.stream_states()]
+        # No callbacks: to them (TensorBoard's logs, say) validation is the epoch's.
+        val_loss = validate(trainer, plan.splits.val, cfg.data, keras.callbacks.CallbackList(), progress)
+        for variable, value in zip(trainer.stream_states(), states, strict=True):
+            variable.assign(value)
+        interim.report(seconds, val_loss)
+
     stop_reason, epochs_done = StopReason.EPOCHS, start_epoch
     last: EpochLog | None = None
     with _stop_requests() as stop, _end_on_error(callbacks, progress):
@@ -568,7 +597,18 @@ def _train(
             )
             carried = run.load_stream_states() if epoch == start_epoch and resume and checkpoint.stream_states else None
             done = run_epoch(
-                trainer, plan.splits.train, layout, epoch, start, callbacks, progress, stop, clock, after_batch, carried
+                trainer,
+                plan.splits.train,
+                layout,
+                epoch,
+                start,
+                callbacks,
+                progress,
+                stop,
+                clock,
+                after_batch,
+                between_batches,
+                carried,
             )
             # Commit the training before validating: a kill during validation costs only the validation.
             checkpoint.save_resume_point(epoch, done.batch, clock.elapsed(), done)
@@ -667,11 +707,13 @@ def run_epoch(
     stop: StopRequests,
     clock: Clock,
     after_batch: Callable[[int, EpochProgress], None],
+    between_batches: Callable[[], None],
     stream_states: list[np.ndarray] | None = None,
 ) -> EpochProgress:
     """Train on the epoch's batches from ``start`` on, until they end, a stop is asked for (on any worker),
-    or time is up; a mid-epoch resume point is saved whenever ``--save-every`` has passed. A resumed epoch's
-    streams go on from ``stream_states``, saved with its resume point."""
+    or time is up; a mid-epoch resume point is saved whenever ``--save-every`` has passed (``after_batch``), and
+    ``between_batches`` runs when the epoch goes on (an interim validation). A resumed epoch's streams go on from
+    ``stream_states``, saved with its resume point."""
     callbacks.on_epoch_begin(epoch)
     if stream_states is not None:
         for variable, value in zip(trainer.stream_states(), stream_states, strict=True):
@@ -699,6 +741,8 @@ def run_epoch(
         clock.synchronise(stop)
         if clock.stopping or clock.expired():
             break
+        if batch + 1 < layout.batches:
+            between_batches()
     return done
 
 

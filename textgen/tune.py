@@ -30,8 +30,8 @@ import keras
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, Run, RunLock, study_path
-from textgen.config import OPTIMIZERS, DataConfig, DeviceProfile, ModelConfig, TrainConfig, flag_setting
+from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, Run, RunLock
+from textgen.config import OPTIMIZERS, DataConfig, DeviceProfile, ModelConfig, TrainConfig, flag_setting, settings_given
 from textgen.corpus import check_unchanged, corpus_fingerprint
 from textgen.data import fills_one_batch, load_splits
 from textgen.device import apply_profile, resolve_profile
@@ -42,12 +42,13 @@ from textgen.recipe import BEST_RECIPE, Recipe, recipe_of, write_recipe
 from textgen.results import EpochLog, StudyResult, TrialSummary
 from textgen.study import (
     DATABASE,
+    check_fixed_settings,
     counts_as_done,
     is_interrupted,
     load_study_in,
+    locate_study,
     spent_seconds,
     storage_of,
-    study_name_of,
     study_result,
     trial_summary,
 )
@@ -57,6 +58,10 @@ SCORE_STREAMS = 64
 TRIAL_EPOCHS = 10_000  # trials end with their time budget
 MIN_TRIALS_TO_PRUNE = 2  # finished trials a running one is compared with before it can be stopped
 PRUNE_WARMUP = 0.2  # no trial is stopped in its first fifth: slow starters (small learning rates) catch up later
+# A trial with no validation for this share of its budget is validated mid-epoch, for the pruner: a 2 x 512 epoch
+# of War and Peace takes ~7 minutes on 2 cores, most of a 10-minute trial. At most 4 a trial: each costs a
+# validation of the split (~15 s for 2 x 512 layer-normalized on War and Peace, 2.5% of a 10-minute trial).
+VALIDATE_EVERY = 0.2
 STARTUP_TRIALS = 4  # random recipes before TPE models the results (the first trial is the default recipe)
 
 
@@ -70,11 +75,8 @@ class SearchSpace:
 
     def __init__(self, fixed: Recipe, val_chars: int, profile: DeviceProfile) -> None:
         self.fixed, self.val_chars, self.profile = fixed, val_chars, profile
-        data, training = fixed.get("data", {}), fixed.get("training", {})
-        if "lr" in training and "optimizer" not in training:
-            raise ConfigError(
-                "a fixed --lr needs a fixed --optimizer (SGD's steps are ~50x Adam's): give both, or neither"
-            )
+        check_fixed_settings(fixed)
+        data = fixed.get("data", {})
         seq_len = data.get("seq_len", SEQ_LENS[0])
         if "batch_size" in data:
             if not fills_one_batch(val_chars, data["batch_size"], seq_len):
@@ -189,16 +191,20 @@ class TuneProgress(Protocol):
 
 class Reporter(NoProgress):
     """A trial's training progress, passed on to the display; the trial's wall-clock goes to the study as it grows
-    (a killed trial's time still counts), and at each epoch end the validation loss goes to Optuna, which may stop
-    the trial there (the run has just committed the epoch)."""
+    (a killed trial's time still counts), and the validation loss goes to Optuna, which may stop the trial: at
+    each epoch end (the run has just committed the epoch), and mid-epoch (an ``InterimValidation``) once
+    ``VALIDATE_EVERY`` of the budget has passed since the last report, so that a recipe whose epochs are long next
+    to the budget is judged too."""
 
     SAVE_SECONDS_EVERY = 10.0
 
     def __init__(self, trial: optuna.Trial, display: TrainingProgress, started: float, budget: float) -> None:
         self.trial, self.display, self.started, self.budget = trial, display, started, budget
         self.saved = started
+        self.reported_at = 0.0  # training seconds at the last report (a resumed trial's run: at its resume)
 
     def start(self, plan: TrainPlan, steps: int) -> None:
+        self.reported_at = float((plan.resume_state or {}).get("seconds", 0.0))
         self.display.start(plan, steps)
 
     def epoch_begin(self, epoch: int, first_batch: int) -> None:
@@ -215,12 +221,19 @@ class Reporter(NoProgress):
     def epoch_end(self, log: EpochLog) -> None:
         self.display.epoch_end(log)
         self.save_seconds()
-        if math.isfinite(log.val_loss):
-            self.trial.report(log.val_loss, round(log.seconds * 1000))
+        self.report(log.seconds, log.val_loss)
+
+    def due(self, seconds: float) -> bool:
+        return seconds - self.reported_at >= VALIDATE_EVERY * self.budget and seconds < self.budget
+
+    def report(self, seconds: float, val_loss: float) -> None:
+        self.reported_at = seconds
+        if math.isfinite(val_loss):
+            self.trial.report(val_loss, round(seconds * 1000))
         # A trial that has trained its whole budget is scored, not pruned: pruning saves no time then, and the
         # finished trials the pruner compares against would keep only those ahead of the median.
-        if log.seconds < self.budget and self.trial.should_prune():
-            raise optuna.TrialPruned(f"behind the finished trials' median at {log.seconds:.0f}s")
+        if seconds < self.budget and self.trial.should_prune():
+            raise optuna.TrialPruned(f"behind the finished trials' median at {seconds:.0f}s")
 
     def end(self) -> None:
         self.display.end()
@@ -251,17 +264,14 @@ def tune(
     ``trials`` trials; Ctrl-C saves the running trial, which the next call resumes. ``fixed`` holds the recipe
     settings not to search. A continued study keeps its corpus, trial budget, device profile, seed and fixed
     settings (each may be given again, not changed), and its time budget unless a new one is given."""
-    name, files = study_name_of(corpus, study_name)
-    directory = study_path(checkpoint_dir, name)
-    if not (directory / DATABASE).is_file() and not files:
-        raise ConfigError(f"there is no study {name!r} yet; give a corpus to tune on, e.g. textgen tune book.txt")
+    name, files, directory = locate_study(checkpoint_dir, corpus, study_name)
     given: dict[str, Any] = {
         "corpus": [str(f) for f in files],
         "trial_budget": trial_budget,
         "time_budget": time_budget,
         "device": None if device == "auto" else device,
         "seed": seed,
-        "fixed": {part: kept for part, values in (fixed or {}).items() if (kept := _not_none(values))},
+        "fixed": {part: kept for part, values in (fixed or {}).items() if (kept := settings_given(values))},
     }
     directory.mkdir(parents=True, exist_ok=True)
     busy = "study {name!r} is being tuned by process {pid}; wait for it, stop it, or pick another --study"
@@ -270,7 +280,7 @@ def tune(
     begun = False  # whether the study holds its settings (until then, a new one is removed on any error or stop)
     try:
         study = None if new else load_study_in(directory)
-        settings = _new_settings(given) if study is None else _continued_settings(study, given)
+        settings = _new_settings(given) if study is None else _continued_settings(study, name, given)
         profile = resolve_profile(settings["device"] or "auto")
         apply_profile(profile)
         settings["device"] = profile.name
@@ -299,10 +309,6 @@ def tune(
         lock.release()
 
 
-def _not_none(values: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in values.items() if v is not None}
-
-
 def _new_settings(given: dict[str, Any]) -> dict[str, Any]:
     return {
         **given,
@@ -313,7 +319,7 @@ def _new_settings(given: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _continued_settings(study: optuna.Study, given: dict[str, Any]) -> dict[str, Any]:
+def _continued_settings(study: optuna.Study, name: str, given: dict[str, Any]) -> dict[str, Any]:
     """A continued study's settings: what it started with, and a new time budget if one is given. The others may
     be given again but not changed: its trials are compared with each other."""
     saved = dict(study.user_attrs["settings"])
@@ -331,10 +337,10 @@ def _continued_settings(study: optuna.Study, given: dict[str, Any]) -> dict[str,
         if fixed:
             was.append(f"{_describe('fixed', saved['fixed'])} (not {', '.join(fixed)} as given)")
         raise ConfigError(
-            f"study {study.study_name!r} was started with {'; '.join(was)}; its trials are compared with each other, "
+            f"study {name!r} was started with {'; '.join(was)}; its trials are compared with each other, "
             "so that cannot change: give it as before (or leave it out), or start another --study"
         )
-    _check_corpus_unchanged(study.study_name, saved)
+    _check_corpus_unchanged(name, saved)
     return {**saved, "time_budget": given["time_budget"] or saved["time_budget"]}
 
 
@@ -441,6 +447,11 @@ def _run_study(
     return result
 
 
+def trained_seconds(run: Run) -> float:
+    """How long a trial's run has trained, all invocations (0 before its first resume point)."""
+    return float(run.load_state().get("seconds", 0.0)) if run.has_state() else 0.0
+
+
 def _room_needed(study: optuna.Study, directory: Path, trial_budget: float) -> float:
     """Wall-clock the next trial needs: its training (the rest of the interrupted trial it resumes, if it does) and
     the most a finished trial took beyond its training (building, compiling, scoring). A trial starts only if the
@@ -449,7 +460,7 @@ def _room_needed(study: optuna.Study, directory: Path, trial_budget: float) -> f
     training = trial_budget
     if waiting and "run" in waiting[0].user_attrs:
         run = Run(directory / str(waiting[0].user_attrs["run"]))
-        training -= float(run.load_state().get("seconds", 0.0)) if run.has_state() else 0.0
+        training -= trained_seconds(run)
     finished = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     overhead = max(
         (float(t.user_attrs.get("seconds", 0.0)) - float(t.user_attrs.get("trained", trial_budget)) for t in finished),
@@ -473,14 +484,11 @@ def _run_trial(
     run = Run(directory / trial.user_attrs.get("run", f"trial-{trial.number:03d}"))
     trial.set_user_attr("run", run.name)
 
-    def trained_seconds() -> float:
-        return float(run.load_state().get("seconds", 0.0)) if run.has_state() else 0.0
-
-    trained_before = trained_seconds()
+    trained_before = trained_seconds(run)
 
     def finish(state: TrialState, value: float | None = None, error: str | None = None) -> None:
         trial.set_user_attr("seconds", time.monotonic() - started)
-        trial.set_user_attr("trained", trained_seconds() - trained_before)  # of those seconds, training's
+        trial.set_user_attr("trained", trained_seconds(run) - trained_before)  # of those seconds, training's
         if error:
             trial.set_user_attr("error", error[:500])
         study.tell(trial, value, state=state)
@@ -511,7 +519,7 @@ def _run_trial(
                 },
                 cache_dir=cache_root(checkpoint_dir),
             )
-            stop_requested = train(plan, reporter).stop_requested
+            stop_requested = train(plan, reporter, interim=reporter).stop_requested
         value = evaluate_run(
             run, split="val", streams=SCORE_STREAMS, cache_dir=cache_root(checkpoint_dir)
         ).nats_per_char
@@ -524,7 +532,7 @@ def _run_trial(
         finish(TrialState.FAIL)  # no error recorded: interrupted, to be resumed
         reason = str(exc).split(";")[0] if isinstance(exc, TrainingInterrupted) else "interrupted"
         raise TrainingInterrupted(
-            f"{reason}: trial {trial.number} of study {study.study_name!r} is saved; run the same command to "
+            f"{reason}: trial {trial.number} of study {directory.name!r} is saved; run the same command to "
             "continue the study",
             exit_code=exc.exit_code if isinstance(exc, TrainingInterrupted) else 130,
         ) from None
@@ -544,7 +552,7 @@ def _run_trial(
     _save_best_recipe(study, directory)
     if stop_requested:  # it came as the trial's last epoch ended: the trial is scored, and the study stops
         raise TrainingInterrupted(
-            f"stopped ({stop_requested}) after trial {trial.number}, which finished: study {study.study_name!r} is "
+            f"stopped ({stop_requested}) after trial {trial.number}, which finished: study {directory.name!r} is "
             "saved; run the same command to continue the study",
             exit_code=128 + signal.Signals[stop_requested].value,
         )
@@ -561,7 +569,7 @@ def _save_best_recipe(study: optuna.Study, directory: Path) -> None:
     if not run.config_path.is_file():
         return
     path = directory / BEST_RECIPE
-    about = {"study": study.study_name, "trial": best.number, "val_loss": best.value}
+    about = {"study": directory.name, "trial": best.number, "val_loss": best.value}
     if path.is_file() and json.loads(path.read_text(encoding="utf-8")).get("tuned") == about:
         return
     write_recipe(path, recipe_of(run.load_config()), tuned=about)

@@ -368,6 +368,14 @@ def epochs_cell(epochs: int, batches_into_epoch: int, steps: int) -> str:
 # --- tune ------------------------------------------------------------------------------------
 
 
+def one_line(text: str) -> Text:
+    """A dim line that is cut, not wrapped, on a narrow terminal (the live view counts its lines)."""
+    return Text(text, style="dim", no_wrap=True, overflow="ellipsis")
+
+
+LIVE_LINES_BESIDE_ROWS = 4  # the table's header, the earlier-trials line, the running trial's line, the cursor's
+
+
 class TuneDisplay:
     """A ``textgen.tune.TuneProgress``: on a terminal, a live table of the study's trials with the running trial's
     progress under it; otherwise a line (or a JSON line) per trial."""
@@ -378,11 +386,19 @@ class TuneDisplay:
         self.running: TrialSummary | None = None
         self.status = ""
         live = console.is_terminal and not as_json
-        self.live = Live(console=console, get_renderable=self._render, refresh_per_second=2) if live else None
+        # Transient: the whole table is printed once the study stops, however it stops; while it runs, only the
+        # latest rows that fit the terminal are drawn (taller, Rich would cut off the newest rows and the running
+        # trial's line).
+        self.live = (
+            Live(console=console, get_renderable=self._render, refresh_per_second=2, transient=True) if live else None
+        )
 
     def _render(self) -> Group:
         rows = self.trials + ([self.running] if self.running else [])
-        return Group(trials_table(rows), Text(self.status, style="dim"))
+        room = max(self.console.size.height - LIVE_LINES_BESIDE_ROWS, 1)
+        hidden = max(len(rows) - room, 0)
+        earlier = [one_line(f"... {hidden} earlier trials (textgen tune --show lists them all)")]
+        return Group(*(earlier if hidden else []), trials_table(rows, first=hidden), one_line(self.status))
 
     def begin(self, study: StudyResult) -> None:
         self.trials = [t for t in study.trials if t.state != "waiting"]
@@ -411,8 +427,8 @@ class TuneDisplay:
 
     def end(self, result: StudyResult) -> None:
         if self.live:
-            self.trials, self.running, self.status = [t for t in result.trials if t.state != "waiting"], None, ""
             self.live.stop()
+            self.console.print(trials_table([t for t in result.trials if t.state != "waiting"]))
 
 
 class TrialLine:
@@ -480,14 +496,15 @@ def _recipe_cells(recipe: dict[str, Any]) -> list[str]:
 SHORT_STATES = {"complete": "done", "interrupted": "stopped"}  # the table fits 80 columns
 
 
-def trials_table(trials: list[TrialSummary]) -> Table:
-    """A study's trials, one line each (80 columns hold them); the best complete one is starred."""
+def trials_table(trials: list[TrialSummary], first: int = 0) -> Table:
+    """A study's trials from the ``first``, one line each (80 columns hold them); the best complete one of all the
+    trials is starred."""
     table = Table(box=None, pad_edge=False, collapse_padding=True, header_style="bold")
     for header in ("#", "state", "val bpc", "time", "model", "drop", "batch", "opt", "lr", "decay", "clip"):
         table.add_column(header, no_wrap=True, justify="right" if header in ("lr", "decay", "clip") else "left")
     complete = [t for t in trials if t.state == "complete" and t.val_bpc is not None]
     best = min(complete, key=lambda t: t.val_bpc or math.inf).number if complete else None
-    for t in trials:
+    for t in trials[first:]:
         table.add_row(
             f"{t.number}{'*' if t.number == best else ''}",
             SHORT_STATES.get(t.state, t.state),
@@ -500,7 +517,8 @@ def trials_table(trials: list[TrialSummary]) -> Table:
 
 
 def show_study(console: Console, result: StudyResult, as_json: bool, shown_live: bool = False) -> None:
-    """A study's table (unless it was just shown live), its best recipe and how to train it, or one JSON line."""
+    """A study's table (unless the live view has just printed it), its best recipe and how to train it, or one
+    JSON line."""
     if as_json:
         print(json_line(result, event="study"), flush=True)
         return
