@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -261,6 +262,57 @@ def test_validating_mid_epoch_leaves_training_as_it_was(tmp_path: Path, tiny_cor
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
     losses = [[row["loss"] for row in read_history(run.path)] for run in runs.values()]
     assert losses[1] == pytest.approx(losses[0], rel=1e-6)
+
+
+class Behind(Exception):
+    """What an observer raises to end training (tune's pruner raises optuna.TrialPruned)."""
+
+
+def test_an_observer_may_end_training_but_a_stop_signal_that_came_first_wins(tmp_path: Path, tiny_corpus: Path) -> None:
+    class Ends(NoProgress):
+        ended = False
+
+        def end(self) -> None:
+            self.ended = True
+
+    class Interim:
+        def __init__(self, verdict: Callable[[], None]) -> None:
+            self.verdict, self.reports = verdict, 0
+
+        def due(self, seconds: float) -> bool:
+            return True
+
+        def report(self, seconds: float, val_loss: float) -> None:
+            self.reports += 1
+            self.verdict()
+
+    def behind() -> None:
+        raise Behind
+
+    # Ended mid-epoch by the interim report: the display is closed, the lock released, the run resumable.
+    plan, progress = new_plan(tmp_path, tiny_corpus, epochs=2), Ends()
+    with pytest.raises(Behind):
+        train(plan, progress, interim=Interim(behind))
+    assert progress.ended
+    train(resume_plan(tmp_path))
+
+    class CtrlCWhileValidating(NoProgress):
+        def validating(self) -> None:
+            signal.raise_signal(signal.SIGINT)
+
+    # Ctrl-C during an interim validation: the stop is answered, with no report (that could end the run instead).
+    interim = Interim(behind)
+    with pytest.raises(TrainingInterrupted, match="stopped at epoch 1, batch 1/"):
+        train(new_plan(tmp_path / "2", tiny_corpus, epochs=2), CtrlCWhileValidating(), interim=interim)
+    assert interim.reports == 0
+
+    # Ctrl-C during an epoch's validation, then an observer ends training at the epoch's end: the stop wins.
+    class BehindAfterCtrlC(CtrlCWhileValidating):
+        def epoch_end(self, log: EpochLog) -> None:
+            raise Behind
+
+    with pytest.raises(TrainingInterrupted, match="stopped after epoch 1"):
+        train(new_plan(tmp_path / "3", tiny_corpus, epochs=2), BehindAfterCtrlC())
 
 
 def test_interrupt_in_the_last_batch_of_an_epoch_finishes_the_epoch(tmp_path: Path, tiny_corpus: Path) -> None:

@@ -581,7 +581,9 @@ def _train(
         val_loss = validate(trainer, plan.splits.val, cfg.data, keras.callbacks.CallbackList(), progress)
         for variable, value in zip(trainer.stream_states(), states, strict=True):
             variable.assign(value)
-        interim.report(seconds, val_loss)
+        clock.synchronise(stop)
+        if not clock.stopping:  # a stop during validation is answered first: the report may end the run
+            interim.report(seconds, val_loss)
 
     stop_reason, epochs_done = StopReason.EPOCHS, start_epoch
     last: EpochLog | None = None
@@ -642,18 +644,23 @@ def _train(
             checkpoint.resume_at = (epoch, done.batch, done) if last.partial else (epoch + 1, 0, None)
             callbacks.on_epoch_end(epoch, last.metrics())  # the checkpoint commits the epoch there
             unsaved.clear()
-            progress.epoch_end(last)
             epochs_done = epoch + 1
             if clock.expired():  # during the epoch, or validation ran past it: start no epoch just to stop it
                 stop_reason = StopReason.TIME_BUDGET
             if trainer.model.stop_training:
                 stop_reason = StopReason.EARLY_STOPPING
             more = stop_reason is StopReason.EPOCHS and epoch + 1 < cfg.training.epochs
-            if clock.stopping and more:  # a stop during validation: the epoch is saved; a last epoch just ends
-                raise TrainingInterrupted(
-                    f"stopped after epoch {epoch + 1} ({stop.requested}); {plan.saved_note()}",
-                    exit_code=stop.exit_code,
-                )
+            interrupted = TrainingInterrupted(  # a stop during validation: the epoch is saved; a last epoch just ends
+                f"stopped after epoch {epoch + 1} ({stop.requested}); {plan.saved_note()}", exit_code=stop.exit_code
+            )
+            try:
+                progress.epoch_end(last)
+            except Exception:  # an observer ending training (tune's pruner): a stop signal that came first wins
+                if clock.stopping and more:
+                    raise interrupted from None
+                raise
+            if clock.stopping and more:
+                raise interrupted
             if stop_reason is not StopReason.EPOCHS:
                 break
     callbacks.on_train_end(last.metrics() if last else {})
@@ -743,6 +750,8 @@ def run_epoch(
             break
         if batch + 1 < layout.batches:
             between_batches()
+            if clock.stopping:
+                break
     return done
 
 
