@@ -573,8 +573,7 @@ def _train(
 
     def between_batches() -> None:
         """Validate if ``interim`` asks, then put the training streams' states back for the next batch."""
-        seconds = clock.elapsed()
-        if interim is None or not interim.due(seconds):
+        if interim is None or not interim.due(clock.elapsed()):
             return
         states = [np.asarray(v) for v in trainer.stream_states()]
         # No callbacks: to them (TensorBoard's logs, say) validation is the epoch's.
@@ -583,7 +582,7 @@ def _train(
             variable.assign(value)
         clock.synchronise(stop)
         if not clock.stopping:  # a stop during validation is answered first: the report may end the run
-            interim.report(seconds, val_loss)
+            interim.report(clock.elapsed(), val_loss)  # with its validation's time, as an epoch's is
 
     stop_reason, epochs_done = StopReason.EPOCHS, start_epoch
     last: EpochLog | None = None
