@@ -87,6 +87,13 @@ def run_textgen(args: list[str], cwd: Path, timeout: float = 180, **env: str) ->
     )
 
 
+def run_python(args: list[str], cwd: Path | None = None, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` in a fresh process, with a user's environment."""
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=subprocess_env(), capture_output=True, text=True, timeout=timeout
+    )
+
+
 def invoke(*args: str):
     """Run the CLI in-process."""
     from typer.testing import CliRunner

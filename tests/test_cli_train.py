@@ -11,7 +11,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import assert_one_line_error, invoke, read_history, run_textgen, subprocess_env, wait_for, write_corpus
+from helpers import (
+    assert_one_line_error,
+    invoke,
+    read_history,
+    run_python,
+    run_textgen,
+    subprocess_env,
+    wait_for,
+    write_corpus,
+)
 
 TINY_FLAGS = ["--device", "cpu", "--units", "32", "--embedding-dim", "8", "--batch-size", "4", "--seq-len", "16"]
 
@@ -108,9 +117,7 @@ def test_bad_flag_values_are_caught_before_tensorflow_is_imported(tmp_path: Path
         "    assert result.exit_code in (1, 2) and result.stderr.startswith('error:'), result.stderr\n"
         "assert 'tensorflow' not in sys.modules, 'flag checks imported TensorFlow'\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=120
-    )
+    proc = run_python(["-c", code], tmp_path)
     assert proc.returncode == 0, proc.stderr
 
 
@@ -229,9 +236,7 @@ def test_json_output(workdir: Path) -> None:
 
 def test_import_is_light() -> None:
     code = "import textgen.cli, sys; assert 'tensorflow' not in sys.modules, 'textgen.cli imported TensorFlow'"
-    proc = subprocess.run(
-        [sys.executable, "-c", code], env=subprocess_env(), capture_output=True, text=True, timeout=60
-    )
+    proc = run_python(["-c", code])
     assert proc.returncode == 0, proc.stderr
 
 
@@ -370,13 +375,6 @@ assert "tensorflow" not in sys.modules, "TensorFlow was imported"
 
 
 def test_a_missing_corpus_is_refused_before_tensorflow_loads(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [sys.executable, "-c", REFUSED_WITHOUT_TENSORFLOW],
-        cwd=tmp_path,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_python(["-c", REFUSED_WITHOUT_TENSORFLOW], tmp_path)
     assert result.returncode == 0, result.stderr
     assert "corpus 'missing.txt' not found" in result.stderr

@@ -155,19 +155,11 @@ print(json.dumps(seen))
 def test_mirrored_replicas_each_read_their_own_rows_of_every_batch(tmp_path: Path) -> None:
     """Through a real MirroredStrategy over two logical CPUs: replica r holds rows r * 4 .. r * 4 + 3 of each batch."""
     import json
-    import subprocess
-    import sys
 
-    from helpers import subprocess_env
+    from helpers import run_python
 
-    out = subprocess.run(
-        [sys.executable, "-c", MIRRORED_ROWS, str(tmp_path / "train.ids")],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env=subprocess_env(),
-        check=True,
-    )
+    out = run_python(["-c", MIRRORED_ROWS, str(tmp_path / "train.ids")])
+    assert out.returncode == 0, out.stderr
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     layout = StreamLayout.of(1000, 8, 10)
     inputs, targets = all_batches(np.arange(1000), layout)

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import assert_one_line_error, invoke, run_textgen, subprocess_env, train_tiny_run, write_corpus
+from helpers import assert_one_line_error, invoke, run_python, run_textgen, train_tiny_run, write_corpus
 
 from textgen import api
 from textgen.artifact import INFO_FILE, open_artifact
@@ -59,13 +57,6 @@ def sample_json(args: list[str], cwd: Path) -> list[dict]:
     result = run_textgen(["sample", *args, "--json"], cwd)
     assert result.returncode == 0, result.stderr
     return [json.loads(line) for line in result.stdout.splitlines()]
-
-
-def run_python(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    """``python ARGS`` in a fresh process, with a user's environment."""
-    return subprocess.run(
-        [sys.executable, *args], cwd=cwd, env=subprocess_env(), capture_output=True, text=True, timeout=180
-    )
 
 
 def run_sample(run: Run, *args: str) -> list[str]:

@@ -185,6 +185,17 @@ def test_interrupt_saves_a_resume_point_mid_epoch(tmp_path: Path, tiny_corpus: P
     assert run.load_state()["step"] == 2 * spe
 
 
+def assert_same_last_weights(first: Run, second: Run) -> None:
+    """The two runs' last weights, the same up to float32 rounding."""
+    weights = []
+    for run in (first, second):
+        model = build_model(run.load_config().model, 1)
+        run.load_weights(model, "last")
+        weights.append(model.get_weights())
+    for a, b in zip(*weights, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
 @pytest.mark.parametrize("accumulate", [1, 2])
 def test_a_run_stopped_mid_epoch_and_resumed_ends_where_an_uninterrupted_one_does(
     tmp_path: Path, tiny_corpus: Path, accumulate: int
@@ -212,13 +223,7 @@ def test_a_run_stopped_mid_epoch_and_resumed_ends_where_an_uninterrupted_one_doe
             plan = plan_training(None, CPU, checkpoint_dir=tmp_path / name, run_name="r", resume=True)
         train(plan)
         runs[name] = plan.run
-    weights = []
-    for run in runs.values():
-        model_ = build_model(run.load_config().model, 1)
-        run.load_weights(model_, "last")
-        weights.append(model_.get_weights())
-    for a, b in zip(*weights, strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    assert_same_last_weights(*runs.values())
 
 
 @pytest.mark.parametrize("accumulate", [1, 2])
@@ -253,13 +258,7 @@ def test_validating_mid_epoch_leaves_training_as_it_was(tmp_path: Path, tiny_cor
     spe = runs["straight"].load_state()["step"] // 2
     assert len(interim.asked) == 2 * (spe - 1)  # after every batch but each epoch's last
     assert len(interim.reports) == 2 * (spe - 1) // 3 and all(np.isfinite(v) for _, v in interim.reports)
-    weights = []
-    for run in runs.values():
-        model_ = build_model(run.load_config().model, 1)
-        run.load_weights(model_, "last")
-        weights.append(model_.get_weights())
-    for a, b in zip(*weights, strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    assert_same_last_weights(*runs.values())
     losses = [[row["loss"] for row in read_history(run.path)] for run in runs.values()]
     assert losses[1] == pytest.approx(losses[0], rel=1e-6)
 

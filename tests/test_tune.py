@@ -11,7 +11,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from helpers import assert_one_line_error, invoke, subprocess_env, wait_for, write_corpus
+from helpers import assert_one_line_error, invoke, run_python, subprocess_env, wait_for, write_corpus
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 
@@ -282,14 +282,7 @@ assert "tensorflow" not in sys.modules, "TensorFlow was imported"
 
 def test_bad_tune_inputs_are_refused_before_tensorflow_loads(tmp_path: Path) -> None:
     write_corpus(tmp_path / "book.txt", 3000)
-    proc = subprocess.run(
-        [sys.executable, "-c", TUNE_REFUSED_WITHOUT_TENSORFLOW],
-        cwd=tmp_path,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_python(["-c", TUNE_REFUSED_WITHOUT_TENSORFLOW], tmp_path)
     assert proc.returncode == 0, proc.stderr
 
 
