@@ -134,3 +134,18 @@ def test_the_live_tune_table_shows_the_latest_trials_that_fit_and_the_whole_tabl
     after_the_live_view = out.getvalue().rsplit("\x1b[2K", 1)[1]  # what follows its last erased line
     rows = after_the_live_view.splitlines()
     assert [line.split()[0] for line in rows] == ["#", "0", "1", "2*", *map(str, range(3, 30))]
+
+
+def test_piped_tune_output_is_a_plain_line_per_trial_with_user_text_as_it_is() -> None:
+    from textgen.cli import console
+
+    recipe = {"units": 64, "layers": 1, "embedding_dim": 16, "dropout": 0.1, "optimizer": "adam", "lr": 0.002}
+    display = ui.TuneDisplay(console)  # piped under pytest: no live view
+    assert display.live is None
+    with console.capture() as out:
+        display.trial_end(TrialSummary(3, "failed", recipe, None, 12.0, "t3", "ValueError: [bold]no[/bold] :fire:"))
+        display.trial_end(TrialSummary(4, "complete", recipe, math.log(2), 65.0, "t4"))
+    lines = out.get().splitlines()
+    assert lines[0].startswith("trial 3 failed: - in 12") and lines[0].endswith("(ValueError: [bold]no[/bold] :fire:)")
+    assert lines[1].startswith("trial 4 complete: 1.0000 bits/char in 1m") and "1x64" in lines[1]
+    assert "\x1b" not in out.get()
