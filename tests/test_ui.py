@@ -149,3 +149,32 @@ def test_piped_tune_output_is_a_plain_line_per_trial_with_user_text_as_it_is() -
     assert lines[0].startswith("trial 3 failed: - in 12") and lines[0].endswith("(ValueError: [bold]no[/bold] :fire:)")
     assert lines[1].startswith("trial 4 complete: 1.0000 bits/char in 1m") and "1x64" in lines[1]
     assert "\x1b" not in out.get()
+
+
+def test_the_running_trials_chars_per_second_leaves_out_a_mid_epoch_validation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batches of 1,000 characters a second apart, then a 30-second validation (tune's, for its pruner) and more of
+    the same batches: the line says 1,000 chars/s throughout, not the rate with the validation's time in it."""
+    from textgen.cli import console
+
+    now = [100.0]
+    monkeypatch.setattr(ui.time, "monotonic", lambda: now[0])
+    recipe = {"units": 64, "layers": 1, "embedding_dim": 16, "dropout": 0.1, "optimizer": "adam", "lr": 0.002}
+    display = ui.TuneDisplay(console)
+    line = display.trial_begin(TrialSummary(0, "running", recipe, None, 0.0, "t0"), budget=600.0)
+    line.steps, line.chars_per_step = 10, 1000
+    line.epoch_begin(0, first_batch=0)
+
+    def batches(first: int, last: int) -> list[str]:
+        shown = []
+        for batch in range(first, last):
+            now[0] += 1.0
+            line.batch_end(batch, loss=1.0)
+            shown.append(display.status)
+        return shown
+
+    before = batches(0, 3)
+    line.validating()
+    now[0] += 30.0
+    after = batches(3, 6)
+    assert all("1,000 chars/s" in status for status in before + after), after
+    assert after[-1].startswith("trial 0: epoch 1, batch 6/10") and after[-1].endswith("[36.0s of 10m00s]")

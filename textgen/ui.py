@@ -436,9 +436,12 @@ class TrialLine:
 
     def __init__(self, display: TuneDisplay, trial: TrialSummary, budget: float) -> None:
         self.display, self.trial, self.budget = display, trial, budget
-        self.steps = self.chars_per_step = self.first_batch = self.epoch = 0
-        self.started = self.epoch_started = time.monotonic()
+        self.steps = self.chars_per_step = self.epoch = 0
+        self.started = time.monotonic()
         self.before = 0.0  # seconds the trial's run had trained before (a resumed trial)
+        self.rate = 0.0
+        # The batch the rate counts from, and when it began; None after a validation until the next batch ends.
+        self.window: tuple[int, float] | None = None
 
     def start(self, plan: TrainPlan, steps: int) -> None:
         cfg = plan.config
@@ -446,15 +449,20 @@ class TrialLine:
         self.before = float((plan.resume_state or {}).get("seconds", 0.0))
 
     def epoch_begin(self, epoch: int, first_batch: int) -> None:
-        self.epoch, self.first_batch, self.epoch_started = epoch, first_batch, time.monotonic()
+        self.epoch, self.window = epoch, (first_batch, time.monotonic())
 
     def batch_end(self, batch: int, loss: float) -> None:
-        rate = chars_per_second(batch + 1 - self.first_batch, self.chars_per_step, self.epoch_started)
+        if self.window is None:  # the first batch after a mid-epoch validation, whose time is mostly the validation's
+            self.window = (batch + 1, time.monotonic())
+        else:
+            self.rate = chars_per_second(batch + 1 - self.window[0], self.chars_per_step, self.window[1])
         self._show(
-            f"epoch {self.epoch + 1}, batch {batch + 1}/{self.steps}, loss {bits(loss):.3f} bits/char, {rate:,.0f} chars/s"
+            f"epoch {self.epoch + 1}, batch {batch + 1}/{self.steps}, loss {bits(loss):.3f} bits/char, "
+            f"{self.rate:,.0f} chars/s"
         )
 
     def validating(self) -> None:
+        self.window = None  # the rate counts training only: it starts again after the validation
         self._show(f"epoch {self.epoch + 1}: validating")
 
     def epoch_end(self, log: EpochLog) -> None:
