@@ -20,7 +20,7 @@ from textgen.config import TrainConfig
 from textgen.device import CPU
 from textgen.errors import ConfigError, TrainingInterrupted
 from textgen.recipe import read_recipe, recipe_of
-from textgen.study import load_study_in
+from textgen.study import load_study_in, show_study, storage_of
 from textgen.train import NoProgress
 from textgen.tune import Reporter, SameTimePruner, SearchSpace, _requeue_interrupted
 
@@ -355,6 +355,25 @@ def test_a_damaged_study_database_is_one_error(tmp_path: Path) -> None:
     ck = ["--checkpoint-dir", str(tmp_path / "ck")]
     for args in (["--show", "--study", "broken"], [str(tmp_path / "tiny.txt"), "--study", "broken"]):
         assert_one_line_error(invoke("tune", *args, *ck), "study.db is damaged or not a textgen tune study", "move it")
+
+
+def test_showing_a_study_waits_out_a_lock_longer_than_sqlites_default(tmp_path: Path) -> None:
+    """`tune --show` beside a running study: a write that holds the database 6 s is waited for (SQLite's default is
+    to give up after 5 s, and when the reader is the one holding the lock, it is the running study that fails)."""
+    import sqlite3
+    import threading
+
+    directory = study_path(tmp_path / "ck", "s")
+    directory.mkdir(parents=True)
+    study = optuna.create_study(study_name="s", storage=storage_of(directory))
+    study.set_user_attr("settings", {"corpus": ["c.txt"], "trial_budget": 60.0})
+    writer = sqlite3.connect(directory / "study.db", isolation_level=None, check_same_thread=False)
+    writer.execute("BEGIN EXCLUSIVE")
+    release = threading.Timer(6.0, writer.rollback)
+    release.start()
+    shown = show_study(tmp_path / "ck", "s")
+    release.join()
+    assert shown.study == "s" and shown.trials == [] and shown.trial_budget == 60.0
 
 
 def test_a_new_study_stopped_before_it_begins_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
