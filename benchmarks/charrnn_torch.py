@@ -1,6 +1,7 @@
 """The PyTorch char-rnn recipe on War and Peace, measured the way benchmarks/quality.py measures textgen's recipes.
 
-    pip install torch==2.13.0   # for this benchmark only (the CPU build); textgen does not depend on it
+    pip install torch==2.13.0   # for this benchmark only; textgen does not depend on it
+    # (these machines hold its CPU build; elsewhere add --index-url https://download.pytorch.org/whl/cpu)
     TEXTGEN_CORPUS_PATH=../shared/corpora python benchmarks/charrnn_torch.py --time-budget 10m 20m 30m 60m
 
 The recipe the issues compare against: Embedding(V, 64) -> torch.nn.LSTM(64, 512) -> Linear(512, V), no dropout,
@@ -112,7 +113,8 @@ def train_and_score(budgets: list[float], seed: int = 0) -> Iterator[dict]:
         while pending and elapsed() >= pending[0]:
             paused = time.monotonic()
             training_seconds = elapsed() - validating
-            final = (validate(), model.state_dict()) if position else best  # a run of this length ends mid-epoch
+            # A run of this length ends mid-epoch with one more validation (off this run's clock: not validate()).
+            final = (score(model, splits.val), model.state_dict()) if position else best
             val, weights = min(best, final, key=lambda b: b[0])
             scored = copy.deepcopy(model)
             scored.load_state_dict(weights)
@@ -125,8 +127,8 @@ def train_and_score(budgets: list[float], seed: int = 0) -> Iterator[dict]:
                 "test_nats_per_char": score(scored, splits.test),
                 "torch": torch.__version__,
             }
-            off_clock += time.monotonic() - paused
             yield report
+            off_clock += time.monotonic() - paused  # the caller's printing too
 
 
 def main() -> None:
