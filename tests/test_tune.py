@@ -357,22 +357,37 @@ def test_a_damaged_study_database_is_one_error(tmp_path: Path) -> None:
         assert_one_line_error(invoke("tune", *args, *ck), "study.db is damaged or not a textgen tune study", "move it")
 
 
-def test_showing_a_study_waits_out_a_lock_longer_than_sqlites_default(tmp_path: Path) -> None:
+def test_showing_a_study_waits_out_a_lock_longer_than_sqlites_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`tune --show` beside a running study: a write that holds the database 6 s is waited for (SQLite's default is
-    to give up after 5 s, and when the reader is the one holding the lock, it is the running study that fails)."""
+    to give up after 5 s, and when the reader is the one holding the lock, it is the running study that fails); a
+    lock held longer than textgen waits is one line saying so, not "damaged, move it away"."""
     import sqlite3
     import threading
+    import time
+
+    import textgen.study
 
     directory = study_path(tmp_path / "ck", "s")
     directory.mkdir(parents=True)
     study = optuna.create_study(study_name="s", storage=storage_of(directory))
     study.set_user_attr("settings", {"corpus": ["c.txt"], "trial_budget": 60.0})
     writer = sqlite3.connect(directory / "study.db", isolation_level=None, check_same_thread=False)
-    writer.execute("BEGIN EXCLUSIVE")
-    release = threading.Timer(6.0, writer.rollback)
-    release.start()
-    shown = show_study(tmp_path / "ck", "s")
-    release.join()
+    try:
+        writer.execute("BEGIN EXCLUSIVE")
+        with monkeypatch.context() as patched:
+            patched.setattr(textgen.study, "LOCK_WAIT", 0.2)
+            with pytest.raises(ConfigError, match=r"study.db stayed locked for 0 s by another process; try again"):
+                show_study(tmp_path / "ck", "s")
+        release = threading.Timer(6.0, writer.rollback)
+        began = time.monotonic()
+        release.start()
+        shown = show_study(tmp_path / "ck", "s")
+        assert time.monotonic() - began > 5.5  # it did wait: the lock held
+        release.join()
+    finally:
+        writer.close()
     assert shown.study == "s" and shown.trials == [] and shown.trial_budget == 60.0
 
 

@@ -50,7 +50,11 @@ def load_study_in(directory: Path) -> optuna.Study:
     """The study stored in ``directory`` (one per database, whatever the directory is called now)."""
     try:
         study = optuna.load_study(study_name=None, storage=storage_of(directory))
-    except (sqlalchemy.exc.SQLAlchemyError, ValueError, KeyError):  # not SQLite, or not one Optuna study in it
+    except (sqlalchemy.exc.SQLAlchemyError, ValueError, KeyError) as error:  # not SQLite, or not one Optuna study
+        if "database is locked" in str(error):  # not damaged: moving it away would lose a running study
+            raise ConfigError(
+                f"{directory / DATABASE} stayed locked for {LOCK_WAIT:.0f} s by another process; try again"
+            ) from None
         raise ConfigError(
             f"{directory / DATABASE} is damaged or not a textgen tune study; move it away or pick another --study"
         ) from None
