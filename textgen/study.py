@@ -24,7 +24,7 @@ LOCK_WAIT = 30.0  # seconds
 def storage_of(directory: Path) -> optuna.storages.RDBStorage:
     # Optuna logs every trial at INFO on stderr, between the table's redraws: textgen shows the trials itself.
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    # A reader (`tune --show`) and the running study share the file: each waits up to 30 s for the other's lock
+    # A reader (`tune --show`) and the running study share the file: each waits up to LOCK_WAIT for the other's lock
     # rather than SQLite's default 5 s, after which the study's own write fails ("database is locked").
     return optuna.storages.RDBStorage(
         f"sqlite:///{directory / DATABASE}", engine_kwargs={"connect_args": {"timeout": LOCK_WAIT}}
