@@ -111,7 +111,7 @@ def train_and_score(budgets: list[float], seed: int = 0) -> Iterator[dict]:
                 best = (loss, copy.deepcopy(model.state_dict()))
             position, state = 0, None
         while pending and elapsed() >= pending[0]:
-            paused = time.monotonic()
+            paused, budget = time.monotonic(), pending.pop(0)
             training_seconds = elapsed() - validating
             # A run of this length ends mid-epoch with one more validation (off this run's clock: not validate()).
             final = (score(model, splits.val), model.state_dict()) if position else best
@@ -120,7 +120,7 @@ def train_and_score(budgets: list[float], seed: int = 0) -> Iterator[dict]:
             scored.load_state_dict(weights)
             report = {
                 "recipe": "PyTorch char-rnn",
-                "time_budget": f"{pending.pop(0):g}s",
+                "time_budget": f"{budget:g}s",
                 "epochs": round(trained / layout.batches, 1),
                 "chars_per_sec": trained * layout.chars_per_batch / training_seconds,  # validation excluded
                 "best_val_nats_per_char": val,
