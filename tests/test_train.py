@@ -13,6 +13,7 @@ from clock import BatchClock
 from helpers import TINY_DATA, TINY_MODEL, read_history, steps_per_epoch, write_corpus
 
 from textgen.checkpoint import Run, resume_hint
+from textgen.config import HOLD_ANNEALS
 from textgen.device import CPU
 from textgen.errors import CheckpointError, ConfigError, TrainingInterrupted
 from textgen.model import build_model
@@ -517,6 +518,10 @@ def test_cosine_lr() -> None:
     assert cosine_lr(2e-3, 1.0) == pytest.approx(0.0)
     assert cosine_lr(2e-3, 1.7) == pytest.approx(0.0)  # past the horizon it stays at zero
     assert cosine_lr(2e-3, -0.1) == pytest.approx(2e-3)
+    # held, then annealed over the last fifth
+    assert cosine_lr(2e-3, 0.0, 0.2) == cosine_lr(2e-3, 0.8, 0.2) == pytest.approx(2e-3)
+    assert cosine_lr(2e-3, 0.9, 0.2) == pytest.approx(1e-3)
+    assert cosine_lr(2e-3, 1.0, 0.2) == pytest.approx(0.0)
 
 
 @pytest.mark.parametrize("time_budget", [None, 3600.0])  # a budget the epochs end long before
@@ -533,20 +538,23 @@ def test_cosine_schedule_anneals_over_the_epochs_when_they_end_first(
     assert "lr_schedule" not in Run(result.path).load_state()["callbacks"]  # no plateau cuts on top
 
 
-def test_cosine_schedule_with_a_budget_anneals_to_zero_by_the_deadline(
-    tmp_path: Path, tiny_corpus: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(("schedule", "anneal"), [("cosine", 1.0), ("hold", HOLD_ANNEALS)])
+def test_a_schedule_with_a_budget_anneals_to_zero_by_the_deadline(
+    tmp_path: Path, tiny_corpus: Path, monkeypatch: pytest.MonkeyPatch, schedule: str, anneal: float
 ) -> None:
-    """Batch k of the run (counting from 0) uses the rate k / 160 of the way through the anneal, 160 batches being
+    """Batch k of the run (counting from 0) uses the rate k / 160 of the way through the schedule, 160 batches being
     the 2.5 s budget: the time budget, not the 50 epochs, sets the schedule, and the last batch runs near zero."""
     clock = BatchClock(monkeypatch, 1 / 64)
-    plan = new_plan(tmp_path, tiny_corpus, time_budget=2.5, epochs=50, lr_schedule="cosine", patience=50)
+    plan = new_plan(tmp_path, tiny_corpus, time_budget=2.5, epochs=50, lr_schedule=schedule, patience=50)
     result = train(plan, clock)
     assert result.stop_reason == "time_budget" and clock.batches == 160
     history = read_history(Run(result.path).path)
     ends = np.cumsum([row["batches"] for row in history])  # each epoch's last batch is batch end - 1
     assert ends[-1] == 160 and len(ends) == 160 // steps_per_epoch(len(plan.splits.train), 8, 32) + 1
-    expected = [cosine_lr(2e-3, (end - 1) / 160) for end in ends]
+    expected = [cosine_lr(2e-3, (end - 1) / 160, anneal) for end in ends]
     assert [row["learning_rate"] for row in history] == pytest.approx(expected, rel=1e-5)
+    held = [row["learning_rate"] for row, end in zip(history, ends, strict=True) if end <= (1 - anneal) * 160]
+    assert held == pytest.approx([2e-3] * len(held)) and (schedule == "cosine") == (len(held) == 0)
 
 
 def test_the_time_budget_is_the_runs_and_a_resumed_run_trains_for_what_is_left(

@@ -132,6 +132,7 @@ class LRSchedule(str, enum.Enum):
     """How the learning rate moves during training."""
 
     cosine = "cosine"  # anneal to zero over the time budget or the epochs, whichever ends first
+    hold = "hold"  # the peak rate, then the cosine anneal to zero over the run's last HOLD_ANNEALS of it
     plateau = "plateau"  # cut by lr_factor whenever validation loss stops improving
 
 
@@ -168,6 +169,7 @@ OPTIMIZER_DEFAULTS: dict[str, dict[str, float]] = {
 
 
 LR_SCHEDULES = tuple(s.value for s in LRSchedule)
+HOLD_ANNEALS = 0.2  # the part of a run over which the hold schedule anneals (the last fifth)
 OPTIMIZERS = tuple(s.value for s in Optimizer)
 STRATEGIES = tuple(s.value for s in Strategy)
 SPLITS = tuple(s.value for s in Split)

@@ -48,6 +48,7 @@ from textgen.checkpoint import (
 )
 from textgen.cluster import replica_sum
 from textgen.config import (
+    HOLD_ANNEALS,
     DataConfig,
     DeviceProfile,
     DistillConfig,
@@ -851,7 +852,8 @@ def build_callbacks(
         )
         stateful["lr_schedule"] = lr_schedule
     else:
-        lr_schedule = CosineSchedule(trainer.optimizer, tcfg.lr, schedule_progress)
+        anneal = HOLD_ANNEALS if tcfg.lr_schedule == "hold" else 1.0
+        lr_schedule = CosineSchedule(trainer.optimizer, tcfg.lr, schedule_progress, anneal)
     pruning = PruneSchedule(trainer.masks, prune.sparsity, prune.ramp, schedule_progress) if prune else None
     checkpoint = RunCheckpoint(
         run,
@@ -926,26 +928,32 @@ class PruneSchedule(keras.callbacks.Callback):
             self.sparsity = sparsity
 
 
-def cosine_lr(peak: float, progress: float) -> float:
-    """The learning rate ``progress`` (0 to 1) of the way through a cosine anneal from ``peak`` to 0."""
-    return peak * 0.5 * (1.0 + math.cos(math.pi * min(max(progress, 0.0), 1.0)))
+def cosine_lr(peak: float, progress: float, anneal: float = 1.0) -> float:
+    """The learning rate ``progress`` (0 to 1) of the way through a run that holds ``peak``, then anneals it to 0
+    along a cosine over the run's last ``anneal`` (all of it by default)."""
+    annealed = (progress - (1.0 - anneal)) / anneal
+    return peak * 0.5 * (1.0 + math.cos(math.pi * min(max(annealed, 0.0), 1.0)))
 
 
 class CosineSchedule(keras.callbacks.Callback):
     """Set the learning rate before every batch from how far the run has got (see ``cosine_lr``)."""
 
     def __init__(
-        self, optimizer: keras.optimizers.Optimizer, peak: float, progress: Callable[[int, int], float]
+        self,
+        optimizer: keras.optimizers.Optimizer,
+        peak: float,
+        progress: Callable[[int, int], float],
+        anneal: float = 1.0,
     ) -> None:
         super().__init__()
-        self.optimizer, self.peak, self.progress = optimizer, peak, progress
+        self.optimizer, self.peak, self.progress, self.anneal = optimizer, peak, progress, anneal
         self.epoch = 0
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self.epoch = epoch
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-        self.optimizer.learning_rate = cosine_lr(self.peak, self.progress(self.epoch, batch))
+        self.optimizer.learning_rate = cosine_lr(self.peak, self.progress(self.epoch, batch), self.anneal)
 
 
 class ResetStatesCallback(keras.callbacks.Callback):
