@@ -187,7 +187,7 @@ class TrainConfig:
     patience: int = 3  # epochs without validation improvement before stopping
     lr_patience: int = 1  # epochs without improvement before the learning rate is cut
     lr_factor: float = 0.5
-    lr_schedule: str = "cosine"  # one of LR_SCHEDULES
+    lr_schedule: str = "hold"  # one of LR_SCHEDULES
     save_every: float = 300.0  # seconds of training between mid-epoch resume points
     accumulate: int = 1  # batches of streams whose gradients are summed into one update
     strategy: str = "none"  # one of STRATEGIES: how training is spread over devices and machines

@@ -5,7 +5,7 @@ A custom loop rather than ``model.fit``, for four reasons:
 * **mid-epoch resume**: a run stopped by Ctrl-C or a time budget continues at the batch where it
   stopped, with its optimizer state (``fit`` restarts the epoch; ``BackupAndRestore`` with
   ``save_freq`` restores the weights but restarts at batch 0);
-* **a wall-clock budget**, checked after every batch, with a cosine schedule that anneals over it;
+* **a wall-clock budget**, checked after every batch, with a learning-rate schedule that anneals by its end;
 * **the fast LSTM step** (``textgen.fastlstm``), a hand-written forward and backward pass that
   ``fit`` would need an overridden ``train_step`` for anyway;
 * **tf.distribute**: under ``MultiWorkerMirroredStrategy`` Keras 3.15's ``fit`` fails while a loop
