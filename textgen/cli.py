@@ -229,7 +229,7 @@ def train(
         LRSchedule | None,
         _option(
             "cosine: anneal the learning rate to zero over --time-budget or --epochs, whichever ends first; "
-            "hold: keep it, then anneal it so over their last fifth; plateau: halve it when validation stalls",
+            "hold: keep it, then anneal it the same way over their last fifth; plateau: halve it when validation stalls",
             "Optimisation",
             TRAINING.lr_schedule,
         ),
