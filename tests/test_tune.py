@@ -231,7 +231,7 @@ def test_a_stopped_study_resumes_its_trial(tmp_path: Path, stop: signal.Signals)
     """Ctrl-C saves the running trial; a kill leaves it running in the database. Either way the same command
     resumes it (its run trains on from its resume point) and never reruns a finished trial."""
     write_corpus(tmp_path / "tiny.txt", 3000)
-    args = [sys.executable, "-m", "textgen", *_tune(tmp_path, "--time-budget", "1m", "--trial-budget", "6s", "--json")]
+    args = [sys.executable, "-m", "textgen", *_tune(tmp_path, "--time-budget", "1m", "--trial-budget", "12s", "--json")]
     log = tmp_path / "out.txt"
     with open(log, "w") as fh:
         proc = subprocess.Popen([*args, "--trials", "2"], stdout=fh, stderr=subprocess.STDOUT, env=subprocess_env())
@@ -258,7 +258,7 @@ def test_a_stopped_study_resumes_its_trial(tmp_path: Path, stop: signal.Signals)
     # The rest of the trial's budget, not a new one: tune gives the resumed run the trial budget as the run's, and
     # the run's clock counts its earlier invocations (test_train's time-budget tests show that, on a fake clock).
     # Not timed here: how far past the budget the resumed invocation's first step ends depends on the host.
-    assert run.load_config().training.time_budget == 6
+    assert run.load_config().training.time_budget == 12
     states = {t["number"]: t["state"] for t in study["trials"]}
     assert states[1] == "interrupted" and sum(s in ("complete", "pruned") for s in states.values()) == 2
 
