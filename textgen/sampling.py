@@ -141,6 +141,11 @@ class Generator(Sampler):
                 scalar,  # top_p
             ],
         )
+        # Called as concrete functions, not through the tf.function's dispatch: its cache raised a KeyError once in
+        # hundreds of REPL runs (an entry found, then gone when popped; TensorFlow 2.21), and the sampler's one
+        # signature needs no dispatch.
+        self.feed_concrete = self.feed_function.get_concrete_function()
+        self.generate_concrete = self.generate_function.get_concrete_function()
 
     @classmethod
     def from_run(
@@ -210,12 +215,12 @@ class Generator(Sampler):
     # Sampler's two steps, through the compiled functions --------------------------------
 
     def read(self, ids: np.ndarray, states: States) -> tuple[np.ndarray, States]:
-        return _numpy(self.feed_function(tf.constant(ids, tf.int32), _tensors(states)))
+        return _numpy(self.feed_concrete(tf.constant(ids, tf.int32), _tensors(states)))
 
     def generate_steps(
         self, logits: np.ndarray, states: States, uniforms: np.ndarray, settings: SampleConfig
     ) -> tuple[np.ndarray, np.ndarray, States]:
-        return _call_generate(self.generate_function, logits, states, uniforms, settings)
+        return _call_generate(self.generate_concrete, logits, states, uniforms, settings)
 
 
 class SavedModelGenerator(Sampler):
@@ -225,14 +230,16 @@ class SavedModelGenerator(Sampler):
     def __init__(self, cfg: ModelConfig, vocab: Vocabulary, path: Path) -> None:
         super().__init__(cfg, vocab)
         self.loaded = tf.saved_model.load(str(path))
+        self.feed_concrete = self.loaded.feed.get_concrete_function()  # see Generator.__init__
+        self.generate_concrete = self.loaded.generate_chunk.get_concrete_function()
 
     def read(self, ids: np.ndarray, states: States) -> tuple[np.ndarray, States]:
-        return _numpy(self.loaded.feed(tf.constant(ids, tf.int32), _tensors(states)))
+        return _numpy(self.feed_concrete(tf.constant(ids, tf.int32), _tensors(states)))
 
     def generate_steps(
         self, logits: np.ndarray, states: States, uniforms: np.ndarray, settings: SampleConfig
     ) -> tuple[np.ndarray, np.ndarray, States]:
-        return _call_generate(self.loaded.generate_chunk, logits, states, uniforms, settings)
+        return _call_generate(self.generate_concrete, logits, states, uniforms, settings)
 
 
 def _tensors(states: States) -> tuple[tf.Tensor, ...]:
