@@ -74,6 +74,7 @@ def test_train_help_shows_examples() -> None:
         (["--batch-size", "0"], "--batch-size must be a positive integer up to 2,147,483,647 (got 0)"),
         (["--seq-len", "-4"], "--seq-len must be a positive integer up to 2,147,483,647 (got -4)"),
         (["--lr", "0"], "--lr must be a positive number"),
+        (["--anneal", "1.5"], "--anneal must be in (0, 1] (got 1.5)"),
         (["--run", "../escape", "--batch-size", "4", "--seq-len", "16"], "--run must be 1 to 100 letters, digits"),
     ],
 )
@@ -318,7 +319,7 @@ def test_war_and_peace_with_a_time_budget(tmp_path: Path) -> None:
     found = find_on_corpus_path("2600-0.txt")
     if found is None:
         pytest.skip("2600-0.txt is not in any directory of $TEXTGEN_CORPUS_PATH")
-    args = ["train", "2600-0.txt", "--device", "cpu", "--time-budget", "8s", "--units", "64"]
+    args = ["train", "2600-0.txt", "--device", "cpu", "--time-budget", "8s", "--units", "64", "--anneal", "0.5"]
     corpus_path = str(found.parent.resolve())  # $TEXTGEN_CORPUS_PATH may be relative to this directory
     proc = run_textgen(
         [*args, "--checkpoint-dir", "ck", "--run", "wp"], cwd=tmp_path, timeout=300, TEXTGEN_CORPUS_PATH=corpus_path
@@ -329,7 +330,7 @@ def test_war_and_peace_with_a_time_budget(tmp_path: Path) -> None:
     assert (tmp_path / "ck" / "wp" / "best.weights.h5").is_file()
     config = json.loads((tmp_path / "ck" / "wp" / "config.json").read_text())
     assert config["data"]["strip_boilerplate"] is True
-    assert config["model"]["units"] == 64
+    assert config["model"]["units"] == 64 and config["training"]["anneal"] == 0.5
 
 
 # --- many files ---------------------------------------------------------------------------

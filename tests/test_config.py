@@ -79,6 +79,9 @@ def test_parse_duration_rejects(text: str) -> None:
         (TrainConfig, {"lr_patience": 0}, "--lr-patience"),
         (TrainConfig, {"lr_factor": 1.0}, "--lr-factor"),
         (TrainConfig, {"lr_factor": 0.0}, "--lr-factor"),
+        (TrainConfig, {"anneal": 0.0}, "--anneal"),
+        (TrainConfig, {"anneal": 1.5}, "--anneal"),
+        (TrainConfig, {"anneal": float("nan")}, "--anneal"),
         (DataConfig, {"batch_size": 0}, "--batch-size"),
         (DataConfig, {"seq_len": -1}, "--seq-len"),
         (DataConfig, {"val_fraction": 0.0}, "--val-fraction"),
@@ -97,7 +100,7 @@ def test_invalid_values_name_the_flag(cls: type, values: dict[str, Any], flag_na
 def test_valid_values_are_accepted() -> None:
     ModelConfig(vocab_size=2, embedding_dim=1, units=1, layers=3, dropout=0.0)
     ModelConfig(vocab_size=2, dropout=0.99)
-    TrainConfig(epochs=1, lr=1e-9, seed=0, time_budget=0.5, lr_factor=0.99)
+    TrainConfig(epochs=1, lr=1e-9, seed=0, time_budget=0.5, lr_factor=0.99, anneal=1.0)
     DataConfig(corpus="c.txt", batch_size=1, seq_len=1, val_fraction=0.49, test_fraction=0.01)
 
 

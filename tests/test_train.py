@@ -13,7 +13,6 @@ from clock import BatchClock
 from helpers import TINY_DATA, TINY_MODEL, read_history, steps_per_epoch, write_corpus
 
 from textgen.checkpoint import Run, resume_hint
-from textgen.config import HOLD_ANNEALS
 from textgen.device import CPU
 from textgen.errors import CheckpointError, ConfigError, TrainingInterrupted
 from textgen.model import build_model
@@ -538,14 +537,23 @@ def test_cosine_schedule_anneals_over_the_epochs_when_they_end_first(
     assert "lr_schedule" not in Run(result.path).load_state()["callbacks"]  # no plateau cuts on top
 
 
-@pytest.mark.parametrize(("schedule", "anneal"), [("cosine", 1.0), ("hold", HOLD_ANNEALS)])
+@pytest.mark.parametrize(
+    ("schedule", "given", "anneal"),
+    [("cosine", {}, 1.0), ("hold", {}, 0.2), ("hold", {"anneal": 0.5}, 0.5), ("cosine", {"anneal": 0.5}, 1.0)],
+)
 def test_a_schedule_with_a_budget_anneals_to_zero_by_the_deadline(
-    tmp_path: Path, tiny_corpus: Path, monkeypatch: pytest.MonkeyPatch, schedule: str, anneal: float
+    tmp_path: Path,
+    tiny_corpus: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    schedule: str,
+    given: dict[str, float],
+    anneal: float,
 ) -> None:
     """Batch k of the run (counting from 0) uses the rate k / 160 of the way through the schedule, 160 batches being
-    the 2.5 s budget: the time budget, not the 50 epochs, sets the schedule, and the last batch runs near zero."""
+    the 2.5 s budget: the time budget, not the 50 epochs, sets the schedule, and the last batch runs near zero.
+    hold anneals over the run's last --anneal (a fifth unless given); cosine over all of it."""
     clock = BatchClock(monkeypatch, 1 / 64)
-    plan = new_plan(tmp_path, tiny_corpus, time_budget=2.5, epochs=50, lr_schedule=schedule, patience=50)
+    plan = new_plan(tmp_path, tiny_corpus, time_budget=2.5, epochs=50, lr_schedule=schedule, patience=50, **given)
     result = train(plan, clock)
     assert result.stop_reason == "time_budget" and clock.batches == 160
     history = read_history(Run(result.path).path)

@@ -343,7 +343,7 @@ def test_a_runs_config_reads_as_its_recipe(trained_run) -> None:
     recipe = read_recipe(trained_run.run.config_path)
     assert recipe == recipe_of(trained_run.run.load_config())
     assert set(recipe["training"]) == {
-        "lr", "lr_schedule", "clip_norm", "optimizer", "weight_decay", "momentum", "accumulate",
+        "lr", "lr_schedule", "anneal", "clip_norm", "optimizer", "weight_decay", "momentum", "accumulate",
     }  # fmt: skip
 
 

@@ -229,9 +229,18 @@ def train(
         LRSchedule | None,
         _option(
             "cosine: anneal the learning rate to zero over --time-budget or --epochs, whichever ends first; "
-            "hold: keep it, then anneal it the same way over their last fifth; plateau: halve it when validation stalls",
+            "hold: keep it, then anneal it the same way over their last --anneal; plateau: halve it when validation "
+            "stalls",
             "Optimisation",
             TRAINING.lr_schedule,
+        ),
+    ] = None,
+    anneal: Annotated[
+        float | None,
+        _option(
+            "hold: the part of the run, at its end, over which the learning rate anneals (0.2: the last fifth)",
+            "Optimisation",
+            TRAINING.anneal,
         ),
     ] = None,
     clip_norm: Annotated[
@@ -321,6 +330,7 @@ def train(
                 "epochs": epochs,
                 "lr": lr,
                 "lr_schedule": lr_schedule.value if lr_schedule else None,
+                "anneal": anneal,
                 "optimizer": optimizer.value if optimizer else None,
                 "weight_decay": weight_decay,
                 "momentum": momentum,

@@ -132,7 +132,7 @@ class LRSchedule(str, enum.Enum):
     """How the learning rate moves during training."""
 
     cosine = "cosine"  # anneal to zero over the time budget or the epochs, whichever ends first
-    hold = "hold"  # the peak rate, then the cosine anneal to zero over the run's last HOLD_ANNEALS of it
+    hold = "hold"  # the peak rate, then the cosine anneal to zero over the run's last `anneal` of it
     plateau = "plateau"  # cut by lr_factor whenever validation loss stops improving
 
 
@@ -169,7 +169,6 @@ OPTIMIZER_DEFAULTS: dict[str, dict[str, float]] = {
 
 
 LR_SCHEDULES = tuple(s.value for s in LRSchedule)
-HOLD_ANNEALS = 0.2  # the part of a run over which the hold schedule anneals (the last fifth)
 OPTIMIZERS = tuple(s.value for s in Optimizer)
 STRATEGIES = tuple(s.value for s in Strategy)
 SPLITS = tuple(s.value for s in Split)
@@ -188,6 +187,7 @@ class TrainConfig:
     lr_patience: int = 1  # epochs without improvement before the learning rate is cut
     lr_factor: float = 0.5
     lr_schedule: str = "hold"  # one of LR_SCHEDULES
+    anneal: float = 0.2  # hold: the part of the run, at its end, over which the rate anneals (the last fifth)
     save_every: float = 300.0  # seconds of training between mid-epoch resume points
     accumulate: int = 1  # batches of streams whose gradients are summed into one update
     strategy: str = "none"  # one of STRATEGIES: how training is spread over devices and machines
@@ -222,6 +222,7 @@ class TrainConfig:
         )
         _require(self.strategy in STRATEGIES, "strategy", " or ".join(STRATEGIES), self.strategy)
         _require(self.lr_schedule in LR_SCHEDULES, "lr_schedule", " or ".join(LR_SCHEDULES), self.lr_schedule)
+        _require(_finite(self.anneal) and 0 < self.anneal <= 1, "anneal", "in (0, 1]", self.anneal)
         _require(_finite(self.lr) and self.lr > 0, "lr", "a positive number", self.lr)
         _require(_finite(self.clip_norm) and self.clip_norm > 0, "clip_norm", "a positive number", self.clip_norm)
         seed_ok = isinstance(self.seed, int) and 0 <= self.seed <= INT32_MAX

@@ -18,7 +18,7 @@ from textgen.files import atomic_write_text
 RECIPE_FIELDS: dict[str, tuple[str, ...]] = {
     "data": ("batch_size", "seq_len", "max_vocab"),
     "model": ("embedding_dim", "units", "layers", "dropout", "layer_norm"),
-    "training": ("lr", "lr_schedule", "clip_norm", "optimizer", "weight_decay", "momentum", "accumulate"),
+    "training": ("lr", "lr_schedule", "anneal", "clip_norm", "optimizer", "weight_decay", "momentum", "accumulate"),
 }
 Recipe = dict[str, dict[str, Any]]  # section -> settings
 OPTIMIZER_SETTINGS = ("lr", "momentum", "weight_decay")  # what belongs to a recipe's optimizer

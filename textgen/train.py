@@ -48,7 +48,6 @@ from textgen.checkpoint import (
 )
 from textgen.cluster import replica_sum
 from textgen.config import (
-    HOLD_ANNEALS,
     DataConfig,
     DeviceProfile,
     DistillConfig,
@@ -852,7 +851,7 @@ def build_callbacks(
         )
         stateful["lr_schedule"] = lr_schedule
     else:
-        anneal = HOLD_ANNEALS if tcfg.lr_schedule == "hold" else 1.0
+        anneal = tcfg.anneal if tcfg.lr_schedule == "hold" else 1.0
         lr_schedule = CosineSchedule(trainer.optimizer, tcfg.lr, schedule_progress, anneal)
     pruning = PruneSchedule(trainer.masks, prune.sparsity, prune.ramp, schedule_progress) if prune else None
     checkpoint = RunCheckpoint(
