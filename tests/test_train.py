@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import types
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from textgen.device import CPU
 from textgen.errors import CheckpointError, ConfigError, TrainingInterrupted
 from textgen.model import build_model
 from textgen.results import EpochLog
-from textgen.train import NoProgress, TrainPlan, cosine_lr, plan_training, train
+from textgen.train import EarlyStoppingAfterHold, NoProgress, TrainPlan, cosine_lr, plan_training, train
 
 
 def new_plan(tmp_path: Path, corpus: Path, **training):
@@ -521,6 +522,22 @@ def test_cosine_lr() -> None:
     assert cosine_lr(2e-3, 0.0, 0.2) == cosine_lr(2e-3, 0.8, 0.2) == pytest.approx(2e-3)
     assert cosine_lr(2e-3, 0.9, 0.2) == pytest.approx(1e-3)
     assert cosine_lr(2e-3, 1.0, 0.2) == pytest.approx(0.0)
+
+
+@pytest.mark.parametrize("hold_epochs", [0, 4])
+def test_early_stopping_does_not_count_the_epochs_before_the_anneal(hold_epochs: int) -> None:
+    """Validation best at epoch 1, then stalled: with patience 2, plain early stopping stops at epoch 3; after a
+    hold of 4 epochs it stops 2 epochs into the anneal, at epoch 5 (counting from 0), the best still epoch 1's."""
+    stopping = EarlyStoppingAfterHold(2, holding=lambda epoch: epoch < hold_epochs)
+    model = types.SimpleNamespace(stop_training=False)
+    stopping.set_model(model)
+    stopping.on_train_begin()
+    for epoch, loss in enumerate([2.0, 1.5, 1.6, 1.55, 1.7, 1.6, 1.65, 1.58, 1.59]):
+        stopping.on_epoch_end(epoch, {"val_loss": loss})
+        if model.stop_training:
+            break
+    assert epoch == (3 if hold_epochs == 0 else 5)
+    assert stopping.best == 1.5
 
 
 @pytest.mark.parametrize("time_budget", [None, 3600.0])  # a budget the epochs end long before
