@@ -141,9 +141,9 @@ class Generator(Sampler):
                 scalar,  # top_p
             ],
         )
-        # Called as concrete functions, not through the tf.function's dispatch: its cache raised a KeyError once in
-        # hundreds of REPL runs (an entry found, then gone when popped; TensorFlow 2.21), and the sampler's one
-        # signature needs no dispatch.
+        # Called as concrete functions, not through the tf.function's dispatch: its cache raised a KeyError in one
+        # suite run's REPL test (an entry found, then gone when popped; TensorFlow 2.21; three reruns passed), and
+        # the sampler's one signature needs no dispatch.
         self.feed_concrete = self.feed_function.get_concrete_function()
         self.generate_concrete = self.generate_function.get_concrete_function()
 
