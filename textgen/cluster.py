@@ -79,7 +79,7 @@ def replica_sum(strategy: tf.distribute.Strategy) -> Callable[[tf.Tensor], tf.Te
     """A compiled function summing a tensor over ``strategy``'s replicas, each giving its own value."""
     import tensorflow as tf
 
-    @tf.function
+    @tf.function(autograph=False)
     def total(values: tf.Tensor) -> tf.Tensor:
         return strategy.reduce("SUM", strategy.run(tf.identity, args=(values,)), axis=None)
 

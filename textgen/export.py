@@ -116,12 +116,13 @@ def export_module(generator: Generator) -> tuple[tf.Module, dict[str, tf.types.e
     names = state_names(cfg.layers)
     state_specs = [tf.TensorSpec([None, cfg.units], tf.float32, name=n) for n in names]
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.int32, name="ids"), *state_specs])
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int32, name="ids"), *state_specs], autograph=False)
     def step(ids: tf.Tensor, *states: tf.Tensor) -> dict[str, tf.Tensor]:
         logits, new_states = generator.step(ids, states)
         return {"logits": logits, **dict(zip(names, new_states, strict=True))}
 
     @tf.function(
+        autograph=False,
         input_signature=[
             tf.TensorSpec([None, None], tf.int32, name="prompt"),
             tf.TensorSpec([], tf.int32, name="length"),
@@ -129,7 +130,7 @@ def export_module(generator: Generator) -> tuple[tf.Module, dict[str, tf.types.e
             tf.TensorSpec([], tf.int32, name="top_k"),
             tf.TensorSpec([], tf.float32, name="top_p"),
             tf.TensorSpec([], tf.int32, name="seed"),
-        ]
+        ],
     )
     def generate(prompt: tf.Tensor, length: tf.Tensor, temperature: tf.Tensor, top_k: tf.Tensor, top_p: tf.Tensor,
                  seed: tf.Tensor) -> dict[str, tf.Tensor]:  # fmt: skip
@@ -144,7 +145,7 @@ def export_module(generator: Generator) -> tuple[tf.Module, dict[str, tf.types.e
 
     chars = tf.constant([UNKNOWN_CHAR, *vocab.chars])
 
-    @tf.function(input_signature=[])
+    @tf.function(input_signature=[], autograph=False)
     def vocabulary() -> dict[str, tf.Tensor]:
         return {"chars": chars}
 

@@ -51,7 +51,7 @@ def _forward_over_time(
 # level at 2 x 512 (7,460 against 7,535 in 20 s), for ~100 MB more peak RSS. The rest of the step stays uncompiled.
 # The forward loop also computes the backward's gate derivatives (fused into the step, instead of a separate pass
 # over the saved gates): +11% and +3.5% at 1 x 512, +1.6% and +2.3% at 2 x 512 in alternating A/B pairs.
-@tf.function(jit_compile=True)
+@tf.function(jit_compile=True, autograph=False)
 def _forward_loop(x_projection: tf.Tensor, h0: tf.Tensor, c0: tf.Tensor, recurrent: tf.Tensor) -> tuple[tf.Tensor, ...]:
     """Final (h, c) and, for every timestep, h and what the backward pass needs of the step (its derivatives)."""
 
@@ -73,7 +73,7 @@ def _forward_loop(x_projection: tf.Tensor, h0: tf.Tensor, c0: tf.Tensor, recurre
     return _forward_over_time(step, x_projection, h0, c0, saved=4)
 
 
-@tf.function(jit_compile=True)
+@tf.function(jit_compile=True, autograph=False)
 def _backward_loop(
     d_hs: tf.Tensor,
     d_h_last: tf.Tensor,
@@ -132,7 +132,7 @@ def lstm_recurrence(
 # The layer-normalized recurrence, as lstm_recurrence above with two more normalizations per step (of h @ recurrent
 # and of c). Against the plain one it trained the default 1 x 512 at 0.76x the chars/s and scored 0.019 nats/char
 # better on War and Peace's test split after 30 minutes (README's Quality).
-@tf.function(jit_compile=True)
+@tf.function(jit_compile=True, autograph=False)
 def _normalized_forward_loop(
     x_projection: tf.Tensor,
     h0: tf.Tensor,
@@ -158,7 +158,7 @@ def _normalized_forward_loop(
     return _forward_over_time(step, x_projection, h0, c0, saved=8)
 
 
-@tf.function(jit_compile=True)
+@tf.function(jit_compile=True, autograph=False)
 def _normalized_backward_loop(
     d_hs: tf.Tensor,
     d_h_last: tf.Tensor,

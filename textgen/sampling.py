@@ -128,10 +128,11 @@ class Generator(Sampler):
         # Graph mode, not XLA: XLA recompiles for every batch size, prompt length and chunk
         # length (~0.8 s each) and was no faster per step here (benchmarks/sampling.py).
         self.feed_function = tf.function(
-            self._feed_impl, input_signature=[tf.TensorSpec([None, None], tf.int32), state_spec]
+            self._feed_impl, input_signature=[tf.TensorSpec([None, None], tf.int32), state_spec], autograph=False
         )
         self.generate_function = tf.function(
             self._generate_impl,
+            autograph=False,
             input_signature=[
                 tf.TensorSpec([None, vocab.size], tf.float32),
                 state_spec,

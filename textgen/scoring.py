@@ -51,7 +51,7 @@ def compile_eval_step(
     def replica_step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
         return loss_sum(model, profile, x, y, False, None)
 
-    @tf.function(jit_compile=profile.jit_compile)
+    @tf.function(jit_compile=profile.jit_compile, autograph=False)
     def eval_step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
         return strategy.reduce("SUM", strategy.run(replica_step, args=(x, y)), axis=None)
 

@@ -434,7 +434,7 @@ def build_trainer(cfg: RunConfig, strategy: tf.distribute.Strategy | None = None
         optimizer.apply(gradients, model.trainable_variables)
         return loss
 
-    @tf.function(jit_compile=profile.jit_compile)
+    @tf.function(jit_compile=profile.jit_compile, autograph=False)
     def train_step(x: Any, y: Any) -> tf.Tensor:
         loss = strategy.reduce("SUM", strategy.run(replica_train_step, args=(x, y)), axis=None)
         for kernel, mask in masks:  # pruned weights stay exactly zero whatever the optimizer's moments say
