@@ -2,7 +2,7 @@
 
     TEXTGEN_CORPUS_PATH=../shared/corpora python benchmarks/quality.py --time-budget 10m -- --units 512
     TEXTGEN_CORPUS_PATH=../shared/corpora python benchmarks/quality.py --time-budget 10m \\
-        --recipe "" --recipe "--lr 0.004" --recipe "--layers 2 --dropout 0.2"
+        --recipe "" --recipe "--lr 0.004" --recipe "--layers 2 --dropout 0.2" --recipe=--layer-norm
     TEXTGEN_CORPUS_PATH=../shared/corpora python benchmarks/quality.py --time-budget 10m 20m 30m 60m   # a frontier
 
 With several budgets, each recipe trains once per budget (a run annealed over that budget, as a user would train it)
@@ -11,7 +11,8 @@ another host, at 20.5k chars/s; this host's chars/s is in the table).
 
 Everything after ``--`` (or each ``--recipe``, a quoted list of flags; "" for the defaults) goes
 to ``textgen train`` as it is: units, layers, embedding, dropout, batch, sequence length, learning
-rate and schedule, clipping. Recipes run one after another, each in its own process with the
+rate and schedule, clipping. A recipe of one bare flag needs the ``=`` (``--recipe=--layer-norm``), or argparse
+takes the flag for one of its own. Recipes run one after another, each in its own process with the
 whole machine. Runs are written under a temporary checkpoint directory unless
 ``--checkpoint-dir`` is given. For each recipe: test nats/char and bits/char, the epochs done
 and the training chars/s; with several recipes, a table ranked by test loss at the end.
@@ -114,7 +115,11 @@ def main() -> None:
     )
     parser.add_argument("--corpus", default=REF_CORPUS)
     parser.add_argument("--checkpoint-dir", help="keep the runs here (default: a temporary directory)")
-    parser.add_argument("--recipe", action="append", help="textgen train flags in one string; repeat to compare")
+    parser.add_argument(
+        "--recipe",
+        action="append",
+        help="textgen train flags in one string (one bare flag: --recipe=--layer-norm); repeat to compare",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object per recipe")
     parser.add_argument("train_args", nargs="*", help="textgen train flags for a single recipe, after --")
     args = parser.parse_args()
