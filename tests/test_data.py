@@ -57,6 +57,43 @@ def test_stream_layout_continues_every_row_across_batches(shape: tuple[int, int,
     np.testing.assert_array_equal(inputs.transpose(1, 0, 2).reshape(-1), np.arange(streams * stream_len))
 
 
+@given(layouts(), st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1))
+def test_a_shifted_layout_continues_every_row_from_its_first_id(
+    shape: tuple[int, int, int], seed: int, other: int
+) -> None:
+    """--shift-windows: the layout of an epoch begins 0 to seq_len - 1 ids in, and is exact from there; every shift
+    of the same ids gives as many batches (the learning-rate schedule and resume points count them)."""
+    n, streams, seq_len = shape
+    layout = StreamLayout.shifted(n, streams, seq_len, np.random.default_rng(seed))
+    assert layout.batches == StreamLayout.shifted(n, streams, seq_len, np.random.default_rng(other)).batches >= 1
+    assert 0 <= layout.first < seq_len
+    inputs, targets = all_batches(np.arange(n), layout)
+    np.testing.assert_array_equal(targets, inputs + 1)
+    np.testing.assert_array_equal(np.diff(inputs, axis=2), 1)
+    np.testing.assert_array_equal(inputs[1:, :, 0], inputs[:-1, :, -1] + 1)
+    stream_len = layout.batches * seq_len
+    ordered = inputs.transpose(1, 0, 2).reshape(-1)
+    np.testing.assert_array_equal(ordered, layout.first + np.arange(streams * stream_len))  # each id once, in order
+    assert targets.max() <= n - 1
+
+
+def test_shifts_fall_anywhere_in_a_window() -> None:
+    """Over many epochs' draws every shift from 0 to seq_len - 1 comes up; with no room past one batch, none."""
+    shifts = {StreamLayout.shifted(1000, 4, 10, np.random.default_rng([0, e])).first for e in range(200)}
+    assert shifts == set(range(10))
+    assert StreamLayout.shifted(41, 4, 10, np.random.default_rng(0)) == StreamLayout.of(41, 4, 10)
+
+
+def layout_of(n: int, streams: int, seq_len: int, shift: int | None) -> StreamLayout:
+    """The plain layout, or (``shift``: a seed) a shifted one."""
+    if shift is None:
+        return StreamLayout.of(n, streams, seq_len)
+    return StreamLayout.shifted(n, streams, seq_len, np.random.default_rng(shift))
+
+
+SHIFTS = st.one_of(st.none(), st.integers(0, 2**32 - 1))
+
+
 @given(layouts(), st.randoms(use_true_random=False))
 def test_stream_layout_picks_ids_by_position_from_a_memory_map(
     tmp_path_factory: pytest.TempPathFactory, shape: tuple[int, int, int], rnd
@@ -74,14 +111,14 @@ def test_stream_layout_picks_ids_by_position_from_a_memory_map(
 
 
 @settings(max_examples=10, deadline=None)  # each example builds tf.data pipelines
-@given(layouts(), st.sampled_from([1, 2, 4]), st.integers(0, 3))
+@given(layouts(), st.sampled_from([1, 2, 4]), st.integers(0, 3), SHIFTS)
 def test_each_replica_reads_the_same_rows_every_batch(
-    tmp_path_factory: pytest.TempPathFactory, shape: tuple[int, int, int], replicas: int, start: int
+    tmp_path_factory: pytest.TempPathFactory, shape: tuple[int, int, int], replicas: int, start: int, shift: int | None
 ) -> None:
     n, streams, seq_len = shape
     streams *= replicas
     n = max(n, streams * seq_len + 1)
-    layout = StreamLayout.of(n, streams, seq_len)
+    layout = layout_of(n, streams, seq_len, shift)
     ids = write_id_file(np.arange(n, dtype=np.uint16), tmp_path_factory.mktemp("ids") / "train.ids")
     inputs, targets = all_batches(ids, layout)
     per, start = streams // replicas, min(start, layout.batches)
@@ -110,9 +147,13 @@ class PipelinesOnly:
 
 
 @settings(max_examples=10, deadline=None)  # each example builds tf.data pipelines
-@given(layouts(), st.sampled_from([(1, 2), (2, 2), (1, 4), (2, 4), (4, 4)]), st.integers(0, 3))
+@given(layouts(), st.sampled_from([(1, 2), (2, 2), (1, 4), (2, 4), (4, 4)]), st.integers(0, 3), SHIFTS)
 def test_each_worker_deals_its_replicas_their_rows_of_every_batch_in_turn(
-    tmp_path_factory: pytest.TempPathFactory, shape: tuple[int, int, int], topology: tuple[int, int], start: int
+    tmp_path_factory: pytest.TempPathFactory,
+    shape: tuple[int, int, int],
+    topology: tuple[int, int],
+    start: int,
+    shift: int | None,
 ) -> None:
     """Pipeline p (worker p) yields, batch after batch, one element per replica it feeds, in replica order;
     ``distribute_datasets_from_function`` deals them round-robin, so replica r gets rows r * per .. of every batch."""
@@ -120,7 +161,7 @@ def test_each_worker_deals_its_replicas_their_rows_of_every_batch_in_turn(
     pipelines, replicas = topology
     streams *= replicas
     n = max(n, streams * seq_len + 1)
-    layout = StreamLayout.of(n, streams, seq_len)
+    layout = layout_of(n, streams, seq_len, shift)
     ids = write_id_file(np.arange(n, dtype=np.uint16), tmp_path_factory.mktemp("ids") / "train.ids")
     inputs, targets = all_batches(ids, layout)
     per, local, start = streams // replicas, replicas // pipelines, min(start, layout.batches)
@@ -169,13 +210,15 @@ def test_mirrored_replicas_each_read_their_own_rows_of_every_batch(tmp_path: Pat
         assert y_parts == [targets[k, :4].tolist(), targets[k, 4:].tolist()]
 
 
-@given(layouts(), st.integers(1, 9), st.randoms(use_true_random=False))
-def test_counting_in_the_targets_reads_exactly_the_scored_ids(shape: tuple[int, int, int], chunk: int, rnd) -> None:
+@given(layouts(), st.integers(1, 9), st.randoms(use_true_random=False), SHIFTS)
+def test_counting_in_the_targets_reads_exactly_the_scored_ids(
+    shape: tuple[int, int, int], chunk: int, rnd, shift: int | None
+) -> None:
     import textgen.data
 
     n, streams, seq_len = shape
     ids = np.array([rnd.randrange(3) for _ in range(n)], dtype=np.uint8)
-    layout = StreamLayout.of(n, streams, seq_len)
+    layout = layout_of(n, streams, seq_len, shift)
     _, targets = all_batches(ids, layout)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(textgen.data, "COUNT_CHUNK", chunk)  # chunk edges anywhere
@@ -195,15 +238,15 @@ def test_stream_layout_exactly_one_batch() -> None:
 
 
 @settings(max_examples=10, deadline=None)  # each example builds a tf.data pipeline
-@given(layouts(), st.integers(0, 3), st.sampled_from([np.uint8, np.uint16, np.int32]))
+@given(layouts(), st.integers(0, 3), st.sampled_from([np.uint8, np.uint16, np.int32]), SHIFTS)
 def test_distributed_batches_yield_the_layout_in_order_as_int32(
-    tmp_path_factory: pytest.TempPathFactory, shape: tuple[int, int, int], start: int, dtype: type
+    tmp_path_factory: pytest.TempPathFactory, shape: tuple[int, int, int], start: int, dtype: type, shift: int | None
 ) -> None:
     import tensorflow as tf
 
     n, streams, seq_len = shape
     ids = write_id_file((np.arange(n) % 200).astype(dtype), tmp_path_factory.mktemp("ids") / "train.ids")
-    layout = StreamLayout.of(n, streams, seq_len)
+    layout = layout_of(n, streams, seq_len, shift)
     inputs, targets = all_batches(ids, layout)
     start = min(start, layout.batches)
     for _ in range(2):  # the same batches in the same order every epoch

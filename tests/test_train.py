@@ -197,12 +197,13 @@ def assert_same_last_weights(first: Run, second: Run) -> None:
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("accumulate", [1, 2])
+@pytest.mark.parametrize(("accumulate", "shift_windows"), [(1, False), (2, False), (1, True)])
 def test_a_run_stopped_mid_epoch_and_resumed_ends_where_an_uninterrupted_one_does(
-    tmp_path: Path, tiny_corpus: Path, accumulate: int
+    tmp_path: Path, tiny_corpus: Path, accumulate: int, shift_windows: bool
 ) -> None:
     """The streams' LSTM states go on from where they were at the stop (each accumulation group's too), as the
-    weights, the optimizer, the schedule and the dropout masks do: the same updates as without the stop."""
+    weights, the optimizer, the schedule, the dropout masks and the epoch's shift of the windows do: the same
+    updates as without the stop."""
     import keras
 
     class CtrlCAtBatch5(NoProgress):
@@ -210,7 +211,7 @@ def test_a_run_stopped_mid_epoch_and_resumed_ends_where_an_uninterrupted_one_doe
             if batch == 5:
                 signal.raise_signal(signal.SIGINT)
 
-    data = {"batch_size": 4, "seq_len": 16}
+    data = {"batch_size": 4, "seq_len": 16, "shift_windows": shift_windows}
     training = {"epochs": 2, "accumulate": accumulate, "lr_schedule": "cosine"}
     model = {**TINY_MODEL, "dropout": 0.1}
     runs = {}
@@ -688,7 +689,7 @@ def first_steps(tmp_path: Path, corpus: Path, name: str, batch_size: int, accumu
     plan.lock.release()
     keras.utils.set_random_seed(0)
     trainer = build_trainer(plan.config)
-    layout = training_layout(plan)
+    layout = training_layout(plan, 0)
     losses = []
     for x, y in distributed_batches(trainer.strategy, plan.splits.train, layout):
         losses.append(float(trainer.train_step(x, y)))
@@ -714,6 +715,32 @@ def test_accumulating_two_groups_of_32_streams_is_one_update_of_64(tmp_path: Pat
     for a, b in zip(weights32, weights64, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
     assert losses64[-1] < losses64[0]  # and it trains
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_shifted_windows_move_each_epoch_by_the_runs_seed(tmp_path: Path, accumulate: int) -> None:
+    """--shift-windows: each epoch's layout begins elsewhere in the first window, drawn from the run's seed and the
+    epoch (so a resumed epoch, or another worker, lays it out the same), with as many batches every epoch; without
+    it, every epoch is the same layout."""
+    from textgen.train import training_layout
+
+    corpus = write_corpus(tmp_path / "c.txt", 6000)
+    shifted = new_plan_with(tmp_path, corpus, "s", {"batch_size": 8, "seq_len": 16, "shift_windows": True},
+                            accumulate=accumulate)  # fmt: skip
+    again = new_plan_with(tmp_path, corpus, "t", {"batch_size": 8, "seq_len": 16, "shift_windows": True},
+                          accumulate=accumulate)  # fmt: skip
+    other_seed = new_plan_with(tmp_path, corpus, "u", {"batch_size": 8, "seq_len": 16, "shift_windows": True},
+                               accumulate=accumulate, seed=1)  # fmt: skip
+    fixed = new_plan_with(tmp_path, corpus, "f", {"batch_size": 8, "seq_len": 16}, accumulate=accumulate)
+    for plan in (shifted, again, other_seed, fixed):
+        plan.lock.release()
+    layouts = [training_layout(shifted, epoch) for epoch in range(20)]
+    assert {layout.streams for layout in layouts} == {8 * accumulate}
+    assert len({layout.batches for layout in layouts}) == 1
+    assert len({layout.first for layout in layouts}) > 5 and all(0 <= layout.first < 16 for layout in layouts)
+    assert layouts == [training_layout(again, epoch) for epoch in range(20)]
+    assert layouts != [training_layout(other_seed, epoch) for epoch in range(20)]
+    assert {training_layout(fixed, epoch).first for epoch in range(20)} == {0}
 
 
 def test_resume_with_accumulation_continues_at_an_update_boundary(tmp_path: Path, tiny_corpus: Path) -> None:

@@ -142,6 +142,11 @@ LAYER_NORM_HELP = (
     "time (README, Quality); on a GPU it runs Keras' generic loop, not cuDNN"
 )
 
+SHIFT_WINDOWS_HELP = (
+    "Start each epoch's training streams a different 0 to --seq-len - 1 characters in (seeded), so that the "
+    "windows, and where backpropagation through time is cut, fall elsewhere each epoch"
+)
+
 TRAIN_EXAMPLES = """
 **Examples**
 
@@ -195,6 +200,9 @@ def train(
     max_vocab: Annotated[
         int | None,
         _option("Keep only this many of the most frequent characters; the rest become the unknown id", "Data", "all"),
+    ] = None,
+    shift_windows: Annotated[
+        bool | None, _option(SHIFT_WINDOWS_HELP, "Data", "off", "--shift-windows/--fixed-windows")
     ] = None,
     units: Annotated[int | None, _option("LSTM units per layer", "Model", MODEL.units)] = None,
     layers: Annotated[int | None, _option("Stacked LSTM layers", "Model", MODEL.layers)] = None,
@@ -318,7 +326,7 @@ def train(
             keep_boilerplate=keep_boilerplate,
             encoding=encoding,
             threads=threads,
-            data={"batch_size": batch_size, "seq_len": seq_len, "max_vocab": max_vocab},
+            data={"batch_size": batch_size, "seq_len": seq_len, "max_vocab": max_vocab, "shift_windows": shift_windows},
             model={
                 "units": units,
                 "layers": layers,

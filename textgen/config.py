@@ -75,10 +75,12 @@ class DataConfig:
     corpus_hash: str | None = None
     files: tuple[str, ...] = ()  # the corpus's files, in order (empty in older runs: the corpus is one file)
     max_vocab: int | None = None  # keep this many of the most frequent characters; None keeps all
+    shift_windows: bool = False  # start each epoch's training streams a seeded 0 to seq_len - 1 characters in
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "files", tuple(self.files))  # a list when read from JSON
         _positive_int(self, "batch_size", "seq_len")
+        _require(isinstance(self.shift_windows, bool), "shift_windows", "true or false", self.shift_windows)
         if self.max_vocab is not None:
             _positive_int(self, "max_vocab")
         for name in ("val_fraction", "test_fraction"):

@@ -1,7 +1,7 @@
 """A run's corpus as id files (memory-mapped splits), and batches read from them in the stateful stream layout.
 
-The layout (``StreamLayout``): a split's ids are cut into ``streams`` contiguous streams, and batch
-``k`` holds characters ``[k*seq_len, (k+1)*seq_len)`` of every stream, so row ``i`` of batch ``k+1``
+The layout (``StreamLayout``): a split's ids, from its ``first``, are cut into ``streams`` contiguous streams,
+and batch ``k`` holds characters ``[k*seq_len, (k+1)*seq_len)`` of every stream, so row ``i`` of batch ``k+1``
 continues row ``i`` of batch ``k`` exactly. Targets are the inputs shifted by one character. tf.data
 reads the batches from the id file a record per stream, so memory does not grow with the corpus. Under
 ``tf.distribute`` each replica always gets the same rows, so each replica's rows continue its own.
@@ -9,6 +9,7 @@ reads the batches from the id file a record per stream, so memory does not grow 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -92,11 +93,13 @@ def check_layout_fits(
 
 @dataclass(frozen=True)
 class StreamLayout:
-    """``streams`` contiguous streams of ``batches * seq_len`` characters each, read ``seq_len`` at a time."""
+    """``streams`` contiguous streams of ``batches * seq_len`` characters each, read ``seq_len`` at a time, the
+    first beginning at id ``first``."""
 
     streams: int
     seq_len: int
     batches: int
+    first: int = 0
 
     @classmethod
     def of(cls, n: int, streams: int, seq_len: int) -> StreamLayout:
@@ -105,21 +108,29 @@ class StreamLayout:
             raise CorpusError(f"{n} characters cannot fill one {streams} x {seq_len} batch")
         return cls(streams, seq_len, (n - 1) // (streams * seq_len))
 
+    @classmethod
+    def shifted(cls, n: int, streams: int, seq_len: int, rng: np.random.Generator) -> StreamLayout:
+        """The layout of ``n`` ids begun a random 0 to ``seq_len - 1`` ids in (less when the ids leave no room past
+        one batch), so that its windows, and where backpropagation through time is cut, fall elsewhere in the text.
+        Every shift of the same ids has the same number of batches."""
+        room = max(0, min(seq_len - 1, n - 1 - streams * seq_len))
+        return dataclasses.replace(cls.of(n - room, streams, seq_len), first=int(rng.integers(room + 1)))
+
     @property
     def chars_per_batch(self) -> int:
         return self.streams * self.seq_len
 
     def stream_start(self, i: int) -> int:
         """Where stream ``i`` begins in the ids: the streams are consecutive slices of them."""
-        return i * self.batches * self.seq_len
+        return self.first + i * self.batches * self.seq_len
 
     def count_in_targets(self, ids: np.ndarray, value: int) -> int:
-        """How many of the layout's targets (ids 1 to streams x batches x seq_len: the characters scored) are
-        ``value``, read a chunk at a time: ``ids`` may be a memory map bigger than memory."""
-        end = self.streams * self.batches * self.seq_len + 1
+        """How many of the layout's targets (ids ``first`` + 1 to ``first`` + streams x batches x seq_len: the
+        characters scored) are ``value``, read a chunk at a time: ``ids`` may be a memory map bigger than memory."""
+        end = self.stream_start(self.streams) + 1
         return sum(
             int(np.count_nonzero(np.asarray(ids[a : min(a + COUNT_CHUNK, end)]) == value))
-            for a in range(1, end, COUNT_CHUNK)
+            for a in range(self.first + 1, end, COUNT_CHUNK)
         )
 
     def batch(self, ids: np.ndarray, k: int, rows: slice = slice(None)) -> tuple[np.ndarray, np.ndarray]:
@@ -196,7 +207,7 @@ def _rows(ids: np.ndarray, layout: StreamLayout, first: int, rows: int, start: i
     if not isinstance(ids, np.memmap) or ids.filename is None:
         raise TypeError("distributed_batches reads an id file: give it a np.memmap (see write_id_file)")
     itemsize, record = ids.dtype.itemsize, layout.seq_len * ids.dtype.itemsize
-    count = layout.batches - start  # StreamLayout.of leaves an id after the last target: every read fits
+    count = layout.batches - start  # a layout leaves an id after its last target: every read fits
     headers = [
         ids.offset + (layout.stream_start(i) + start * layout.seq_len + shift) * itemsize
         for i in range(first, first + rows)

@@ -16,7 +16,7 @@ from textgen.errors import ConfigError
 from textgen.files import atomic_write_text
 
 RECIPE_FIELDS: dict[str, tuple[str, ...]] = {
-    "data": ("batch_size", "seq_len", "max_vocab"),
+    "data": ("batch_size", "seq_len", "max_vocab", "shift_windows"),
     "model": ("embedding_dim", "units", "layers", "dropout", "layer_norm"),
     "training": ("lr", "lr_schedule", "anneal", "clip_norm", "optimizer", "weight_decay", "momentum", "accumulate"),
 }

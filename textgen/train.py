@@ -556,8 +556,6 @@ def _train(
     if plan.chief:
         _keep_extension(run, cfg)
     trainer = build_trainer(cfg, strategy)
-    layout = training_layout(plan)
-    steps = layout.batches
     resume = plan.resume_state or {}
     if resume:
         run.load_weights(trainer.model, "last")
@@ -565,8 +563,9 @@ def _train(
     elif cfg.prune:  # a pruned run starts from the run it prunes
         Run(Path(cfg.prune.source)).load_weights(trainer.model, "best")
     clock = Clock(before=resume.get("seconds", 0.0), budget=cfg.training.time_budget, agree=compile_agreement(strategy))
-    checkpoint, callbacks = build_callbacks(plan, trainer, steps, clock)
     start_epoch, start_batch = resume.get("epoch", 0), resume.get("batch", 0)
+    steps = training_layout(plan, start_epoch).batches  # every epoch's, shifted or not
+    checkpoint, callbacks = build_callbacks(plan, trainer, steps, clock)
 
     def after_batch(epoch: int, position: EpochProgress) -> None:
         """Note where training got (for a save if another worker is lost); save it if ``--save-every`` is due."""
@@ -600,6 +599,7 @@ def _train(
                 else EpochProgress()
             )
             carried = run.load_stream_states() if epoch == start_epoch and resume and checkpoint.stream_states else None
+            layout = training_layout(plan, epoch)
             done = run_epoch(
                 trainer,
                 plan.splits.train,
@@ -700,9 +700,13 @@ class EpochProgress:
         return self.loss_sum / self.batches if self.batches else math.nan
 
 
-def training_layout(plan: TrainPlan) -> StreamLayout:
-    """The training split's layout: ``--batch-size`` x ``--accumulate`` streams."""
-    return StreamLayout.of(len(plan.splits.train), plan.config.train_streams, plan.config.data.seq_len)
+def training_layout(plan: TrainPlan, epoch: int) -> StreamLayout:
+    """The training split's layout in ``epoch``: ``--batch-size`` x ``--accumulate`` streams; with
+    ``--shift-windows``, shifted by a draw of the run's seed and the epoch (the same on a resume, on every worker)."""
+    n, streams, seq_len = len(plan.splits.train), plan.config.train_streams, plan.config.data.seq_len
+    if not plan.config.data.shift_windows:
+        return StreamLayout.of(n, streams, seq_len)
+    return StreamLayout.shifted(n, streams, seq_len, np.random.default_rng([plan.config.training.seed, epoch]))
 
 
 def run_epoch(
