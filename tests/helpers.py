@@ -62,9 +62,11 @@ def read_history(run_path: Path) -> list[dict[str, float]]:
         return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(fh)]
 
 
-def steps_per_epoch(n_train_ids: int, batch_size: int, seq_len: int) -> int:
-    """Batches in one epoch of the stateful layout, computed independently of textgen.data."""
-    return (n_train_ids - 1) // (batch_size * seq_len)
+def steps_per_epoch(n_train_ids: int, batch_size: int, seq_len: int, shift_windows: bool = True) -> int:
+    """Batches in one epoch of the stateful layout, computed independently of textgen.data: with the windows
+    shifted each epoch (the default), of the ids that leave room for a shift of up to seq_len - 1."""
+    room = min(seq_len - 1, n_train_ids - 1 - batch_size * seq_len) if shift_windows else 0
+    return (n_train_ids - 1 - room) // (batch_size * seq_len)
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:

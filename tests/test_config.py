@@ -84,6 +84,7 @@ def test_parse_duration_rejects(text: str) -> None:
         (TrainConfig, {"anneal": float("nan")}, "--anneal"),
         (DataConfig, {"batch_size": 0}, "--batch-size"),
         (DataConfig, {"seq_len": -1}, "--seq-len"),
+        (DataConfig, {"shift_windows": 1}, "--shift-windows"),
         (DataConfig, {"val_fraction": 0.0}, "--val-fraction"),
         (DataConfig, {"test_fraction": 0.6}, "--test-fraction"),
     ],
@@ -117,6 +118,15 @@ def test_a_run_saved_before_layer_norm_existed_reads_as_plain() -> None:
     saved = to_dict(ModelConfig(vocab_size=9))
     del saved["layer_norm"]
     assert from_dict(ModelConfig, saved).layer_norm is False
+
+
+def test_a_run_saved_before_shift_windows_existed_keeps_its_windows_fixed() -> None:
+    """New runs shift their windows each epoch; one saved without the setting trained (and resumes) without."""
+    saved = run_config().to_dict()
+    assert saved["data"]["shift_windows"] is True
+    assert RunConfig.from_dict(saved).data.shift_windows is True
+    del saved["data"]["shift_windows"]
+    assert RunConfig.from_dict(saved).data.shift_windows is False
 
 
 def run_config() -> RunConfig:

@@ -202,7 +202,7 @@ def train(
         _option("Keep only this many of the most frequent characters; the rest become the unknown id", "Data", "all"),
     ] = None,
     shift_windows: Annotated[
-        bool | None, _option(SHIFT_WINDOWS_HELP, "Data", "off", "--shift-windows/--fixed-windows")
+        bool | None, _option(SHIFT_WINDOWS_HELP, "Data", "on", "--shift-windows/--no-shift-windows")
     ] = None,
     units: Annotated[int | None, _option("LSTM units per layer", "Model", MODEL.units)] = None,
     layers: Annotated[int | None, _option("Stacked LSTM layers", "Model", MODEL.layers)] = None,
