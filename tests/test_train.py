@@ -725,16 +725,14 @@ def test_shifted_windows_move_each_epoch_by_the_runs_seed(tmp_path: Path, accumu
     from textgen.train import training_layout
 
     corpus = write_corpus(tmp_path / "c.txt", 6000)
-    shifted = new_plan_with(tmp_path, corpus, "s", {"batch_size": 8, "seq_len": 16, "shift_windows": True},
-                            accumulate=accumulate)  # fmt: skip
-    again = new_plan_with(tmp_path, corpus, "t", {"batch_size": 8, "seq_len": 16, "shift_windows": True},
-                          accumulate=accumulate)  # fmt: skip
-    other_seed = new_plan_with(tmp_path, corpus, "u", {"batch_size": 8, "seq_len": 16, "shift_windows": True},
-                               accumulate=accumulate, seed=1)  # fmt: skip
-    fixed = new_plan_with(tmp_path, corpus, "f", {"batch_size": 8, "seq_len": 16, "shift_windows": False},
-                          accumulate=accumulate)  # fmt: skip
-    for plan in (shifted, again, other_seed, fixed):
-        plan.lock.release()
+
+    def plan(name: str, shift_windows: bool, seed: int = 0) -> TrainPlan:
+        data = {"batch_size": 8, "seq_len": 16, "shift_windows": shift_windows}
+        made = new_plan_with(tmp_path, corpus, name, data, accumulate=accumulate, seed=seed)
+        made.lock.release()
+        return made
+
+    shifted, again, other_seed, fixed = plan("s", True), plan("t", True), plan("u", True, seed=1), plan("f", False)
     layouts = [training_layout(shifted, epoch) for epoch in range(20)]
     assert {layout.streams for layout in layouts} == {8 * accumulate}
     assert len({layout.batches for layout in layouts}) == 1
