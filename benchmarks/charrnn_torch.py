@@ -29,7 +29,7 @@ from common import REF, reference_splits
 from quality import frontier
 
 from textgen.config import parse_duration
-from textgen.data import StreamLayout
+from textgen.layout import StreamLayout
 
 HALVE_EVERY = 5  # epochs
 

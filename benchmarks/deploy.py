@@ -135,8 +135,8 @@ def main() -> None:
     from textgen.artifact import open_artifact
     from textgen.checkpoint import find_run
     from textgen.config import SampleConfig
-    from textgen.data import scoring_layout
     from textgen.evaluate import split_ids
+    from textgen.layout import scoring_layout
     from textgen.model import build_model
 
     teacher = find_run(checkpoint_dir, args.run)

@@ -90,8 +90,9 @@ def train_steps(strategy: Any, batch_size: int, steps: int) -> tuple[dict, Any]:
     import keras
 
     from textgen.config import replace
-    from textgen.data import StreamLayout, distributed_batches
+    from textgen.data import distributed_batches
     from textgen.device import CPU
+    from textgen.layout import StreamLayout
     from textgen.train import build_trainer
 
     corpus, splits = reference_splits()

@@ -153,7 +153,8 @@ def measure_start(corpus: Path, cache: Path) -> dict:
     apply_profile(CPU)
     imported = time.perf_counter()
     from textgen.corpus import corpus_fingerprint
-    from textgen.data import StreamLayout, corpus_source, distributed_batches, load_splits
+    from textgen.data import corpus_source, distributed_batches, load_splits
+    from textgen.layout import StreamLayout
 
     cfg = corpus_config(corpus)
     corpus_fingerprint([Path(f) for f in cfg.paths])  # textgen train keeps it in the run's config
@@ -185,7 +186,8 @@ def measure_pipeline(corpus: Path, cache: Path, seconds: float) -> dict:
     apply_profile(CPU)
     import tensorflow as tf
 
-    from textgen.data import StreamLayout, distributed_batches, load_splits
+    from textgen.data import distributed_batches, load_splits
+    from textgen.layout import StreamLayout
 
     cfg = corpus_config(corpus)
     splits = load_splits(cfg, cache)
@@ -203,7 +205,8 @@ def measure_train(corpus: Path, cache: Path, batches: int) -> dict:
     apply_profile(CPU)
     import keras
 
-    from textgen.data import StreamLayout, distributed_batches, load_splits
+    from textgen.data import distributed_batches, load_splits
+    from textgen.layout import StreamLayout
     from textgen.train import build_trainer
 
     cfg = corpus_config(corpus)

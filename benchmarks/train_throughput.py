@@ -84,7 +84,8 @@ def measure_textgen(seconds: float, fast_lstm: bool, intra: int, inter: int, jit
         fast_lstm=fast_lstm,
     )
     apply_profile(profile)
-    from textgen.data import StreamLayout, distributed_batches
+    from textgen.data import distributed_batches
+    from textgen.layout import StreamLayout
     from textgen.train import build_trainer
 
     corpus, splits = reference_splits()
@@ -166,7 +167,7 @@ def measure_torch(seconds: float) -> dict:
     the same stateful streams (the state carried from batch to batch, detached), threads set to the core count."""
     import torch
 
-    from textgen.data import StreamLayout
+    from textgen.layout import StreamLayout
 
     torch.manual_seed(0)
     torch.set_num_threads(os.cpu_count() or 1)
@@ -210,7 +211,8 @@ def measure_pipeline(seconds: float) -> dict:
     """textgen's tf.data pipeline alone: how fast it can feed batches."""
     import tensorflow as tf
 
-    from textgen.data import StreamLayout, distributed_batches
+    from textgen.data import distributed_batches
+    from textgen.layout import StreamLayout
 
     _, splits = reference_splits()
     batch, seq = REF["batch_size"], REF["seq_len"]

@@ -10,7 +10,11 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
+from hypothesis import strategies as st
+
+from textgen.layout import StreamLayout
 
 # fmt: off
 WORDS = [
@@ -129,3 +133,31 @@ def wait_for(path: Path, text: str, proc: subprocess.Popen, timeout: float = 120
         time.sleep(0.1)
     proc.kill()
     pytest.fail(f"no {text!r} in the output within {timeout}s")
+
+
+# --- the stream layout -------------------------------------------------------------
+
+
+@st.composite
+def layouts(draw: st.DrawFn) -> tuple[int, int, int]:
+    """(n, streams, seq_len) with room for at least one batch."""
+    streams = draw(st.integers(1, 8))
+    seq_len = draw(st.integers(1, 12))
+    n = draw(st.integers(streams * seq_len + 1, streams * seq_len * 7 + 20))
+    return n, streams, seq_len
+
+
+def all_batches(ids: np.ndarray, layout: StreamLayout) -> tuple[np.ndarray, np.ndarray]:
+    """Every batch of the layout stacked: inputs and targets shaped (batches, streams, seq_len)."""
+    pairs = [layout.batch(ids, k) for k in range(layout.batches)]
+    return np.stack([x for x, _ in pairs]), np.stack([y for _, y in pairs])
+
+
+def layout_of(n: int, streams: int, seq_len: int, shift: int | None) -> StreamLayout:
+    """The plain layout, or (``shift``: a seed) a shifted one."""
+    if shift is None:
+        return StreamLayout.of(n, streams, seq_len)
+    return StreamLayout.shifted(n, streams, seq_len, np.random.default_rng(shift))
+
+
+SHIFTS = st.one_of(st.none(), st.integers(0, 2**32 - 1))

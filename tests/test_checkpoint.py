@@ -21,9 +21,9 @@ from textgen.checkpoint import (
     run_summaries,
 )
 from textgen.config import RunConfig
-from textgen.data import StreamLayout
 from textgen.errors import CheckpointError, ConfigError
 from textgen.files import atomic_path, atomic_write_text, fsync_tree
+from textgen.layout import StreamLayout
 from textgen.model import build_model, reset_states
 from textgen.vocab import Vocabulary
 

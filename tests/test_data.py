@@ -1,4 +1,4 @@
-"""textgen.data and textgen.idcache: memory-mapped splits, and the stateful stream layout in numpy and tf.data."""
+"""textgen.data and textgen.idcache: memory-mapped splits, and the stateful stream layout read by tf.data."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import make_text, write_corpus
+from helpers import SHIFTS, all_batches, layout_of, layouts, make_text, write_corpus
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,100 +14,11 @@ from textgen import corpus as corpusmod
 from textgen import idcache
 from textgen.config import DataConfig
 from textgen.corpus import read_corpus
-from textgen.data import StreamLayout, distributed_batches, load_splits, replica_batches, write_id_file
+from textgen.data import distributed_batches, load_splits, replica_batches, write_id_file
 from textgen.errors import CorpusError
 from textgen.idcache import split_sizes
+from textgen.layout import StreamLayout
 from textgen.vocab import DOCUMENT_BOUNDARY, UNKNOWN_ID, Vocabulary
-
-
-@st.composite
-def layouts(draw: st.DrawFn) -> tuple[int, int, int]:
-    """(n, streams, seq_len) with room for at least one batch."""
-    streams = draw(st.integers(1, 8))
-    seq_len = draw(st.integers(1, 12))
-    n = draw(st.integers(streams * seq_len + 1, streams * seq_len * 7 + 20))
-    return n, streams, seq_len
-
-
-def all_batches(ids: np.ndarray, layout: StreamLayout) -> tuple[np.ndarray, np.ndarray]:
-    """Every batch of the layout stacked: inputs and targets shaped (batches, streams, seq_len)."""
-    pairs = [layout.batch(ids, k) for k in range(layout.batches)]
-    return np.stack([x for x, _ in pairs]), np.stack([y for _, y in pairs])
-
-
-@given(layouts())
-def test_stream_layout_continues_every_row_across_batches(shape: tuple[int, int, int]) -> None:
-    n, streams, seq_len = shape
-    layout = StreamLayout.of(n, streams, seq_len)
-    inputs, targets = all_batches(np.arange(n), layout)  # each id is its own position in the text
-
-    num_batches = (n - 1) // (streams * seq_len)
-    assert inputs.shape == targets.shape == (num_batches, streams, seq_len)
-    assert inputs.dtype == targets.dtype == np.int32  # ids, not one-hot vectors
-    # targets are the inputs shifted by one character
-    np.testing.assert_array_equal(targets, inputs + 1)
-    # within a row, characters are consecutive
-    np.testing.assert_array_equal(np.diff(inputs, axis=2), 1)
-    # row i of batch k+1 starts with the character right after the end of row i of batch k
-    np.testing.assert_array_equal(inputs[1:, :, 0], inputs[:-1, :, -1] + 1)
-    # streams are consecutive slices of the text: stream i+1 starts where stream i ends
-    stream_len = num_batches * seq_len
-    np.testing.assert_array_equal(inputs[0, :, 0], np.arange(streams) * stream_len)
-    # together the streams are exactly the start of the text, each position used once
-    np.testing.assert_array_equal(inputs.transpose(1, 0, 2).reshape(-1), np.arange(streams * stream_len))
-
-
-@given(layouts(), st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1))
-def test_a_shifted_layout_continues_every_row_from_its_first_id(
-    shape: tuple[int, int, int], seed: int, other: int
-) -> None:
-    """--shift-windows: the layout of an epoch begins 0 to seq_len - 1 ids in, and is exact from there; every shift
-    of the same ids gives as many batches (the learning-rate schedule and resume points count them)."""
-    n, streams, seq_len = shape
-    layout = StreamLayout.shifted(n, streams, seq_len, np.random.default_rng(seed))
-    assert layout.batches == StreamLayout.shifted(n, streams, seq_len, np.random.default_rng(other)).batches >= 1
-    assert 0 <= layout.first < seq_len
-    inputs, targets = all_batches(np.arange(n), layout)
-    np.testing.assert_array_equal(targets, inputs + 1)
-    np.testing.assert_array_equal(np.diff(inputs, axis=2), 1)
-    np.testing.assert_array_equal(inputs[1:, :, 0], inputs[:-1, :, -1] + 1)
-    stream_len = layout.batches * seq_len
-    ordered = inputs.transpose(1, 0, 2).reshape(-1)
-    np.testing.assert_array_equal(ordered, layout.first + np.arange(streams * stream_len))  # each id once, in order
-    assert targets.max() <= n - 1
-
-
-def test_shifts_fall_anywhere_in_a_window() -> None:
-    """Over many epochs' draws every shift from 0 to seq_len - 1 comes up; with no room past one batch, none."""
-    shifts = {StreamLayout.shifted(1000, 4, 10, np.random.default_rng([0, e])).first for e in range(200)}
-    assert shifts == set(range(10))
-    assert StreamLayout.shifted(41, 4, 10, np.random.default_rng(0)) == StreamLayout.of(41, 4, 10)
-
-
-def layout_of(n: int, streams: int, seq_len: int, shift: int | None) -> StreamLayout:
-    """The plain layout, or (``shift``: a seed) a shifted one."""
-    if shift is None:
-        return StreamLayout.of(n, streams, seq_len)
-    return StreamLayout.shifted(n, streams, seq_len, np.random.default_rng(shift))
-
-
-SHIFTS = st.one_of(st.none(), st.integers(0, 2**32 - 1))
-
-
-@given(layouts(), st.randoms(use_true_random=False))
-def test_stream_layout_picks_ids_by_position_from_a_memory_map(
-    tmp_path_factory: pytest.TempPathFactory, shape: tuple[int, int, int], rnd
-) -> None:
-    n, streams, seq_len = shape
-    ids = np.array([rnd.randrange(50) for _ in range(n)], dtype=np.uint8)
-    path = tmp_path_factory.mktemp("ids") / "train.ids"
-    ids.tofile(path)
-    mapped = np.memmap(path, dtype=np.uint8, mode="r")
-    layout = StreamLayout.of(n, streams, seq_len)
-    positions, _ = all_batches(np.arange(n), layout)
-    inputs, targets = all_batches(mapped, layout)
-    np.testing.assert_array_equal(inputs, ids[positions])
-    np.testing.assert_array_equal(targets, ids[positions + 1])
 
 
 @settings(max_examples=10, deadline=None)  # each example builds tf.data pipelines
@@ -181,7 +92,8 @@ import numpy as np
 import tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-from textgen.data import StreamLayout, distributed_batches, write_id_file
+from textgen.data import distributed_batches, write_id_file
+from textgen.layout import StreamLayout
 ids = write_id_file(np.arange(1000, dtype=np.uint16), sys.argv[1])
 layout = StreamLayout.of(1000, 8, 10)
 strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
@@ -208,33 +120,6 @@ def test_mirrored_replicas_each_read_their_own_rows_of_every_batch(tmp_path: Pat
     for k, (x_parts, y_parts) in enumerate(seen, start=1):
         assert x_parts == [inputs[k, :4].tolist(), inputs[k, 4:].tolist()]
         assert y_parts == [targets[k, :4].tolist(), targets[k, 4:].tolist()]
-
-
-@given(layouts(), st.integers(1, 9), st.randoms(use_true_random=False), SHIFTS)
-def test_counting_in_the_targets_reads_exactly_the_scored_ids(
-    shape: tuple[int, int, int], chunk: int, rnd, shift: int | None
-) -> None:
-    import textgen.data
-
-    n, streams, seq_len = shape
-    ids = np.array([rnd.randrange(3) for _ in range(n)], dtype=np.uint8)
-    layout = layout_of(n, streams, seq_len, shift)
-    _, targets = all_batches(ids, layout)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(textgen.data, "COUNT_CHUNK", chunk)  # chunk edges anywhere
-        assert layout.count_in_targets(ids, 0) == int(np.count_nonzero(targets == 0))
-
-
-@pytest.mark.parametrize(("n", "streams", "seq_len"), [(0, 1, 1), (1, 1, 1), (16, 4, 4), (64, 4, 16)])
-def test_stream_layout_rejects_too_few_ids(n: int, streams: int, seq_len: int) -> None:
-    with pytest.raises(CorpusError, match=f"{n} characters cannot fill one {streams} x {seq_len} batch"):
-        StreamLayout.of(n, streams, seq_len)
-
-
-def test_stream_layout_exactly_one_batch() -> None:
-    inputs, targets = all_batches(np.arange(9), StreamLayout.of(9, 2, 4))
-    assert inputs.tolist() == [[[0, 1, 2, 3], [4, 5, 6, 7]]]
-    assert targets.tolist() == [[[1, 2, 3, 4], [5, 6, 7, 8]]]
 
 
 @settings(max_examples=10, deadline=None)  # each example builds a tf.data pipeline

@@ -12,10 +12,11 @@ from helpers import assert_one_line_error, invoke, read_history, subprocess_env,
 
 from textgen.checkpoint import Run
 from textgen.config import ModelConfig
-from textgen.data import StreamLayout, load_splits
+from textgen.data import load_splits
 from textgen.errors import ConfigError, CorpusError
 from textgen.evaluate import evaluate_run
 from textgen.idcache import cache_root
+from textgen.layout import StreamLayout
 from textgen.model import build_model
 from textgen.scoring import compile_eval_step, score
 

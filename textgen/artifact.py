@@ -14,9 +14,9 @@ from typing import Any
 
 from textgen.config import ModelConfig, from_dict, to_dict
 from textgen.corpus import read_corpus, resolve_corpus, resolve_encoding
-from textgen.data import scoring_layout
 from textgen.errors import ConfigError
 from textgen.generation import Sampler
+from textgen.layout import scoring_layout
 from textgen.results import Evaluation
 from textgen.vocab import UNKNOWN_ID, Vocabulary
 

@@ -11,9 +11,10 @@ import numpy as np
 from textgen.checkpoint import Run, check_corpus_unchanged
 from textgen.config import SPLITS
 from textgen.corpus import read_corpus, resolve_corpus, resolve_encoding
-from textgen.data import load_splits, scoring_layout, write_id_file
+from textgen.data import load_splits, write_id_file
 from textgen.errors import ConfigError, CorpusError
 from textgen.idcache import cache_root
+from textgen.layout import scoring_layout
 from textgen.model import build_model
 from textgen.results import Evaluation
 from textgen.scoring import compile_eval_step, score

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from textgen.config import ModelConfig, SampleConfig
-from textgen.data import StreamLayout
+from textgen.layout import StreamLayout
 from textgen.npsampling import uniforms
 from textgen.vocab import UNKNOWN_ID, Vocabulary
 

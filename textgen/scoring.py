@@ -1,6 +1,6 @@
 """Cross-entropy of text under a model: one routine for training's validation and ``textgen evaluate``.
 
-The text is laid out as the run's training batches are (``data.StreamLayout``): ``batch_size``
+The text is laid out as the run's training batches are (``layout.StreamLayout``): ``batch_size``
 contiguous streams read ``seq_len`` characters at a time, the LSTM state carried from one batch
 to the next and zeroed at the start. So the best validation loss in a run's history and
 ``textgen evaluate --split val`` are the same number for the same weights.
@@ -15,8 +15,9 @@ import numpy as np
 import tensorflow as tf
 
 from textgen.config import DeviceProfile
-from textgen.data import StreamLayout, distributed_batches
+from textgen.data import distributed_batches
 from textgen.fastlstm import stateful_logits
+from textgen.layout import StreamLayout
 from textgen.model import reset_states
 
 # (inputs, targets) -> summed cross-entropy in nats, carrying the model's LSTM states
