@@ -11,7 +11,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, TypedDict, TypeVar
 
 if TYPE_CHECKING:
     from textgen.config import DataConfig, DeviceProfile, RunConfig
@@ -20,8 +20,20 @@ if TYPE_CHECKING:
 # REF: War and Peace, Embedding(V, 64) -> LSTM(512) -> Dense(V), batch 64 x 100 chars.
 REF_CORPUS = "2600-0.txt"
 REF_VOCAB_SIZE = 105  # the number of ids of REF_CORPUS's vocabulary
-REF = {"batch_size": 64, "seq_len": 100, "embedding_dim": 64, "units": 512, "layers": 1, "dropout": 0.0}
-_MODEL_KEYS = ("embedding_dim", "units", "layers", "dropout")
+
+
+class Workload(TypedDict):
+    """REF's shape: the batches and the model (a benchmark may set ``layers`` for its run)."""
+
+    batch_size: int
+    seq_len: int
+    embedding_dim: int
+    units: int
+    layers: int
+    dropout: float
+
+
+REF: Workload = {"batch_size": 64, "seq_len": 100, "embedding_dim": 64, "units": 512, "layers": 1, "dropout": 0.0}
 
 T = TypeVar("T")
 
@@ -85,7 +97,13 @@ def ref_run_config(corpus: str, vocab_size: int, profile: DeviceProfile, data: D
 
     return RunConfig(
         data=data or ref_data_config(corpus),
-        model=ModelConfig(vocab_size=vocab_size, **{k: REF[k] for k in _MODEL_KEYS}),
+        model=ModelConfig(
+            vocab_size=vocab_size,
+            embedding_dim=REF["embedding_dim"],
+            units=REF["units"],
+            layers=REF["layers"],
+            dropout=REF["dropout"],
+        ),
         training=TrainConfig(),
         profile=profile,
     )

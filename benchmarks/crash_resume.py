@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from common import REF_CORPUS
 
@@ -84,7 +85,7 @@ def main() -> None:
 
     save_every = parse_duration(args.save_every, "--save-every")
     rng = random.Random(args.seed)
-    rounds = []
+    rounds: list[dict[str, Any]] = []  # one JSON record a round
     with tempfile.TemporaryDirectory() as scratch:
         checkpoint_dir = Path(args.checkpoint_dir or scratch)
         run_dir = checkpoint_dir / "crash"

@@ -49,7 +49,7 @@ def main() -> None:
         logits = stateful_logits(model, x, True) if fast else model(x, training=True)
         return tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
 
-    def gradients(fast: bool):
+    def gradients(fast: bool) -> list[tf.Tensor]:
         with tf.GradientTape() as tape:
             value = loss(fast)
         return tape.gradient(value, model.trainable_variables)

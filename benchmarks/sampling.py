@@ -29,8 +29,16 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from common import timed
+
+if TYPE_CHECKING:
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from textgen.config import ModelConfig
 
 TARGETS = {"textgen_b1_vs_naive_b1": 10.0, "textgen_b64_vs_naive_b1": 50.0, "first_char_loaded_ms": 100.0}
 
@@ -60,7 +68,7 @@ def throughput(generate: Callable[[int, int], object], batch: int, length: int, 
 class NaiveSampler:
     """The tutorials' pattern: a one-step Keras model and a Python loop, one call per character."""
 
-    def __init__(self, cfg, weights: list, temperature: float) -> None:
+    def __init__(self, cfg: ModelConfig, weights: list[np.ndarray], temperature: float) -> None:
         import keras
         import numpy as np
         import tensorflow as tf
@@ -88,12 +96,12 @@ class NaiveSampler:
         state_spec = tuple(tf.TensorSpec([None, cfg.units], tf.float32) for _ in range(2 * cfg.layers))
         self.one_step = tf.function(self._one_step, input_signature=[tf.TensorSpec([None, None], tf.int32), state_spec])
 
-    def _one_step(self, ids, states):
+    def _one_step(self, ids: tf.Tensor, states: tuple[tf.Tensor, ...]) -> tuple[tf.Tensor, tuple[tf.Tensor, ...]]:
         logits, *states = self.model([ids, *states], training=False)
         logits = logits[:, -1, :] / self.temperature + self.mask
         return self.tf.cast(self.tf.random.categorical(logits, 1), self.tf.int32), tuple(states)
 
-    def generate(self, prompt_ids, batch: int, length: int):
+    def generate(self, prompt_ids: np.ndarray, batch: int, length: int) -> np.ndarray:
         """``length`` ids per sequence: the prompt is read by the first call, then one call per character."""
         ids = self.tf.constant(self.np.tile(prompt_ids, [batch, 1]), self.tf.int32)
         states = tuple(self.tf.zeros([batch, self.units]) for _ in range(2 * self.layers))
@@ -104,7 +112,7 @@ class NaiveSampler:
         return self.np.concatenate([o.numpy() for o in out], axis=1)
 
 
-def check_same_model(training_model, naive: NaiveSampler, prompt_ids) -> None:
+def check_same_model(training_model: keras.Model, naive: NaiveSampler, prompt_ids: np.ndarray) -> None:
     """Both samplers must compute the same logits, or the comparison means nothing."""
     import numpy as np
 
@@ -151,10 +159,8 @@ def measure(args: argparse.Namespace) -> dict:
     # Time to the first character, model load included: textgen, then the naive pattern.
     start = time.perf_counter()
     generator = Generator.from_run(run)
-    stream = generator.stream([args.prompt], settings)
-    next(stream)
+    next(generator.stream([args.prompt], settings))  # the first piece; the stream is dropped, the rest never made
     textgen_load_ms = 1000 * (time.perf_counter() - start)
-    stream.close()
 
     prompt_ids = generator.vocab.encode(args.prompt)
     prompt_ids = prompt_ids[prompt_ids != UNKNOWN_ID]
@@ -170,9 +176,7 @@ def measure(args: argparse.Namespace) -> dict:
 
     # The same, model loaded and warm.
     def textgen_first() -> None:
-        pieces = generator.stream([args.prompt], settings)
-        next(pieces)
-        pieces.close()
+        next(generator.stream([args.prompt], settings))
 
     textgen_first_ms = first_char_ms(textgen_first)
     naive_first_ms = first_char_ms(lambda: naive.generate(prompt_ids, 1, 1))

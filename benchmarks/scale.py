@@ -65,13 +65,14 @@ RSS_SPREAD_MB = 150.0
 
 def corpus_plan(books: list[Path], target: int) -> list[tuple[str, Path]]:
     """(file name, book) pairs adding up to at least ``target`` bytes: the books smallest first, over and over."""
-    plan, total = [], 0
-    for i in itertools.count():
-        for book in books:
-            if total >= target:
-                return plan
-            plan.append((f"copy{i}-{book.name}", book))
-            total += book.stat().st_size
+    copies = ((f"copy{i}-{book.name}", book) for i in itertools.count() for book in books)
+    plan: list[tuple[str, Path]] = []
+    total = 0
+    while total < target:
+        name, book = next(copies)
+        plan.append((name, book))
+        total += book.stat().st_size
+    return plan
 
 
 def made_here(directory: Path) -> bool:

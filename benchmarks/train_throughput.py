@@ -108,7 +108,7 @@ def measure_cli(seconds: float) -> dict:
     with tempfile.TemporaryDirectory() as runs:
         command = [sys.executable, "-m", "textgen", "train", REF_CORPUS, "--device", "cpu", "--json"]
         command += ["--checkpoint-dir", runs, "--run", "bench", "--time-budget", f"{seconds:.0f}s", "--epochs", "1"]
-        command += [f"--{key.replace('_', '-')}={REF[key]}" for key in REF]
+        command += [f"--{key.replace('_', '-')}={value}" for key, value in REF.items()]
         out = subprocess.run(command, capture_output=True, text=True, check=False)
         if out.returncode != 0:
             raise SystemExit(f"textgen train failed:\n{out.stderr[-3000:]}")
