@@ -23,6 +23,7 @@ import math
 import os
 import time
 from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from common import REF, reference_splits
@@ -31,10 +32,54 @@ from quality import frontier
 from textgen.config import parse_duration
 from textgen.layout import StreamLayout
 
+if TYPE_CHECKING:
+    import torch
+
+    State = tuple[torch.Tensor, torch.Tensor]  # the LSTM's (h, c), carried from batch to batch
+
 HALVE_EVERY = 5  # epochs
 
 
-def train_and_score(budgets: list[float], seed: int = 0) -> Iterator[dict]:
+def recipe(vocab: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The recipe's model and optimizer: Embedding(vocab, 64) -> torch.nn.LSTM(64, 512) x REF["layers"] ->
+    Linear(512, vocab), called as ``model(x, state) -> (logits, state)`` and initialised from torch's generator as
+    it stands (seed it first); Adam at 2e-3. benchmarks/train_throughput.py times this model and ``train_step``.
+    """
+    import torch
+
+    class CharRNN(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embedding = torch.nn.Embedding(vocab, REF["embedding_dim"])
+            self.lstm = torch.nn.LSTM(REF["embedding_dim"], REF["units"], REF["layers"], batch_first=True)
+            self.logits = torch.nn.Linear(REF["units"], vocab)
+
+        def forward(self, x: torch.Tensor, state: State | None) -> tuple[torch.Tensor, State]:
+            out, state = self.lstm(self.embedding(x), state)
+            return self.logits(out), state
+
+    model = CharRNN()
+    return model, torch.optim.Adam(model.parameters(), lr=2e-3)
+
+
+def train_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, x: np.ndarray, y: np.ndarray, state: State | None
+) -> tuple[torch.Tensor, State]:
+    """One step of the recipe on the ids ``x`` and their targets ``y``: the mean cross-entropy, its gradients
+    clipped at norm 5, the optimizer's step. Returns the loss and the state to carry on, detached."""
+    import torch
+
+    optimizer.zero_grad()
+    logits, state = model(torch.from_numpy(x.astype(np.int64)), state)
+    target = torch.from_numpy(y.astype(np.int64)).reshape(-1)
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+    optimizer.step()
+    return loss, (state[0].detach(), state[1].detach())
+
+
+def train_and_score(budgets: list[float], seed: int = 0) -> Iterator[dict[str, Any]]:
     """Train the char-rnn recipe once, for the longest budget; at each budget the report a run of that budget gives.
 
     The recipe halves its rate by epochs, whatever the budget, so a run of 30 minutes is the first 30 minutes of a
@@ -49,25 +94,15 @@ def train_and_score(budgets: list[float], seed: int = 0) -> Iterator[dict]:
     _, splits = reference_splits()
     vocab, batch, seq = splits.vocab.size, REF["batch_size"], REF["seq_len"]
 
-    class CharRNN(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.embedding = torch.nn.Embedding(vocab, REF["embedding_dim"])
-            self.lstm = torch.nn.LSTM(REF["embedding_dim"], REF["units"], batch_first=True)
-            self.logits = torch.nn.Linear(REF["units"], vocab)
-
-        def forward(self, x: torch.Tensor, state: tuple | None) -> tuple[torch.Tensor, tuple]:
-            out, state = self.lstm(self.embedding(x), state)
-            return self.logits(out), state
-
-    def batches(ids: np.ndarray, streams: int) -> tuple[StreamLayout, list]:
+    def batches(ids: np.ndarray, streams: int) -> tuple[StreamLayout, list[tuple[np.ndarray, np.ndarray]]]:
         layout = StreamLayout.of(len(ids), streams, seq)
         return layout, [layout.batch(ids, k) for k in range(layout.batches)]
 
-    def score(model: CharRNN, ids: np.ndarray) -> float:
+    def score(model: torch.nn.Module, ids: np.ndarray) -> float:
         """Mean cross-entropy (nats/char) of ``ids`` as 64 contiguous streams, state carried throughout."""
         _, parts = batches(ids, 64)
-        total, chars, state = 0.0, 0, None
+        total, chars = 0.0, 0
+        state: State | None = None
         with torch.no_grad():
             for x, y in parts:
                 logits, state = model(torch.from_numpy(x.astype(np.int64)), state)
@@ -76,12 +111,13 @@ def train_and_score(budgets: list[float], seed: int = 0) -> Iterator[dict]:
                 chars += target.numel()
         return total / chars
 
-    model = CharRNN()
-    optimizer = torch.optim.Adam(model.parameters(), lr=2e-3)
+    model, optimizer = recipe(vocab)
     schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size=HALVE_EVERY, gamma=0.5)
     layout, train = batches(splits.train, batch)
     started, off_clock, validating = time.monotonic(), 0.0, 0.0
-    trained, position, state, best = 0, 0, None, (math.inf, None)
+    trained, position = 0, 0
+    state: State | None = None
+    best: tuple[float, dict[str, torch.Tensor] | None] = (math.inf, None)
     pending = sorted(budgets)
 
     def elapsed() -> float:
@@ -95,14 +131,7 @@ def train_and_score(budgets: list[float], seed: int = 0) -> Iterator[dict]:
         return loss
 
     while pending:
-        x, y = train[position]
-        optimizer.zero_grad()
-        logits, state = model(torch.from_numpy(x.astype(np.int64)), state)
-        target = torch.from_numpy(y.astype(np.int64)).reshape(-1)
-        torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), target).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
-        optimizer.step()
-        state = tuple(s.detach() for s in state)
+        _, state = train_step(model, optimizer, *train[position], state)
         trained, position = trained + 1, position + 1
         if position == layout.batches:  # the epoch's end: the schedule, a validation, the state reset
             schedule.step()

@@ -37,9 +37,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 from common import REF, REF_CORPUS, cpu_busy_seconds, cycling, ref_run_config, reference_splits, timed
+
+if TYPE_CHECKING:
+    from charrnn_torch import State
 
 # Candidate textgen configurations: (name, fast_lstm, intra-op threads, inter-op threads, XLA, the fast LSTM's
 # timesteps per loop iteration: None for textgen.fastlstm.UNROLL).
@@ -166,6 +170,7 @@ def measure_torch(seconds: float) -> dict:
     """The PyTorch char-rnn recipe on REF: Embedding -> torch.nn.LSTM -> Linear, Adam 2e-3, clipping at norm 5, on
     the same stateful streams (the state carried from batch to batch, detached), threads set to the core count."""
     import torch
+    from charrnn_torch import recipe, train_step
 
     from textgen.layout import StreamLayout
 
@@ -174,33 +179,13 @@ def measure_torch(seconds: float) -> dict:
     _, splits = reference_splits()
     vocab, batch, seq = splits.vocab.size, REF["batch_size"], REF["seq_len"]
     layout = StreamLayout.of(len(splits.train), batch, seq)
-
-    class CharRNN(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.embedding = torch.nn.Embedding(vocab, REF["embedding_dim"])
-            self.lstm = torch.nn.LSTM(REF["embedding_dim"], REF["units"], REF["layers"], batch_first=True)
-            self.logits = torch.nn.Linear(REF["units"], vocab)
-
-        def forward(self, x: torch.Tensor, state: tuple | None) -> tuple[torch.Tensor, tuple]:
-            out, state = self.lstm(self.embedding(x), state)
-            return self.logits(out), state
-
-    model = CharRNN()
-    optimizer = torch.optim.Adam(model.parameters(), lr=2e-3)
-    state: tuple | None = None
+    model, optimizer = recipe(vocab)
+    state: State | None = None
     batches = cycling(range(layout.batches))
 
     def step() -> float:
         nonlocal state
-        x, y = (torch.from_numpy(a.astype(np.int64)) for a in layout.batch(splits.train, batches()))
-        optimizer.zero_grad()
-        logits, state = model(x, state)
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), y.reshape(-1))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
-        optimizer.step()
-        state = tuple(s.detach() for s in state)
+        loss, state = train_step(model, optimizer, *layout.batch(splits.train, batches()), state)
         return float(loss)
 
     steps, elapsed = timed(step, seconds, warmup=3)
