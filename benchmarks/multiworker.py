@@ -2,7 +2,7 @@
 this host, and what it projects to on separate machines.
 
 REF: War and Peace, Embedding(V, 64) -> LSTM(512) -> Dense(V), global batch 64 x 100 chars, dropout 0, with the
-cpu profile's fast LSTM step (``textgen.train.build_trainer`` fed by ``textgen.data.distributed_batches``).
+cpu profile's fast LSTM step (``textgen.training.step.build_trainer`` fed by ``textgen.data.distributed_batches``).
 Every measurement runs in fresh subprocesses (TensorFlow's thread pools are fixed per process), one phase
 after another, each under ``--timeout``:
 
@@ -93,7 +93,7 @@ def train_steps(strategy: Any, batch_size: int, steps: int) -> tuple[dict, Any]:
     from textgen.data import distributed_batches
     from textgen.device import CPU
     from textgen.layout import StreamLayout
-    from textgen.train import build_trainer
+    from textgen.training.step import build_trainer
 
     corpus, splits = reference_splits()
     data = replace(ref_data_config(str(corpus)), batch_size=batch_size)

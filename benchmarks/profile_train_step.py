@@ -37,7 +37,7 @@ def main() -> None:
     import tensorflow as tf
 
     from textgen.fastlstm import stateful_logits
-    from textgen.train import build_trainer
+    from textgen.training.step import build_trainer
 
     batch, seq, units, vocab = REF["batch_size"], REF["seq_len"], REF["units"], REF_VOCAB_SIZE
     trainer = build_trainer(ref_run_config("", vocab, CPU))

@@ -208,7 +208,7 @@ def measure_train(corpus: Path, cache: Path, batches: int) -> dict:
 
     from textgen.data import distributed_batches, load_splits
     from textgen.layout import StreamLayout
-    from textgen.train import build_trainer
+    from textgen.training.step import build_trainer
 
     cfg = corpus_config(corpus)
     splits = load_splits(cfg, cache)

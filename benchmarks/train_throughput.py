@@ -5,7 +5,7 @@ REF: War and Peace, Embedding(V, 64) -> LSTM(512) -> Dense(V), batch 64 x 100 ch
 Each measurement runs in a fresh subprocess (TensorFlow's thread pools are fixed per
 process) for a fixed wall time after warm-up, one after another:
 
-* textgen: the real training step of ``textgen train`` (``textgen.train.build_trainer``)
+* textgen: the real training step of ``textgen train`` (``textgen.training.step.build_trainer``)
   on the stateful tf.data pipeline, for each candidate configuration;
 * ``textgen train`` itself, the command, for max(120 s, 6 x --seconds) on a fresh run: the
   chars/s its history records, against the cpu profile's step above;
@@ -90,7 +90,7 @@ def measure_textgen(seconds: float, fast_lstm: bool, intra: int, inter: int, jit
     apply_profile(profile)
     from textgen.data import distributed_batches
     from textgen.layout import StreamLayout
-    from textgen.train import build_trainer
+    from textgen.training.step import build_trainer
 
     corpus, splits = reference_splits()
     cfg = ref_run_config(str(corpus), splits.vocab.size, profile)
