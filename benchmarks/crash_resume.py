@@ -60,11 +60,11 @@ def check(run_dir: Path) -> list[str]:
     except Exception as exc:  # any failure to read it is the finding
         return [f"unreadable: {exc}"]
     epochs = [int(e) for e in read_history(run.history_path).get("epoch", [])]
-    if epochs != list(range(state["epoch"])):
-        problems.append(f"history epochs {epochs} for {state['epoch']} committed epochs")
-    if [row["epoch"] for row in state.get("history", [])] != list(range(state["epoch"])):
+    if epochs != list(range(state.epoch)):
+        problems.append(f"history epochs {epochs} for {state.epoch} committed epochs")
+    if [row["epoch"] for row in state.history or ()] != list(range(state.epoch)):
         problems.append("state.json's history disagrees with its epoch")
-    if run.best_weights_path.exists() and run.best_weights_loss() > state["best_val_loss"] + 1e-9:
+    if run.best_weights_path.exists() and run.best_weights_loss() > state.best_val_loss + 1e-9:
         problems.append("the best weights are worse than the committed best loss")
     return problems
 
@@ -81,6 +81,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="one JSON object per round and one at the end")
     parser.add_argument("train_args", nargs="*", help="more textgen train flags, after --")
     args = parser.parse_args()
+    from textgen.checkpoint import Run
     from textgen.config import parse_duration
 
     save_every = parse_duration(args.save_every, "--save-every")
@@ -122,7 +123,7 @@ def main() -> None:
             rounds.append(report)
             print(json.dumps(report) if args.json else describe(report), flush=True)
         final_problems = check(run_dir)
-        history = json.loads((run_dir / "state.json").read_text())["history"]
+        history = Run(run_dir).load_state().history
         chars_per_sec = history[-1]["chars_per_sec"] if history else math.nan
         batch_s = _batch_chars(run_dir) / chars_per_sec if chars_per_sec else math.nan
     budget = save_every + batch_s
