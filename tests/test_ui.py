@@ -11,7 +11,16 @@ import pytest
 from rich.console import Console
 
 from textgen import ui
-from textgen.results import EpochLog, RunSummary, StopReason, StudyResult, TrainResult, TrialSummary
+from textgen.results import (
+    EpochLog,
+    RunSummary,
+    StopReason,
+    StudyResult,
+    StudyStop,
+    TrainResult,
+    TrialStatus,
+    TrialSummary,
+)
 
 
 def strict(line: str) -> dict:
@@ -110,14 +119,21 @@ def test_the_live_tune_table_shows_the_latest_trials_that_fit_and_the_whole_tabl
     trial's line on screen (the best trial starred even when it has scrolled off); the end prints every trial."""
     recipe = {"units": 64, "layers": 1, "embedding_dim": 16, "dropout": 0.1, "optimizer": "adam", "lr": 0.002}
     trials = [
-        TrialSummary(n, "complete" if n % 3 else "pruned", recipe, 1.5 - (0.1 if n == 2 else 0.0), 60.0, f"t{n}")
+        TrialSummary(
+            n,
+            TrialStatus.COMPLETE if n % 3 else TrialStatus.PRUNED,
+            recipe,
+            1.5 - (0.1 if n == 2 else 0.0),
+            60.0,
+            f"t{n}",
+        )
         for n in range(30)
     ]
     out = io.StringIO()
     console = Console(file=out, width=120, height=12, force_terminal=True, color_system=None)
     display = ui.TuneDisplay(console)
     display.trials = trials
-    display.running = TrialSummary(30, "running", recipe, None, 0.0, "t30")
+    display.running = TrialSummary(30, TrialStatus.RUNNING, recipe, None, 0.0, "t30")
     display.status = "trial 30: epoch 1, batch 3/40"
     with console.capture() as live:
         console.print(display._render())
@@ -128,7 +144,9 @@ def test_the_live_tune_table_shows_the_latest_trials_that_fit_and_the_whole_tabl
     assert "*" not in live.get()  # the best, trial 2, has scrolled off: no row is starred
 
     # Stopped by Ctrl-C (no result is shown after it): the live view gives way to every trial.
-    stopped = StudyResult("s", tmp_path, ["c.txt"], 60.0, 3600.0, 1800.0, trials, trials[2], None, "interrupted")
+    stopped = StudyResult(
+        "s", tmp_path, ["c.txt"], 60.0, 3600.0, 1800.0, trials, trials[2], None, StudyStop.INTERRUPTED
+    )
     display.begin(stopped)
     display.end(stopped)
     after_the_live_view = out.getvalue().rsplit("\x1b[2K", 1)[1]  # what follows its last erased line
@@ -143,8 +161,10 @@ def test_piped_tune_output_is_a_plain_line_per_trial_with_user_text_as_it_is() -
     display = ui.TuneDisplay(console)  # piped under pytest: no live view
     assert display.live is None
     with console.capture() as out:
-        display.trial_end(TrialSummary(3, "failed", recipe, None, 12.0, "t3", "ValueError: [bold]no[/bold] :fire:"))
-        display.trial_end(TrialSummary(4, "complete", recipe, math.log(2), 65.0, "t4"))
+        display.trial_end(
+            TrialSummary(3, TrialStatus.FAILED, recipe, None, 12.0, "t3", "ValueError: [bold]no[/bold] :fire:")
+        )
+        display.trial_end(TrialSummary(4, TrialStatus.COMPLETE, recipe, math.log(2), 65.0, "t4"))
     lines = out.get().splitlines()
     assert lines[0].startswith("trial 3 failed: - in 12") and lines[0].endswith("(ValueError: [bold]no[/bold] :fire:)")
     assert lines[1].startswith("trial 4 complete: 1.0000 bits/char in 1m") and "1x64" in lines[1]
@@ -160,7 +180,7 @@ def test_the_running_trials_chars_per_second_leaves_out_a_mid_epoch_validation(m
     monkeypatch.setattr(ui.time, "monotonic", lambda: now[0])
     recipe = {"units": 64, "layers": 1, "embedding_dim": 16, "dropout": 0.1, "optimizer": "adam", "lr": 0.002}
     display = ui.TuneDisplay(console)
-    line = display.trial_begin(TrialSummary(0, "running", recipe, None, 0.0, "t0"), budget=600.0)
+    line = display.trial_begin(TrialSummary(0, TrialStatus.RUNNING, recipe, None, 0.0, "t0"), budget=600.0)
     line.steps, line.chars_per_step = 10, 1000
     line.epoch_begin(0, first_batch=0)
 

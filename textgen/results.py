@@ -35,6 +35,34 @@ _STOP_LABELS = {
 }
 
 
+class TrialStatus(str, enum.Enum):
+    """Where a ``textgen tune`` trial stands; the value is what ``--json`` prints."""
+
+    COMPLETE = "complete"
+    PRUNED = "pruned"
+    RUNNING = "running"
+    WAITING = "waiting"  # queued: the first recipe, or an interrupted trial to resume
+    INTERRUPTED = "interrupted"  # by a signal or a kill: the study resumes it
+    FAILED = "failed"
+
+    @property
+    def label(self) -> str:
+        """The word the trials table shows (80 columns hold it)."""
+        return _TRIAL_LABELS.get(self, self.value)
+
+
+_TRIAL_LABELS = {TrialStatus.COMPLETE: "done", TrialStatus.INTERRUPTED: "stopped"}
+
+
+class StudyStop(str, enum.Enum):
+    """Why ``textgen tune`` stopped a study; the value is what ``--json`` prints."""
+
+    TRIALS = "trials"  # --trials of them done
+    TIME_BUDGET = "time_budget"  # no room left for another trial
+    INTERRUPTED = "interrupted"  # a signal, or an error out of a trial
+    SHOWN = "shown"  # not run: textgen tune --show
+
+
 @dataclass(frozen=True)
 class EpochLog:
     """One epoch of training (or the part of it a time budget left)."""
@@ -144,7 +172,7 @@ class TrialSummary:
     """One trial of a ``textgen tune`` study."""
 
     number: int
-    state: str  # complete, pruned, running, interrupted, failed or waiting
+    state: TrialStatus
     recipe: dict[str, Any]  # the settings tried, flat (units, lr, optimizer, ...)
     # complete: validation nats/char read as SCORE_STREAMS streams; pruned: its last epoch's validation as training
     # reads it, as --batch-size streams (the stream count moves the reading a little: 0.001 from 16 to 64 streams)
@@ -171,4 +199,4 @@ class StudyResult:
     trials: list[TrialSummary]
     best: TrialSummary | None
     best_recipe: Path | None  # best.json: textgen train CORPUS --config it (or --from-study the study)
-    stop_reason: str = ""  # time_budget, trials, or shown
+    stop_reason: StudyStop | None = None  # None while the study runs (what TuneProgress.begin gets)

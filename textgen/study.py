@@ -15,7 +15,7 @@ from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, safe_name, study_path
 from textgen.corpus import corpus_stem, resolve_corpora
 from textgen.errors import ConfigError
 from textgen.recipe import BEST_RECIPE
-from textgen.results import StudyResult, TrialSummary
+from textgen.results import StudyResult, StudyStop, TrialStatus, TrialSummary
 
 DATABASE = "study.db"
 LOCK_WAIT = 30.0  # seconds
@@ -80,13 +80,16 @@ def spent_seconds(study: optuna.Study) -> float:
     return sum(float(t.user_attrs.get("seconds", 0.0)) for t in study.get_trials(deepcopy=False))
 
 
+_STATUS = {
+    TrialState.COMPLETE: TrialStatus.COMPLETE,
+    TrialState.PRUNED: TrialStatus.PRUNED,
+    TrialState.RUNNING: TrialStatus.RUNNING,
+    TrialState.WAITING: TrialStatus.WAITING,
+}  # FAIL is interrupted or failed (see is_interrupted)
+
+
 def trial_summary(trial: FrozenTrial, resumed_by: dict[int, int]) -> TrialSummary:
-    state = {
-        TrialState.COMPLETE: "complete",
-        TrialState.PRUNED: "pruned",
-        TrialState.RUNNING: "running",
-        TrialState.WAITING: "waiting",
-    }.get(trial.state, "interrupted" if is_interrupted(trial) else "failed")
+    state = _STATUS.get(trial.state, TrialStatus.INTERRUPTED if is_interrupted(trial) else TrialStatus.FAILED)
     values = [v for v in trial.intermediate_values.values() if math.isfinite(v)]
     value = trial.value if trial.state == TrialState.COMPLETE else (values[-1] if values else None)
     notes = []
@@ -110,13 +113,16 @@ def trial_summary(trial: FrozenTrial, resumed_by: dict[int, int]) -> TrialSummar
 
 
 def study_result(
-    study: optuna.Study, directory: Path, time_budget: float | None = None, stop_reason: str = "shown"
+    study: optuna.Study,
+    directory: Path,
+    time_budget: float | None = None,
+    stop_reason: StudyStop | None = StudyStop.SHOWN,
 ) -> StudyResult:
     """The study as it stands."""
     trials = study.get_trials(deepcopy=False)
     resumed_by = {int(t.user_attrs["resumes"]): t.number for t in trials if "resumes" in t.user_attrs}
     summaries = [trial_summary(t, resumed_by) for t in trials]
-    complete = [s for s in summaries if s.state == "complete" and s.val_loss is not None]
+    complete = [s for s in summaries if s.state is TrialStatus.COMPLETE and s.val_loss is not None]
     settings: dict[str, Any] = study.user_attrs.get("settings", {})
     best_recipe = directory / BEST_RECIPE
     return StudyResult(

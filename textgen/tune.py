@@ -39,7 +39,7 @@ from textgen.errors import ConfigError, TextgenError, TrainingDiverged, Training
 from textgen.evaluate import evaluate_run
 from textgen.idcache import cache_root
 from textgen.recipe import BEST_RECIPE, Recipe, recipe_of, write_recipe
-from textgen.results import EpochLog, StudyResult, TrialSummary
+from textgen.results import EpochLog, StudyResult, StudyStop, TrialStatus, TrialSummary
 from textgen.study import (
     DATABASE,
     check_fixed_settings,
@@ -431,18 +431,18 @@ def _run_study(
     trial_budget, time_budget = float(settings["trial_budget"]), float(settings["time_budget"])
     if not study.trials:
         study.enqueue_trial(space.first_params())
-    stop_reason, errors = "interrupted", list[str]()
-    progress.begin(study_result(study, directory, time_budget, ""))
+    stop_reason, errors = StudyStop.INTERRUPTED, list[str]()
+    progress.begin(study_result(study, directory, time_budget, None))
     try:
         while True:
             if (
                 max_trials is not None
                 and sum(counts_as_done(t) for t in study.get_trials(deepcopy=False)) >= max_trials
             ):
-                stop_reason = "trials"
+                stop_reason = StudyStop.TRIALS
                 break
             if time_budget - spent_seconds(study) < _room_needed(study, directory, trial_budget):
-                stop_reason = "time_budget"
+                stop_reason = StudyStop.TIME_BUDGET
                 break
             error = _run_trial(study, directory, settings, space, checkpoint_dir, progress)
             errors = [*errors, error] if error else []
@@ -507,7 +507,7 @@ def _run_trial(
         flat = {**recipe["data"], **recipe["model"], **recipe["training"]}
         trial.set_user_attr("recipe", flat)
         note = f"resumes trial {trial.user_attrs['resumes']}" if "resumes" in trial.user_attrs else ""
-        running = TrialSummary(trial.number, "running", flat, None, 0.0, run.name, note)
+        running = TrialSummary(trial.number, TrialStatus.RUNNING, flat, None, 0.0, run.name, note)
         reporter = Reporter(trial, progress.trial_begin(running, trial_budget), started, trial_budget)
         state, stop_requested = run.load_state() if run.has_state() else {}, None
         if not state.get("finished"):  # a trial killed past its budget resumes only to validate its last epoch

@@ -34,7 +34,9 @@ from textgen.results import (
     RunSummary,
     StopReason,
     StudyResult,
+    StudyStop,
     TrainResult,
+    TrialStatus,
     TrialSummary,
     bits,
 )
@@ -401,7 +403,7 @@ class TuneDisplay:
         return Group(*(earlier if hidden else []), trials_table(rows, first=hidden), one_line(self.status))
 
     def begin(self, study: StudyResult) -> None:
-        self.trials = [t for t in study.trials if t.state != "waiting"]
+        self.trials = [t for t in study.trials if t.state is not TrialStatus.WAITING]
         if self.live:
             self.live.start()
         elif not self.as_json:
@@ -419,7 +421,7 @@ class TuneDisplay:
         elif not self.live:
             value = f"{trial.val_bpc:.4f} bits/char" if trial.val_bpc is not None else "-"
             self.console.print(
-                f"trial {trial.number} {trial.state}: {value} in {format_seconds(trial.seconds)}  "
+                f"trial {trial.number} {trial.state.value}: {value} in {format_seconds(trial.seconds)}  "
                 f"{describe_recipe(trial.recipe)}{'  (' + trial.note + ')' if trial.note else ''}",
                 markup=False,
                 highlight=False,
@@ -428,7 +430,7 @@ class TuneDisplay:
     def end(self, result: StudyResult) -> None:
         if self.live:
             self.live.stop()
-            self.console.print(trials_table([t for t in result.trials if t.state != "waiting"]))
+            self.console.print(trials_table([t for t in result.trials if t.state is not TrialStatus.WAITING]))
 
 
 class TrialLine:
@@ -501,25 +503,23 @@ def _recipe_cells(recipe: dict[str, Any]) -> list[str]:
     ]
 
 
-SHORT_STATES = {"complete": "done", "interrupted": "stopped"}  # the table fits 80 columns
-
-
 def trials_table(trials: list[TrialSummary], first: int = 0) -> Table:
     """A study's trials from the ``first``, one line each (80 columns hold them); the best complete one of all the
     trials is starred."""
     table = Table(box=None, pad_edge=False, collapse_padding=True, header_style="bold")
     for header in ("#", "state", "val bpc", "time", "model", "drop", "batch", "opt", "lr", "decay", "clip"):
         table.add_column(header, no_wrap=True, justify="right" if header in ("lr", "decay", "clip") else "left")
-    complete = [t for t in trials if t.state == "complete" and t.val_bpc is not None]
+    complete = [t for t in trials if t.state is TrialStatus.COMPLETE and t.val_bpc is not None]
     best = min(complete, key=lambda t: t.val_bpc or math.inf).number if complete else None
     for t in trials[first:]:
+        dim = t.state in (TrialStatus.PRUNED, TrialStatus.FAILED)
         table.add_row(
             f"{t.number}{'*' if t.number == best else ''}",
-            SHORT_STATES.get(t.state, t.state),
+            t.state.label,
             f"{t.val_bpc:.4f}" if t.val_bpc is not None else "-",
             format_seconds(t.seconds) if t.seconds else "-",
             *(escape(cell) for cell in _recipe_cells(t.recipe)),
-            style="bold green" if t.number == best else ("dim" if t.state in ("pruned", "failed") else None),
+            style="bold green" if t.number == best else ("dim" if dim else None),
         )
     return table
 
@@ -530,11 +530,12 @@ def show_study(console: Console, result: StudyResult, as_json: bool, shown_live:
     if as_json:
         print(json_line(result, event="study"), flush=True)
         return
-    trials = [t for t in result.trials if t.state != "waiting"]
+    trials = [t for t in result.trials if t.state is not TrialStatus.WAITING]
     if not shown_live:
         console.print(trials_table(trials))
-    states = {state: sum(t.state == state for t in trials) for state in ("complete", "pruned", "failed", "interrupted")}
-    counts = ", ".join(f"{n} {state}" for state, n in states.items() if n)
+    counted = (TrialStatus.COMPLETE, TrialStatus.PRUNED, TrialStatus.FAILED, TrialStatus.INTERRUPTED)
+    states = {state: sum(t.state is state for t in trials) for state in counted}
+    counts = ", ".join(f"{n} {state.value}" for state, n in states.items() if n)
     budget = f" of {format_seconds(result.time_budget)}" if result.time_budget else ""
     console.print(
         f"study {result.study}: {len(trials)} trials ({counts or 'none finished'}) in "
@@ -543,9 +544,9 @@ def show_study(console: Console, result: StudyResult, as_json: bool, shown_live:
         highlight=False,
     )
     for t in trials:
-        if t.note and t.state in ("failed", "interrupted"):
+        if t.note and t.state in (TrialStatus.FAILED, TrialStatus.INTERRUPTED):
             console.print(f"trial {t.number}: {t.note}", markup=False, highlight=False)
-    if result.stop_reason == "time_budget":
+    if result.stop_reason is StudyStop.TIME_BUDGET:
         console.print(
             f"the budget has no room for another {format_seconds(result.trial_budget)} trial; "
             "give a larger --time-budget to continue the study",
