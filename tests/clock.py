@@ -6,18 +6,22 @@ import types
 
 import pytest
 
-import textgen.train
-from textgen.train import NoProgress
+import textgen.training.loop
+import textgen.training.resume_point
+import textgen.training.stopping
+from textgen.training.progress import NoProgress
 
 
 class BatchClock(NoProgress):
-    """Progress that is also textgen.train's clock: the time advances ``seconds_per_batch`` at each batch's end
+    """Progress that is also the training loop's clock: the time advances ``seconds_per_batch`` at each batch's end
     and nowhere else (building, validating and saving take no time), so a run's timing does not depend on how fast
     this machine trains. Pick a power of two for exact sums."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, seconds_per_batch: float) -> None:
         self.batches, self.seconds_per_batch = 0, seconds_per_batch
-        monkeypatch.setattr(textgen.train, "time", types.SimpleNamespace(monotonic=self.now))
+        fake = types.SimpleNamespace(monotonic=self.now)
+        for module in (textgen.training.loop, textgen.training.resume_point, textgen.training.stopping):
+            monkeypatch.setattr(module, "time", fake)
 
     def now(self) -> float:
         return self.batches * self.seconds_per_batch

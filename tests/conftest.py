@@ -32,8 +32,8 @@ def tiny_corpus(tmp_path: Path) -> Path:
 class TrainedRun:
     """The session's tiny trained run and how it was made."""
 
-    result: Any  # textgen.train.TrainResult
-    plan: Any  # textgen.train.TrainPlan
+    result: Any  # textgen.results.TrainResult
+    plan: Any  # textgen.training.plan.TrainPlan
     checkpoint_dir: Path
     corpus: Path
     steps_per_epoch: int
@@ -57,7 +57,8 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> TrainedRun:
     from textgen.device import CPU, apply_profile
 
     apply_profile(CPU)
-    from textgen.train import plan_training, train
+    from textgen.training.loop import train
+    from textgen.training.plan import plan_training
 
     base = tmp_path_factory.mktemp("trained")
     corpus = write_corpus(base / "tiny.txt", 3000)

@@ -48,7 +48,8 @@ def write_corpus(path: Path, n_words: int = 3000, seed: int = 0) -> Path:
 def train_tiny_run(base: Path, name: str, model: dict, training: dict, n_words: int = 3000):
     """A tiny run trained in-process on a corpus generated under ``base`` (a few seconds); its ``Run``."""
     from textgen.device import CPU, apply_profile
-    from textgen.train import plan_training, train
+    from textgen.training.loop import train
+    from textgen.training.plan import plan_training
 
     apply_profile(CPU)
     corpus = str(write_corpus(base / "tiny.txt", n_words))

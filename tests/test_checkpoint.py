@@ -23,7 +23,7 @@ from textgen.checkpoint import (
 from textgen.config import RunConfig
 from textgen.errors import CheckpointError, ConfigError
 from textgen.files import atomic_path, atomic_write_text, fsync_tree
-from textgen.layout import StreamLayout
+from textgen.layout import MASKED, StreamLayout
 from textgen.model import build_model, reset_states
 from textgen.vocab import Vocabulary
 
@@ -101,15 +101,16 @@ def test_run_files_get_the_permissions_of_ordinary_files(tmp_path: Path, trained
 
 
 def val_loss(model: keras.Model, ids: np.ndarray, batch_size: int, seq_len: int) -> float:
-    """Mean validation loss per character, computed the way training does (stateful, from zero state)."""
+    """Mean validation loss per character, computed the way training does (stateful, from zero state, every
+    character after the first: the full batches, then the rest padded with masked targets)."""
     reset_states(model)
-    total, batches = 0.0, 0
-    layout = StreamLayout.of(len(ids), batch_size, seq_len)
-    for x, y in (layout.batch(ids, k) for k in range(layout.batches)):
+    layout = StreamLayout.covering(len(ids), batch_size, seq_len)
+    total = 0.0
+    for x, y in [layout.batch(ids, k) for k in range(layout.batches)] + layout.last_batches(ids):
         logits = model(x, training=False)
-        total += float(np.sum(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)))
-        batches += 1
-    return total / (batches * batch_size * seq_len)
+        losses = keras.losses.sparse_categorical_crossentropy(np.maximum(y, 0), logits, from_logits=True)
+        total += float(np.sum(np.asarray(losses)[y != MASKED]))
+    return total / (len(ids) - 1)
 
 
 def test_load_config_and_vocab(trained_run) -> None:
@@ -150,14 +151,15 @@ def test_best_weights_reproduce_the_best_validation_loss(trained_run) -> None:
     loss = val_loss(model, trained_run.plan.splits.val, cfg.data.batch_size, cfg.data.seq_len)
     assert loss == pytest.approx(trained_run.result.best_val_loss, rel=1e-4)
     state = run.load_state()
-    assert state["best_val_loss"] == pytest.approx(trained_run.result.best_val_loss)
+    assert state.best_val_loss == pytest.approx(trained_run.result.best_val_loss)
 
 
 def test_last_weights_are_the_weights_training_had_at_its_last_resume_point(tmp_path: Path) -> None:
     from helpers import TINY_DATA, TINY_MODEL, write_corpus
 
     from textgen.device import CPU
-    from textgen.train import plan_training, train
+    from textgen.training.loop import train
+    from textgen.training.plan import plan_training
 
     plan = plan_training(
         str(write_corpus(tmp_path / "tiny.txt", 3000)), CPU, checkpoint_dir=tmp_path / "ck", run_name="r",
@@ -173,7 +175,7 @@ def test_last_weights_are_the_weights_training_had_at_its_last_resume_point(tmp_
     plan.run.save_resume_point = record  # type: ignore[method-assign]
     train(plan)
     run = Run(plan.run.path)
-    assert run.weights_path("last") == run.path / run.load_state()["last_weights"]
+    assert run.weights_path("last") == run.path / run.load_state().last_weights
     model = build_model(run.load_config().model, 1)  # another batch size: the weights do not depend on it
     run.load_weights(model, "last")
     assert len(saved) >= 2 and not all(np.array_equal(a, b) for a, b in zip(saved[0], saved[-1], strict=True))
@@ -289,7 +291,7 @@ def test_a_state_number_of_the_wrong_type_is_corrupt_and_runs_lists_the_others(
 ) -> None:
     damaged = trained_run.copy_to(tmp_path / "ck", "damaged")
     trained_run.copy_to(tmp_path / "ck", "fine")
-    damaged.state_path.write_text(json.dumps({**damaged.load_state(), key: value}))
+    damaged.state_path.write_text(json.dumps({**json.loads(damaged.state_path.read_text()), key: value}))
     with pytest.raises(CheckpointError, match=rf"state\.json is corrupt \({key}="):
         damaged.load_state()
     summaries = {s.run: s for s in run_summaries(tmp_path / "ck")}
@@ -341,7 +343,7 @@ def test_missing_best_weights(tmp_path: Path, trained_run) -> None:
 @pytest.mark.parametrize("damage", ["bad-zip", "truncate", "empty", "garbage", "missing"])
 def test_damaged_optimizer_state(tmp_path: Path, trained_run, damage: str) -> None:
     run = trained_run.copy_to(tmp_path)
-    path = run.path / run.load_state()["optimizer"]
+    path = run.path / run.load_state().optimizer
     data = path.read_bytes()
     if damage == "missing":
         path.unlink()

@@ -103,7 +103,7 @@ def test_gpu_profile_trains_through_keras_lstm_with_loss_scaling(layer_norm: boo
     import tensorflow as tf
 
     from textgen.config import DataConfig, RunConfig, TrainConfig
-    from textgen.train import build_trainer
+    from textgen.training.step import build_trainer
 
     assert not GPU.fast_lstm and CPU.fast_lstm
     cfg = RunConfig(

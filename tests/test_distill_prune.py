@@ -17,7 +17,11 @@ from textgen.config import PruneConfig
 from textgen.device import CPU
 from textgen.errors import TrainingInterrupted
 from textgen.model import build_model
-from textgen.train import NoProgress, PruneSchedule, plan_training, prunable_kernels, soft_cross_entropy, train
+from textgen.training.loop import train
+from textgen.training.plan import plan_training
+from textgen.training.progress import NoProgress
+from textgen.training.pruning import PruneSchedule, prunable_kernels
+from textgen.training.step import soft_cross_entropy
 
 TEACHER = "tiny"
 
@@ -119,7 +123,7 @@ def test_a_student_refuses_a_teacher_whose_best_weights_changed(trained_run, tmp
     import h5py
 
     from textgen.errors import ConfigError
-    from textgen.train import build_trainer
+    from textgen.training.step import build_trainer
 
     teacher = trained_run.copy_to(tmp_path / "ck", "teacher")
     plan = derived_plan(tmp_path / "ck", "student", distill={"teacher": "teacher"}, model={"units": 12})

@@ -60,7 +60,7 @@ def test_a_resumed_sgd_run_may_restate_its_momentum(tmp_path: Path) -> None:
 
 
 def _plan(base: Path, name: str, resume: bool = False, **training):
-    from textgen.train import plan_training
+    from textgen.training.plan import plan_training
 
     apply_profile(CPU)
     corpus = None if resume else str(write_corpus(base / "tiny.txt", 3000))
@@ -80,7 +80,7 @@ def _plan(base: Path, name: str, resume: bool = False, **training):
 def test_each_optimizer_trains_on_the_fast_path_and_resumes_with_its_state(tmp_path: Path, optimizer: str) -> None:
     """Two epochs in one go and one epoch plus a resumed one end on the same weights only if the resumed run
     got the optimizer's moments, momentum and step count back."""
-    from textgen.train import train
+    from textgen.training.loop import train
 
     assert CPU.fast_lstm
     settings = {"optimizer": optimizer, "lr": LEARNING_RATES[optimizer], "lr_schedule": "plateau"}
@@ -101,7 +101,7 @@ def test_each_optimizer_trains_on_the_fast_path_and_resumes_with_its_state(tmp_p
         config.weight_decay,
         config.momentum,
     )
-    saved = [run.path / run.load_state()["optimizer"] for run in (straight, resumed)]
+    saved = [run.path / run.load_state().optimizer for run in (straight, resumed)]
     with np.load(saved[0]) as x, np.load(saved[1]) as y:
         assert x.files == y.files
         for key in x.files:
@@ -124,7 +124,7 @@ def test_weight_decay_shrinks_the_kernels_and_not_the_biases() -> None:
     import keras
     import tensorflow as tf
 
-    from textgen.train import make_optimizer
+    from textgen.training.step import make_optimizer
 
     kernel = keras.Variable(np.ones((3, 4), np.float32), name="kernel")
     bias = keras.Variable(np.ones(4, np.float32), name="bias")

@@ -31,10 +31,11 @@ from helpers import (
     write_corpus,
 )
 
-from textgen.checkpoint import Run, find_run, run_summaries
+from textgen.checkpoint import ResumeState, Run, find_run, run_summaries
 from textgen.device import CPU
 from textgen.errors import CheckpointError, CorpusError, TrainingDiverged
-from textgen.train import plan_training, train
+from textgen.training.loop import train
+from textgen.training.plan import plan_training
 
 TINY_FLAGS = ["--device", "cpu", "--units", "32", "--embedding-dim", "8", "--batch-size", "4", "--seq-len", "16"]
 
@@ -53,17 +54,17 @@ def start_training(cwd: Path, *args: str) -> tuple[subprocess.Popen, Path]:
     return proc, out
 
 
-def assert_consistent(run: Run) -> dict:
+def assert_consistent(run: Run) -> ResumeState:
     """The run's committed state names files that exist; its history has one row per epoch, in order."""
     state = run.load_state()
-    assert (run.path / state["last_weights"]).is_file() and (run.path / state["optimizer"]).is_file()
+    assert (run.path / state.last_weights).is_file() and (run.path / state.optimizer).is_file()
     rows = read_history(run.path) if run.history_path.exists() else []
-    assert [int(r["epoch"]) for r in rows] == list(range(state["epoch"])), "history rows duplicated or missing"
-    assert [r["epoch"] for r in state["history"]] == list(range(state["epoch"]))
+    assert [int(r["epoch"]) for r in rows] == list(range(state.epoch)), "history rows duplicated or missing"
+    assert [r["epoch"] for r in state.history or ()] == list(range(state.epoch))
     if rows:
         # The best weights may come from an epoch a kill cut before its commit: never worse than the history.
-        assert state["best_val_loss"] <= min(r["val_loss"] for r in rows) + 1e-9
-        assert run.best_weights_loss() <= state["best_val_loss"] + 1e-9  # saved before a commit that failed
+        assert state.best_val_loss <= min(r["val_loss"] for r in rows) + 1e-9
+        assert run.best_weights_loss() <= state.best_val_loss + 1e-9  # saved before a commit that failed
     assert not [p.name for p in run.path.iterdir() if p.name.startswith(".") and p.name != ".lock"]
     return state
 
@@ -106,9 +107,10 @@ def test_a_reader_of_the_last_weights_follows_a_commit_made_while_it_opens_them(
         """The trainer commits a newer resume point after the reader read state.json, before it opens the file."""
         model.load_weights = load
         state = run.load_state()
-        committed.write_bytes((run.path / state["last_weights"]).read_bytes())
-        run.state_path.write_text(json.dumps({**state, "last_weights": committed.name}))
-        (run.path / state["last_weights"]).unlink()
+        committed.write_bytes((run.path / state.last_weights).read_bytes())
+        raw = json.loads(run.state_path.read_text())
+        run.state_path.write_text(json.dumps({**raw, "last_weights": committed.name}))
+        (run.path / state.last_weights).unlink()
         load(path)
 
     model.load_weights = commit_then_load
@@ -169,7 +171,7 @@ def test_sigterm_and_sighup_save_like_ctrl_c(tmp_path: Path, corpus: Path, sig: 
     assert f"({sig.name}); saved" in text and "continue with: textgen train --resume --run r" in text
     assert "Traceback" not in text
     state = assert_consistent(Run(tmp_path / "ck" / "r"))
-    assert state["finished"] is None and state["epoch"] >= 1
+    assert state.finished is None and state.epoch >= 1
 
 
 def test_ctrl_c_stops_a_long_generation_at_once(trained_run, tmp_path: Path) -> None:
@@ -210,7 +212,7 @@ def kill_and_resume(tmp_path: Path, corpus: Path, seed: int, kills: int) -> None
         if run.is_usable():
             assert_consistent(run)
     state = assert_consistent(Run(tmp_path / "ck" / "r"))
-    assert state["epoch"] == 4 and state["finished"] == "epochs"
+    assert state.epoch == 4 and state.finished == "epochs"
 
 
 def test_kill_9_then_resume_loses_nothing_committed(tmp_path: Path, corpus: Path) -> None:
@@ -240,7 +242,7 @@ def test_save_every_writes_mid_epoch_resume_points(tmp_path: Path, monkeypatch: 
     original = plan.run.save_resume_point
 
     def record(model, optimizer, state, *streams):
-        saves.append((state["epoch"], state["batch"]))
+        saves.append((state.epoch, state.batch))
         original(model, optimizer, state, *streams)
 
     plan.run.save_resume_point = record
@@ -442,7 +444,7 @@ def test_bad_repl_values_warn_and_keep_the_setting(line: str) -> None:
 def test_a_diverging_loss_stops_the_run_and_keeps_the_last_resume_point(
     trained_run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import textgen.train as training
+    import textgen.training.loop as training
 
     run = trained_run.copy_to(tmp_path / "ck")
     before, best_before = run.state_path.read_bytes(), run.best_weights_path.read_bytes()
@@ -470,7 +472,7 @@ def test_an_error_mid_epoch_leaves_the_weights_where_training_got(
     import keras
     import tensorflow as tf
 
-    import textgen.train as training
+    import textgen.training.loop as training
 
     run = trained_run.copy_to(tmp_path / "ck")
     build = training.build_trainer
@@ -600,10 +602,10 @@ def test_tidying_up_never_deletes_what_a_readable_state_names(trained_run, tmp_p
     state = run.load_state()
     run.vocab_path.write_text("{ damaged")  # the run is unusable, but its resume point is still there
     run.lock().release()
-    assert (run.path / state["last_weights"]).is_file() and (run.path / state["optimizer"]).is_file()
+    assert (run.path / state.last_weights).is_file() and (run.path / state.optimizer).is_file()
     run.state_path.write_text("{ damaged")
     run.lock().release()
-    assert (run.path / state["last_weights"]).is_file()
+    assert (run.path / state.last_weights).is_file()
 
 
 # --- found by review: damaged runs, half-written histories, runs without best weights yet -------------

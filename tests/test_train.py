@@ -1,11 +1,10 @@
-"""textgen.train: planning, a tiny real training run, resuming, time budget and Ctrl-C."""
+"""textgen.training: planning, a tiny real training run, resuming, time budget and Ctrl-C."""
 
 from __future__ import annotations
 
 import json
 import signal
 import types
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -17,8 +16,11 @@ from textgen.checkpoint import Run, resume_hint
 from textgen.device import CPU
 from textgen.errors import CheckpointError, ConfigError, TrainingInterrupted
 from textgen.model import build_model
-from textgen.results import EpochLog
-from textgen.train import EarlyStoppingAfterHold, NoProgress, TrainPlan, cosine_lr, plan_training, train
+from textgen.results import EpochLog, StopReason
+from textgen.training.loop import train
+from textgen.training.plan import TrainPlan, plan_training
+from textgen.training.progress import NoProgress
+from textgen.training.schedules import EarlyStoppingAfterHold, cosine_lr
 
 
 def new_plan(tmp_path: Path, corpus: Path, **training):
@@ -56,9 +58,9 @@ def test_result_and_state(trained_run) -> None:
     assert result.stop_reason == "epochs"
     assert result.chars_per_sec > 0
     state = trained_run.run.load_state()
-    assert state["epoch"] == 4 and state["batch"] == 0
-    assert state["step"] == 4 * spe
-    assert state["finished"] == "epochs"
+    assert state.epoch == 4 and state.batch == 0
+    assert state.step == 4 * spe
+    assert state.finished == "epochs"
     assert all(row["batches"] == spe for row in read_history(trained_run.run.path))
 
 
@@ -89,8 +91,8 @@ def test_run_directory_contents(trained_run) -> None:
 
 def test_optimizer_file_holds_the_step_count(trained_run) -> None:
     state = trained_run.run.load_state()
-    with np.load(trained_run.run.path / state["optimizer"]) as saved:
-        assert int(saved["arr_0"]) == state["step"]  # Adam's iteration counter comes first
+    with np.load(trained_run.run.path / state.optimizer) as saved:
+        assert int(saved["arr_0"]) == state.step  # Adam's iteration counter comes first
 
 
 def test_resume_continues_where_it_stopped(tmp_path: Path, tiny_corpus: Path) -> None:
@@ -100,11 +102,11 @@ def test_resume_continues_where_it_stopped(tmp_path: Path, tiny_corpus: Path) ->
     run = Run(first.path)
     assert first.epochs == 2
     state = run.load_state()
-    step_after_first_part = state["step"]
-    assert step_after_first_part > 0 and state["epoch"] == 2
+    step_after_first_part = state.step
+    assert step_after_first_part > 0 and state.epoch == 2
 
     # Mark the saved optimizer state: a resumed run must continue with it, not with a fresh optimizer.
-    opt_path = run.path / state["optimizer"]
+    opt_path = run.path / state.optimizer
     with np.load(opt_path) as saved:
         values = [saved[f"arr_{i}"] for i in range(len(saved.files))]
     assert values[1] == pytest.approx(2e-3)  # Adam's learning rate follows the iteration counter
@@ -113,7 +115,7 @@ def test_resume_continues_where_it_stopped(tmp_path: Path, tiny_corpus: Path) ->
         np.savez(fh, *values)
 
     plan = resume_plan(tmp_path, epochs=4)
-    assert plan.resume_state["epoch"] == 2
+    assert plan.resume_state.epoch == 2
     assert plan.config.training.epochs == 4
     second = train(plan)
     assert second.epochs == 4
@@ -125,8 +127,8 @@ def test_resume_continues_where_it_stopped(tmp_path: Path, tiny_corpus: Path) ->
     assert all(row["learning_rate"] == pytest.approx(2e-3) for row in history[:2])
     assert all(row["learning_rate"] <= 1e-4 * 1.0001 for row in history[2:])  # restored, maybe cut further
     state = run.load_state()
-    assert state["step"] == 2 * step_after_first_part  # the optimizer's step counter continued
-    assert state["epoch"] == 4 and state["finished"] == "epochs"
+    assert state.step == 2 * step_after_first_part  # the optimizer's step counter continued
+    assert state.epoch == 4 and state.finished == "epochs"
     assert second.best_val_loss <= first.best_val_loss
 
 
@@ -135,14 +137,14 @@ def test_resume_keeps_the_optimizer_state_when_the_best_epoch_is_older(tmp_path:
     first = train(new_plan(tmp_path, tiny_corpus, epochs=1))
     run = Run(first.path)
     older_best = run.best_weights_path.read_bytes()
-    spe = run.load_state()["step"]
+    spe = run.load_state().step
     train(resume_plan(tmp_path, epochs=2))
-    assert run.load_state()["step"] == 2 * spe
+    assert run.load_state().step == 2 * spe
     run.best_weights_path.write_bytes(older_best)  # as if epoch 2 had not improved
 
     train(resume_plan(tmp_path, epochs=3))
     state = run.load_state()
-    assert state["step"] == 3 * spe  # not rolled back to the best epoch's optimizer step
+    assert state.step == 3 * spe  # not rolled back to the best epoch's optimizer step
     assert [row["epoch"] for row in read_history(run.path)] == [0, 1, 2]
 
 
@@ -173,17 +175,17 @@ def test_interrupt_saves_a_resume_point_mid_epoch(tmp_path: Path, tiny_corpus: P
 
     run = plan.run
     state = run.load_state()
-    assert (state["epoch"], state["batch"], state["step"]) == (0, 4, 4)
+    assert (state.epoch, state.batch, state.step) == (0, 4, 4)
     assert not run.history_path.exists() or read_history(run.path) == []
 
     resumed = resume_plan(tmp_path)
-    assert (resumed.resume_state["epoch"], resumed.resume_state["batch"]) == (0, 4)
+    assert (resumed.resume_state.epoch, resumed.resume_state.batch) == (0, 4)
     result = train(resumed)
     assert result.epochs == 2
     rows = read_history(run.path)
     assert [row["epoch"] for row in rows] == [0, 1]
     assert rows[0]["batches"] == spe  # the row covers the whole epoch: the 4 batches before Ctrl-C were saved with it
-    assert run.load_state()["step"] == 2 * spe
+    assert run.load_state().step == 2 * spe
 
 
 def assert_same_last_weights(first: Run, second: Run) -> None:
@@ -244,8 +246,9 @@ def test_validating_mid_epoch_leaves_training_as_it_was(tmp_path: Path, tiny_cor
             self.asked.append(seconds)
             return len(self.asked) % 10 == 0
 
-        def report(self, seconds: float, val_loss: float) -> None:
+        def should_stop(self, seconds: float, val_loss: float) -> bool:
             self.reports.append((seconds, val_loss))
+            return False
 
     data = {"batch_size": 4, "seq_len": 16}
     training = {"epochs": 2, "accumulate": accumulate, "lr_schedule": "cosine"}
@@ -255,46 +258,41 @@ def test_validating_mid_epoch_leaves_training_as_it_was(tmp_path: Path, tiny_cor
         plan = plan_training(str(tiny_corpus), CPU, checkpoint_dir=tmp_path / name, run_name="r", data=data,
                              model=model, training=training)  # fmt: skip
         keras.utils.set_random_seed(0)
-        train(plan, interim=validating)
+        train(plan, judge=validating)
         runs[name] = plan.run
-    spe = runs["straight"].load_state()["step"] // 2
+    spe = runs["straight"].load_state().step // 2
     assert len(interim.asked) == 2 * (spe - 1)  # after every batch but each epoch's last
-    assert len(interim.reports) == 2 * (spe - 1) // 10 and all(np.isfinite(v) for _, v in interim.reports)
+    # The judge is told every validation: the interim ones, and each epoch's own.
+    assert len(interim.reports) == 2 * (spe - 1) // 10 + 2 and all(np.isfinite(v) for _, v in interim.reports)
     assert_same_last_weights(*runs.values())
     losses = [[row["loss"] for row in read_history(run.path)] for run in runs.values()]
     assert losses[1] == pytest.approx(losses[0], rel=1e-6)
 
 
-class Behind(Exception):
-    """What an observer raises to end training (tune's pruner raises optuna.TrialPruned)."""
-
-
-def test_an_observer_may_end_training_but_a_stop_signal_that_came_first_wins(tmp_path: Path, tiny_corpus: Path) -> None:
+def test_a_judge_may_end_training_but_a_stop_signal_that_came_first_wins(tmp_path: Path, tiny_corpus: Path) -> None:
     class Ends(NoProgress):
         ended = False
 
         def end(self) -> None:
             self.ended = True
 
-    class Interim:
-        def __init__(self, verdict: Callable[[], None]) -> None:
-            self.verdict, self.reports = verdict, 0
+    class Judge:
+        def __init__(self, prune: bool) -> None:
+            self.prune, self.reports = prune, 0
 
         def due(self, seconds: float) -> bool:
             return True
 
-        def report(self, seconds: float, val_loss: float) -> None:
+        def should_stop(self, seconds: float, val_loss: float) -> bool:
             self.reports += 1
-            self.verdict()
-
-    def behind() -> None:
-        raise Behind
+            return self.prune
 
     # Ended mid-epoch by the interim report: the display is closed, the lock released, the run resumable.
     plan, progress = new_plan(tmp_path, tiny_corpus, epochs=2), Ends()
-    with pytest.raises(Behind):
-        train(plan, progress, interim=Interim(behind))
-    assert progress.ended
+    result = train(plan, progress, judge=Judge(prune=True))
+    assert (result.stop_reason, result.epochs) == (StopReason.PRUNED, 0) and progress.ended
+    state = plan.run.load_state()
+    assert (state.epoch, state.batch, state.finished) == (0, 1, StopReason.PRUNED)
     train(resume_plan(tmp_path))
 
     class CtrlCWhileValidating(NoProgress):
@@ -302,18 +300,18 @@ def test_an_observer_may_end_training_but_a_stop_signal_that_came_first_wins(tmp
             signal.raise_signal(signal.SIGINT)
 
     # Ctrl-C during an interim validation: the stop is answered, with no report (that could end the run instead).
-    interim = Interim(behind)
+    judge = Judge(prune=True)
     with pytest.raises(TrainingInterrupted, match="stopped at epoch 1, batch 1/"):
-        train(new_plan(tmp_path / "2", tiny_corpus, epochs=2), CtrlCWhileValidating(), interim=interim)
-    assert interim.reports == 0
+        train(new_plan(tmp_path / "2", tiny_corpus, epochs=2), CtrlCWhileValidating(), judge=judge)
+    assert judge.reports == 0
 
-    # Ctrl-C during an epoch's validation, then an observer ends training at the epoch's end: the stop wins.
-    class BehindAfterCtrlC(CtrlCWhileValidating):
-        def epoch_end(self, log: EpochLog) -> None:
-            raise Behind
+    # Ctrl-C during an epoch's validation, then the judge ends training at the epoch's end: the stop wins.
+    class NoInterim(Judge):
+        def due(self, seconds: float) -> bool:
+            return False
 
     with pytest.raises(TrainingInterrupted, match="stopped after epoch 1"):
-        train(new_plan(tmp_path / "3", tiny_corpus, epochs=2), BehindAfterCtrlC())
+        train(new_plan(tmp_path / "3", tiny_corpus, epochs=2), CtrlCWhileValidating(), judge=NoInterim(prune=True))
 
 
 def test_interrupt_in_the_last_batch_of_an_epoch_finishes_the_epoch(tmp_path: Path, tiny_corpus: Path) -> None:
@@ -330,7 +328,7 @@ def test_interrupt_in_the_last_batch_of_an_epoch_finishes_the_epoch(tmp_path: Pa
     with pytest.raises(TrainingInterrupted, match=r"stopped after epoch 1 \(SIGINT\);"):
         train(plan, CtrlCAtTheLastBatch())
     state = plan.run.load_state()
-    assert (state["epoch"], state["batch"], state["step"]) == (1, 0, spe)
+    assert (state.epoch, state.batch, state.step) == (1, 0, spe)
     rows = read_history(plan.run.path)
     assert [row["batches"] for row in rows] == [spe]
     assert rows[0]["loss"] > 0
@@ -347,7 +345,7 @@ def test_a_stop_during_the_last_validation_finishes_the_run_and_says_so(tmp_path
     plan = new_plan(tmp_path, tiny_corpus, epochs=1)
     result = train(plan, CtrlCWhileValidating())
     assert (result.stop_requested, result.epochs) == ("SIGINT", 1)
-    assert plan.run.load_state()["finished"] == "epochs"
+    assert plan.run.load_state().finished == "epochs"
     assert train(new_plan(tmp_path / "quiet", tiny_corpus, epochs=1)).stop_requested is None
 
 
@@ -363,12 +361,12 @@ def test_resume_of_a_finished_run_asks_for_more_epochs(trained_run) -> None:
 
 def test_a_plan_with_no_epochs_left_trains_nothing(tmp_path: Path, trained_run) -> None:
     copy = trained_run.copy_to(tmp_path)
-    before, step = read_history(copy.path), copy.load_state()["step"]
+    before, step = read_history(copy.path), copy.load_state().step
     plan = TrainPlan(copy, copy.load_config(), trained_run.plan.splits, copy.load_state())  # at epoch 4 of 4
     result = train(plan)
     assert result.epochs == 4
     assert read_history(copy.path) == before
-    assert copy.load_state()["step"] == step
+    assert copy.load_state().step == step
 
 
 @pytest.mark.parametrize(
@@ -507,9 +505,9 @@ def test_time_budget_stops_mid_epoch(tmp_path: Path, tiny_corpus: Path, monkeypa
     assert (result.stop_reason, result.epochs, clock.batches) == ("time_budget", 1, 32)
     assert len(read_history(Run(result.path).path)) == 1
     state = Run(result.path).load_state()
-    assert state["finished"] == "time_budget"
-    assert (state["epoch"], state["batch"], state["seconds"]) == (0, 32, 0.5)  # one commit: where training stopped
-    assert state["epoch_progress"]["batches"] == state["batch"]
+    assert state.finished == "time_budget"
+    assert (state.epoch, state.batch, state.seconds) == (0, 32, 0.5)  # one commit: where training stopped
+    assert state.epoch_progress is not None and state.epoch_progress.batches == state.batch
     assert Run(result.path).best_weights_path.is_file()
 
 
@@ -529,14 +527,16 @@ def test_cosine_lr() -> None:
 def test_early_stopping_does_not_count_the_epochs_before_the_anneal(hold_epochs: int) -> None:
     """Validation best at epoch 1, then stalled: with patience 2, plain early stopping stops at epoch 3; after a
     hold of 4 epochs it stops 2 epochs into the anneal, at epoch 5 (counting from 0), the best still epoch 1's."""
-    stopping = EarlyStoppingAfterHold(2, holding=lambda epoch: epoch < hold_epochs)
+    requested: list[StopReason] = []
+    stopping = EarlyStoppingAfterHold(2, holding=lambda epoch: epoch < hold_epochs, request=requested.append)
     model = types.SimpleNamespace(stop_training=False)
     stopping.set_model(model)
     stopping.on_train_begin()
     for epoch, loss in enumerate([2.0, 1.5, 1.6, 1.55, 1.7, 1.6, 1.65, 1.58, 1.59]):
         stopping.on_epoch_end(epoch, {"val_loss": loss})
-        if model.stop_training:
+        if requested:
             break
+    assert requested == [StopReason.EARLY_STOPPING] and not model.stop_training  # one channel: the loop's
     assert epoch == (3 if hold_epochs == 0 else 5)
     assert stopping.best == 1.5
 
@@ -552,7 +552,7 @@ def test_cosine_schedule_anneals_over_the_epochs_when_they_end_first(
     # The rate logged at an epoch's end is the one its last batch used.
     expected = [cosine_lr(2e-3, ((epoch + 1) * steps - 1) / (3 * steps)) for epoch in range(3)]
     assert [row["learning_rate"] for row in history] == pytest.approx(expected, rel=1e-5)
-    assert "lr_schedule" not in Run(result.path).load_state()["callbacks"]  # no plateau cuts on top
+    assert "lr_schedule" not in Run(result.path).load_state().callbacks  # no plateau cuts on top
 
 
 @pytest.mark.parametrize(
@@ -604,7 +604,7 @@ def test_the_time_budget_is_the_runs_and_a_resumed_run_trains_for_what_is_left(
     plan = new_plan(tmp_path, tiny_corpus, time_budget=600.0, epochs=50, lr_schedule="cosine", patience=50)
     with pytest.raises(TrainingInterrupted):
         train(plan, CtrlCAfterAnEpoch(monkeypatch, 1 / 64))
-    before = plan.run.load_state()["seconds"]
+    before = plan.run.load_state().seconds
     spe = steps_per_epoch(len(plan.splits.train), TINY_DATA["batch_size"], TINY_DATA["seq_len"])
     assert before == (spe + 1) / 64  # an epoch and the batch Ctrl-C came in
     assert len(read_history(plan.run.path)) == 1
@@ -620,7 +620,7 @@ def test_the_time_budget_is_the_runs_and_a_resumed_run_trains_for_what_is_left(
     clock = BatchClock(monkeypatch, 1 / 64)
     result = train(resume_plan(tmp_path, time_budget=budget), clock)
     assert result.stop_reason == "time_budget"
-    assert (clock.batches, plan.run.load_state()["seconds"]) == (64, budget)  # not another `before`
+    assert (clock.batches, plan.run.load_state().seconds) == (64, budget)  # not another `before`
     rates = [row["learning_rate"] for row in read_history(plan.run.path)]
     assert len(rates) > 1 and rates == sorted(rates, reverse=True)
     last = spe + 1 + 64 - 1  # the run's last batch: annealed to zero by the run's deadline
@@ -651,17 +651,17 @@ def test_a_run_killed_past_its_budget_before_validating_resumes_only_to_validate
     with pytest.raises(TrainingInterrupted):
         train(plan, CtrlCMidEpoch())
     state = plan.run.load_state()
-    assert state["finished"] is None and state["batch"] == 3
+    assert state.finished is None and state.batch == 3
     saved = plan.run.load_config()  # as if the budget had run out at that batch
     plan.run.save_config(
-        dataclasses.replace(saved, training=dataclasses.replace(saved.training, time_budget=state["seconds"]))
+        dataclasses.replace(saved, training=dataclasses.replace(saved.training, time_budget=state.seconds))
     )
 
     result = train(resume_plan(tmp_path))
     assert result.stop_reason == "time_budget"
     after = plan.run.load_state()
-    assert after["step"] == state["step"]  # validated, not trained: the plateau schedule's rate would have moved it
-    assert after["finished"] == "time_budget"
+    assert after.step == state.step  # validated, not trained: the plateau schedule's rate would have moved it
+    assert after.finished == "time_budget"
     assert [row["epoch"] for row in read_history(plan.run.path)] == [0]
 
 
@@ -672,7 +672,7 @@ def test_plateau_schedule_cuts_the_rate_when_validation_stalls(tmp_path: Path, t
     rates = [row["learning_rate"] for row in read_history(Run(result.path).path)]
     assert rates[0] == pytest.approx(1e-9)
     assert rates[-1] == pytest.approx(0.5e-9)
-    assert "lr_schedule" in Run(result.path).load_state()["callbacks"]
+    assert "lr_schedule" in Run(result.path).load_state().callbacks
 
 
 # --- gradient accumulation ------------------------------------------------------------------
@@ -683,7 +683,8 @@ def first_steps(tmp_path: Path, corpus: Path, name: str, batch_size: int, accumu
     import keras
 
     from textgen.data import distributed_batches
-    from textgen.train import build_trainer, training_layout
+    from textgen.training.plan import training_layout
+    from textgen.training.step import build_trainer
 
     plan = new_plan_with(tmp_path, corpus, name, {"batch_size": batch_size, "seq_len": 16}, accumulate=accumulate)
     plan.lock.release()
@@ -722,7 +723,7 @@ def test_shifted_windows_move_each_epoch_by_the_runs_seed(tmp_path: Path, accumu
     """--shift-windows: each epoch's layout begins elsewhere in the first window, drawn from the run's seed and the
     epoch (so a resumed epoch, or another worker, lays it out the same), with as many batches every epoch; without
     it, every epoch is the same layout."""
-    from textgen.train import training_layout
+    from textgen.training.plan import training_layout
 
     corpus = write_corpus(tmp_path / "c.txt", 6000)
 
@@ -755,7 +756,7 @@ def test_resume_with_accumulation_continues_at_an_update_boundary(tmp_path: Path
     with pytest.raises(TrainingInterrupted):
         train(plan, CtrlCAtBatch2())
     state = plan.run.load_state()
-    assert (state["epoch"], state["batch"], state["step"]) == (0, 3, 3)
+    assert (state.epoch, state.batch, state.step) == (0, 3, 3)
     result = train(plan_training(None, CPU, checkpoint_dir=tmp_path / "ck", run_name="r", resume=True))
     spe = steps_per_epoch(len(plan.splits.train), 8, 16)
-    assert result.epochs == 1 and plan.run.load_state()["step"] == spe
+    assert result.epochs == 1 and plan.run.load_state().step == spe

@@ -21,7 +21,7 @@ from textgen.device import CPU
 from textgen.errors import ConfigError, TrainingInterrupted
 from textgen.recipe import read_recipe, recipe_of
 from textgen.study import load_study_in, show_study, storage_of
-from textgen.train import NoProgress
+from textgen.training.progress import NoProgress
 from textgen.tune import Reporter, SameTimePruner, SearchSpace, _requeue_interrupted
 
 # A tiny model, so that a trial of a few seconds trains several epochs; the rest of the recipe is searched.
@@ -153,7 +153,7 @@ def test_a_study_runs_prunes_continues_and_its_best_recipe_trains_again(tmp_path
     directory = study_path(tmp_path / "ck", "tiny")
     for t in trials:  # each trial is an ordinary run of its recipe, a finished one trained for the trial budget
         run = Run(directory / t["run"])
-        assert run.load_state()["finished"] == ("time_budget" if t["state"] == "complete" else None)
+        assert run.load_state().finished == ("time_budget" if t["state"] == "complete" else None)
         saved = recipe_of(run.load_config())
         flat = {**saved["data"], **saved["model"], **saved["training"]}
         assert {k: flat[k] for k in t["recipe"]} == t["recipe"]
@@ -245,7 +245,7 @@ def test_a_stopped_study_resumes_its_trial(tmp_path: Path) -> None:
         wait_for(directory / run_name / "state.json", "", proc)
         proc.send_signal(stop)
         assert proc.wait(timeout=60) == (130 if stop == signal.SIGINT else -9)
-        return Run(directory / run_name).load_state()["seconds"]
+        return Run(directory / run_name).load_state().seconds
 
     interrupted_at = stop_in("trial-001", signal.SIGINT, tmp_path / "first.txt")
     assert "trial 1 of study 'tiny' is saved; run the same command to continue" in (tmp_path / "first.txt").read_text()
@@ -255,7 +255,7 @@ def test_a_stopped_study_resumes_its_trial(tmp_path: Path) -> None:
     resumed = next(json.loads(line) for line in log_lines if line.startswith('{"event": "trial"'))
     assert (resumed["number"], resumed["run"], resumed["note"]) == (2, "trial-001", "resumes trial 1")
     assert resumed["state"] in ("complete", "pruned")
-    assert Run(directory / "trial-001").load_state()["seconds"] > interrupted_at
+    assert Run(directory / "trial-001").load_state().seconds > interrupted_at
 
     again = subprocess.run(args, capture_output=True, text=True, env=subprocess_env(), timeout=120)
     assert again.returncode == 0, again.stderr
@@ -264,7 +264,7 @@ def test_a_stopped_study_resumes_its_trial(tmp_path: Path) -> None:
     assert trials[0]["state"] in ("complete", "pruned")
     assert (directory / "trial-000" / "state.json").read_text() == done_state  # not trained again
     run = Run(directory / "trial-003")
-    assert run.load_state()["seconds"] > killed_at
+    assert run.load_state().seconds > killed_at
     # The rest of the trial's budget, not a new one: tune gives the resumed run the trial budget as the run's, and
     # the run's clock counts its earlier invocations (test_train's time-budget tests show that, on a fake clock).
     # Not timed here: how far past the budget the resumed invocation's first step ends depends on the host.
@@ -470,7 +470,7 @@ def test_a_trial_starts_only_if_the_study_holds_its_training_and_the_most_a_tria
 
 def test_a_trial_that_trained_its_whole_budget_is_scored_not_pruned() -> None:
     from textgen.results import EpochLog
-    from textgen.train import NoProgress
+    from textgen.training.progress import NoProgress
     from textgen.tune import Reporter
 
     class Behind:
@@ -550,6 +550,6 @@ def test_recipes_take_the_flags_given_and_another_optimizer_brings_its_defaults(
 
 
 def test_adamw_without_decay_is_allowed() -> None:
-    from textgen.train import make_optimizer
+    from textgen.training.step import make_optimizer
 
     assert make_optimizer(TrainConfig.of(optimizer="adamw", weight_decay=0.0)).weight_decay == 0.0

@@ -34,7 +34,7 @@ from textgen.recipe import BEST_RECIPE, apply_recipe, read_recipe
 if TYPE_CHECKING:
     from textgen.generation import Sampler
     from textgen.results import Evaluation, ExportResult, StudyResult, TrainResult
-    from textgen.train import TrainingProgress
+    from textgen.training.progress import TrainingProgress
     from textgen.tune import TuneProgress
 
 
@@ -111,10 +111,11 @@ def train(
     # Before anything else of TensorFlow's runs (MultiWorkerMirroredStrategy insists) and before planning, so
     # that a worker that fails to plan (a missing corpus) ends the others' wait at once, not after TF's hour.
     strategy = make_strategy(strategy_name)
-    from textgen import train as training_loop
+    from textgen.training.loop import train as train_plan
+    from textgen.training.plan import plan_training as plan_run
 
     plan_training = functools.partial(
-        training_loop.plan_training,
+        plan_run,
         corpus,
         profile,
         run_name=run_name,
@@ -137,7 +138,7 @@ def train(
                 copy_run(find_run(checkpoint_dir, run_name).path, scratch)
             plan = plan_training(checkpoint_dir=scratch, cache_dir=cache_root(checkpoint_dir))
         plan.chief = role.chief
-        return training_loop.train(plan, progress, strategy)
+        return train_plan(plan, progress, strategy)
     raise AssertionError("unreachable")  # for the type checker: the with block returns or raises
 
 

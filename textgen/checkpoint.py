@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import fcntl
 import io
 import json
@@ -32,7 +33,8 @@ import re
 import warnings
 import weakref
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,13 +54,87 @@ DEFAULT_CHECKPOINT_DIR = Path("checkpoints")
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")  # 100 characters: far below any filesystem's limit
 
 
-# The numbers in state.json every reader relies on, and their types.
-STATE_NUMBERS: dict[str, type | tuple[type, ...]] = {
+@dataclass(frozen=True)
+class EpochProgress:
+    """How far an epoch's training has got, and the sums its history row is made of. Saved with every
+    mid-epoch resume point, so the row of an epoch that was resumed covers all of it."""
+
+    batch: int = 0  # the next batch to train
+    loss_sum: float = 0.0
+    batches: int = 0
+    seconds: float = 0.0
+
+    @property
+    def loss(self) -> float:
+        return self.loss_sum / self.batches if self.batches else math.nan
+
+
+@dataclass(frozen=True)
+class ResumeState:
+    """``state.json``, the run's commit record: where training resumes and what it had reached. Written only by
+    ``Run.save_resume_point`` and ``Run.mark_finished``, read only by ``Run.load_state``, which checks every field
+    (older runs lack some: they get the defaults)."""
+
+    epoch: int  # the epoch training resumes in (0-based)
+    batch: int  # the next batch of that epoch
+    step: int = 0  # optimizer updates so far
+    seconds: float = 0.0  # of training, all invocations
+    best_val_loss: float = math.inf
+    last_weights: str = ""  # the files of this resume point (named by ``save_resume_point``)
+    optimizer: str = ""
+    stream_states: str | None = None  # the streams' LSTM states, mid-epoch
+    epoch_progress: EpochProgress | None = None  # the resumed epoch's sums, mid-epoch
+    callbacks: dict[str, dict[str, float]] = field(default_factory=dict)  # early stopping's and the plateau's counters
+    history: tuple[dict[str, float], ...] | None = None  # one row per epoch (None in runs that kept it in CSV only)
+    finished: StopReason | None = None  # why training ended; None: stopped by a signal, or still training
+
+    def to_json(self) -> str:
+        state = dataclasses.asdict(self)
+        state["history"] = None if self.history is None else list(self.history)
+        return json.dumps(state, indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], path: Path) -> ResumeState:
+        """The state in ``data``, read from ``path``; a field of the wrong type is a damaged file."""
+
+        def damaged(what: str) -> CheckpointError:
+            return CheckpointError(f"{path} is corrupt ({what}); train again")
+
+        known = {f.name for f in dataclasses.fields(cls)}
+        for key in ("epoch", "batch", "last_weights", "optimizer"):
+            if key not in data:
+                raise damaged(f"no {key!r}")
+        values = {k: v for k, v in data.items() if k in known and v is not None}
+        for key, kinds in _STATE_TYPES.items():
+            value = values.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
+                raise damaged(f"{key}={value!r}")
+        try:
+            if "finished" in values:
+                values["finished"] = StopReason(values["finished"])
+            if "epoch_progress" in values:
+                values["epoch_progress"] = EpochProgress(**values["epoch_progress"])
+            if "history" in values:
+                values["history"] = tuple(dict(row) for row in values["history"])
+            return cls(**values)
+        except (TypeError, ValueError) as exc:
+            raise damaged(_one_line(exc)) from None
+
+
+# The fields of state.json every reader relies on, and their JSON types.
+_STATE_TYPES: dict[str, type | tuple[type, ...]] = {
     "epoch": int,
     "batch": int,
     "step": int,
     "seconds": (int, float),
     "best_val_loss": (int, float),
+    "last_weights": str,
+    "optimizer": str,
+    "stream_states": str,
+    "finished": str,
+    "epoch_progress": dict,
+    "callbacks": dict,
+    "history": list,
 }
 
 
@@ -118,26 +194,29 @@ class Run:
         self,
         model: keras.Model,
         optimizer: keras.optimizers.Optimizer,
-        state: dict[str, Any],
+        state: ResumeState,
         stream_states: list[np.ndarray] | None = None,
     ) -> None:
-        """Write weights and optimizer state for ``state`` (which must hold epoch and batch), and mid-epoch the
-        streams' LSTM states, then commit it by replacing state.json; history.csv is then rewritten from the
-        committed history."""
-        tag = f"e{state['epoch']:04d}-b{state['batch']:06d}"
-        weights_name, optimizer_name = f"last-{tag}.weights.h5", f"optimizer-{tag}.npz"
+        """Write weights and optimizer state for ``state``, and mid-epoch the streams' LSTM states, then commit it by
+        replacing state.json (with the names of those files); history.csv is then rewritten from the committed
+        history."""
+        tag = f"e{state.epoch:04d}-b{state.batch:06d}"
+        state = dataclasses.replace(
+            state,
+            last_weights=f"last-{tag}.weights.h5",
+            optimizer=f"optimizer-{tag}.npz",
+            stream_states=f"states-{tag}.npz" if stream_states is not None else None,
+        )
         with self._saving("a resume point"):
-            with atomic_path(self.path / weights_name) as tmp:
+            with atomic_path(self.path / state.last_weights) as tmp:
                 model.save_weights(tmp)
-            with atomic_path(self.path / optimizer_name) as tmp, open(tmp, "wb") as fh:
+            with atomic_path(self.path / state.optimizer) as tmp, open(tmp, "wb") as fh:
                 np.savez(fh, *[np.asarray(v) for v in optimizer.variables])
-            state = {**state, "last_weights": weights_name, "optimizer": optimizer_name, "stream_states": None}
-            if stream_states is not None:
-                state["stream_states"] = f"states-{tag}.npz"
-                with atomic_path(self.path / state["stream_states"]) as tmp, open(tmp, "wb") as fh:
-                    np.savez(fh, *stream_states)
-            atomic_write_text(self.state_path, json.dumps(state, indent=2) + "\n")
-            self._write_history(state.get("history", []))
+            if state.stream_states is not None:
+                with atomic_path(self.path / state.stream_states) as tmp, open(tmp, "wb") as fh:
+                    np.savez(fh, *(stream_states or []))
+            atomic_write_text(self.state_path, state.to_json())
+            self._write_history(state.history or ())
             self._remove_unreferenced(state)
 
     def start_over(self) -> None:
@@ -145,24 +224,24 @@ class Run:
         with self._saving("the run"):
             for path in (self.best_weights_path, self.history_path, self.loss_curve_path, self.state_path):
                 path.unlink(missing_ok=True)
-            self._remove_unreferenced({})
+            self._remove_unreferenced(None)
 
-    def update_state(self, **changes: Any) -> None:
-        """Change fields of state.json atomically."""
-        state = {**self.load_state(), **changes}
+    def mark_finished(self, reason: StopReason) -> None:
+        """Record in state.json why training ended; the resume point stays usable for more epochs."""
+        state = dataclasses.replace(self.load_state(), finished=reason)
         with self._saving("state.json"):
-            atomic_write_text(self.state_path, json.dumps(state, indent=2) + "\n")
+            atomic_write_text(self.state_path, state.to_json())
 
-    def _write_history(self, rows: list[dict[str, Any]]) -> None:
+    def _write_history(self, rows: Iterable[dict[str, Any]]) -> None:
         out = io.StringIO()
         writer = csv.DictWriter(out, ["epoch", *sorted(METRICS)], lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
         atomic_write_text(self.history_path, out.getvalue())
 
-    def _remove_unreferenced(self, state: dict[str, Any]) -> None:
+    def _remove_unreferenced(self, state: ResumeState | None) -> None:
         """Delete what no commit refers to: older resume files, and temporary files of interrupted saves."""
-        keep = {state.get("last_weights"), state.get("optimizer"), state.get("stream_states")}
+        keep = {state.last_weights, state.optimizer, state.stream_states} if state else set()
         for path in self.path.iterdir():
             stale = path.name.startswith(("last-", "optimizer-", "states-")) and path.name not in keep
             if stale or TEMPORARY.match(path.name):
@@ -185,12 +264,12 @@ class Run:
         """Lock the run for this process (one writer per run); tidy up after an interrupted save."""
         lock = RunLock(self)
         try:
-            state = self.load_state() if self.has_state() else {}
+            state = self.load_state() if self.has_state() else None
         except CheckpointError:
             return lock  # what state.json refers to is unknown: delete nothing
         with self._saving("the run's history"):
-            if "history" in state:  # a kill between committing state.json and rewriting history.csv
-                self._write_history(state["history"])
+            if state and state.history is not None:  # a kill between committing state.json and rewriting history.csv
+                self._write_history(state.history)
             self._remove_unreferenced(state)
         return lock
 
@@ -217,16 +296,9 @@ class Run:
             )
         return vocab
 
-    def load_state(self) -> dict[str, Any]:
-        state = self._read_json(self.state_path)
-        for key in ("epoch", "batch", "last_weights", "optimizer"):
-            if key not in state:
-                raise CheckpointError(f"{self.state_path} is corrupt (no {key!r}); train again")
-        for key, kind in STATE_NUMBERS.items():
-            value = state.get(key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
-                raise CheckpointError(f"{self.state_path} is corrupt ({key}={value!r}); train again")
-        return state
+    def load_state(self) -> ResumeState:
+        """The committed resume point (state.json), checked field by field."""
+        return ResumeState.from_json(self._read_json(self.state_path), self.state_path)
 
     def has_state(self) -> bool:
         return self.state_path.is_file()
@@ -241,9 +313,9 @@ class Run:
                 f"train it: textgen train --resume --run {self.name}"
             )
         state = self.load_state()
-        for key in ("last_weights", "optimizer"):
-            if not (self.path / state[key]).is_file():
-                raise CheckpointError(f"{self.path / state[key]} is missing: the run is damaged; train again")
+        for name in (state.last_weights, state.optimizer):
+            if not (self.path / name).is_file():
+                raise CheckpointError(f"{self.path / name} is missing: the run is damaged; train again")
 
     def is_usable(self, weights: str | None = None) -> bool:
         """Whether ``check_usable`` passes, and the ``best`` weights exist when those are asked for (a run
@@ -256,7 +328,7 @@ class Run:
 
     def weights_path(self, which: str = "best") -> Path:
         """The weights file for ``best`` or ``last``."""
-        path = self.best_weights_path if which == "best" else self.path / self.load_state()["last_weights"]
+        path = self.best_weights_path if which == "best" else self.path / self.load_state().last_weights
         if not path.is_file():
             raise CheckpointError(f"{path} is missing: the run has no saved weights yet; train it first")
         return path
@@ -288,7 +360,7 @@ class Run:
 
     def load_optimizer(self, optimizer: keras.optimizers.Optimizer) -> None:
         """Restore optimizer variables (the optimizer must be built)."""
-        path = self.path / self.load_state()["optimizer"]
+        path = self.path / self.load_state().optimizer
         try:
             with np.load(path) as saved:
                 values = [saved[f"arr_{i}"] for i in range(len(saved.files))]
@@ -305,7 +377,7 @@ class Run:
     def load_stream_states(self) -> list[np.ndarray] | None:
         """The streams' LSTM states saved with a mid-epoch resume point (None at an epoch's start, or in a run
         from before they were saved: its streams restart cold)."""
-        name = self.load_state().get("stream_states")
+        name = self.load_state().stream_states
         if not name:
             return None
         path = self.path / name
@@ -443,23 +515,20 @@ def run_summaries(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR) -> list[RunSumm
 
 def _summary(run: Run) -> RunSummary:
     cfg = run.load_config()
-    state = run.load_state() if run.has_state() else {}
-    best = state.get("best_val_loss")
-    finished = state.get("finished")
-    if finished is not None and finished not in {r.value for r in StopReason}:
-        raise CheckpointError(f"{run.state_path} is corrupt (finished={finished!r}); train again")
+    state = run.load_state() if run.has_state() else ResumeState(epoch=0, batch=0)
+    best = state.best_val_loss
     return RunSummary(
         run=run.name,
         corpus=cfg.data.corpus_name,
         model=f"{cfg.model.layers}x{cfg.model.units}"
         + (f" d{cfg.model.dropout:g}" if cfg.model.dropout else "")
         + (" LN" if cfg.model.layer_norm else ""),
-        epochs=state.get("epoch", 0),
-        batches_into_epoch=state.get("batch", 0),
-        steps=state.get("step", 0),
-        best_val_bpc=bits(best) if best is not None and math.isfinite(best) else None,
-        seconds=state.get("seconds", 0.0),
-        finished=StopReason(finished) if finished else None,
+        epochs=state.epoch,
+        batches_into_epoch=state.batch,
+        steps=state.step,
+        best_val_bpc=bits(best) if math.isfinite(best) else None,
+        seconds=state.seconds,
+        finished=state.finished,
         usable=run.is_usable(),
         device=cfg.profile.name,
         config=cfg.to_dict(),

@@ -1,5 +1,7 @@
 """One exception family whose messages tell the user what is wrong and what to do."""
 
+from textgen.results import StopReason
+
 
 class TextgenError(Exception):
     """Base class: the CLI prints the message on one line and exits non-zero."""
@@ -26,6 +28,8 @@ class DeviceError(TextgenError):
 class TrainingInterrupted(TextgenError):
     """Training stopped on a signal (Ctrl-C, SIGTERM, SIGHUP) after saving a resumable checkpoint."""
 
+    stop_reason = StopReason.INTERRUPTED
+
     def __init__(self, message: str, exit_code: int = 130) -> None:
         super().__init__(message)
         self.exit_code = exit_code  # 128 + the signal's number, as a shell reports a process it stopped
@@ -34,6 +38,10 @@ class TrainingInterrupted(TextgenError):
 class TrainingDiverged(TextgenError):
     """The training loss became NaN or infinite; nothing after the last resume point was saved."""
 
+    stop_reason = StopReason.DIVERGED
+
 
 class ClusterError(TextgenError):
     """Another worker of a multi-worker run stopped or became unreachable; the run keeps its last resume point."""
+
+    stop_reason = StopReason.LOST_WORKER

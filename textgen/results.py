@@ -17,11 +17,16 @@ def bits(nats: float) -> float:
 
 
 class StopReason(str, enum.Enum):
-    """Why a training run ended; the value is what ``state.json`` records as ``finished``."""
+    """Why a training run ended; the value is what ``state.json`` records as ``finished`` (a run stopped by a signal,
+    a divergence or a lost worker records none: it resumes from its last commit)."""
 
     EPOCHS = "epochs"
     EARLY_STOPPING = "early_stopping"
     TIME_BUDGET = "time_budget"
+    PRUNED = "pruned"  # ended by a judge of its curve (``textgen tune``'s pruner)
+    INTERRUPTED = "interrupted"  # a stop signal: Ctrl-C, SIGTERM or SIGHUP, on any worker
+    DIVERGED = "diverged"  # the loss became NaN or infinite
+    LOST_WORKER = "lost_worker"  # another worker of a cluster stopped or became unreachable
 
     @property
     def label(self) -> str:
@@ -32,6 +37,10 @@ _STOP_LABELS = {
     StopReason.EPOCHS: "all epochs done",
     StopReason.EARLY_STOPPING: "early-stopped",
     StopReason.TIME_BUDGET: "time budget spent",
+    StopReason.PRUNED: "pruned by the tuner",
+    StopReason.INTERRUPTED: "interrupted",
+    StopReason.DIVERGED: "diverged",
+    StopReason.LOST_WORKER: "a worker was lost",
 }
 
 

@@ -1,6 +1,6 @@
 """``textgen tune``: a wall-clock-budgeted search over training recipes, with Optuna.
 
-Each trial is an ordinary run (``textgen.train``) of one recipe for ``trial_budget`` seconds, saved as
+Each trial is an ordinary run (``textgen.training``) of one recipe for ``trial_budget`` seconds, saved as
 ``studies/<study>/trial-NNN`` under the checkpoint directory, so it can be sampled, evaluated or trained further.
 A finished trial is scored on the validation split read as ``SCORE_STREAMS`` streams, whatever its batch size:
 the same weights read War and Peace's validation split 0.03 nats/char worse as 256 streams than as 16 (each
@@ -39,7 +39,7 @@ from textgen.errors import ConfigError, TextgenError, TrainingDiverged, Training
 from textgen.evaluate import evaluate_run
 from textgen.idcache import cache_root
 from textgen.recipe import BEST_RECIPE, Recipe, recipe_of, write_recipe
-from textgen.results import EpochLog, StudyResult, StudyStop, TrialStatus, TrialSummary
+from textgen.results import EpochLog, StopReason, StudyResult, StudyStop, TrialStatus, TrialSummary
 from textgen.study import (
     DATABASE,
     check_fixed_settings,
@@ -52,7 +52,9 @@ from textgen.study import (
     study_result,
     trial_summary,
 )
-from textgen.train import NoProgress, TrainingProgress, TrainPlan, new_data_config, plan_training, train
+from textgen.training.loop import train
+from textgen.training.plan import TrainPlan, new_data_config, plan_training
+from textgen.training.progress import NoProgress, TrainingProgress
 
 SCORE_STREAMS = 64
 TRIAL_EPOCHS = 10_000  # trials end with their time budget
@@ -196,8 +198,8 @@ class TuneProgress(Protocol):
 
 class Reporter(NoProgress):
     """A trial's training progress, passed on to the display; the trial's wall-clock goes to the study as it grows
-    (a killed trial's time still counts), and the validation loss goes to Optuna, which may stop the trial: at
-    each epoch end (the run has just committed the epoch), and mid-epoch (an ``InterimValidation``) once
+    (a killed trial's time still counts). As the run's ``CurveJudge``, it passes the validation loss to Optuna,
+    which may prune the trial: at each epoch end (the run has just committed the epoch), and mid-epoch once
     ``VALIDATE_EVERY`` of the budget has passed since the last report, so that a recipe whose epochs are long next
     to the budget is judged too."""
 
@@ -209,7 +211,7 @@ class Reporter(NoProgress):
         self.reported_at = 0.0  # training seconds at the last report (a resumed trial's run: at its resume)
 
     def start(self, plan: TrainPlan, steps: int) -> None:
-        self.reported_at = float((plan.resume_state or {}).get("seconds", 0.0))
+        self.reported_at = plan.resume_state.seconds if plan.resume_state else 0.0
         self.display.start(plan, steps)
 
     def epoch_begin(self, epoch: int, first_batch: int) -> None:
@@ -226,7 +228,6 @@ class Reporter(NoProgress):
     def epoch_end(self, log: EpochLog) -> None:
         self.display.epoch_end(log)
         self.save_seconds()
-        self.report(log.seconds, log.val_loss)
 
     def due(self, seconds: float) -> bool:
         """None in the budget's last fifth either: the trial's own last validation follows."""
@@ -234,14 +235,14 @@ class Reporter(NoProgress):
             VALIDATE_EVERY * self.budget <= seconds - self.reported_at and seconds <= (1 - VALIDATE_EVERY) * self.budget
         )
 
-    def report(self, seconds: float, val_loss: float) -> None:
+    def should_stop(self, seconds: float, val_loss: float) -> bool:
+        """Report the validation loss to Optuna; whether the pruner ends the trial."""
         self.reported_at = seconds
         if math.isfinite(val_loss):
             self.trial.report(val_loss, round(seconds * 1000))
         # A trial that has trained its whole budget is scored, not pruned: pruning saves no time then, and the
         # finished trials the pruner compares against would keep only those ahead of the median.
-        if seconds < self.budget and self.trial.should_prune():
-            raise optuna.TrialPruned(f"behind the finished trials' median at {seconds:.0f}s")
+        return seconds < self.budget and self.trial.should_prune()
 
     def end(self) -> None:
         self.display.end()
@@ -457,7 +458,7 @@ def _run_study(
 
 def trained_seconds(run: Run) -> float:
     """How long a trial's run has trained, all invocations (0 before its first resume point)."""
-    return float(run.load_state().get("seconds", 0.0)) if run.has_state() else 0.0
+    return run.load_state().seconds if run.has_state() else 0.0
 
 
 def _room_needed(study: optuna.Study, directory: Path, trial_budget: float) -> float:
@@ -509,8 +510,9 @@ def _run_trial(
         note = f"resumes trial {trial.user_attrs['resumes']}" if "resumes" in trial.user_attrs else ""
         running = TrialSummary(trial.number, TrialStatus.RUNNING, flat, None, 0.0, run.name, note)
         reporter = Reporter(trial, progress.trial_begin(running, trial_budget), started, trial_budget)
-        state, stop_requested = run.load_state() if run.has_state() else {}, None
-        if not state.get("finished"):  # a trial killed past its budget resumes only to validate its last epoch
+        stop_requested = None
+        # A trial killed past its budget after its last epoch's commit has only its scoring left.
+        if not (run.has_state() and run.load_state().finished):
             plan = plan_training(
                 None if run.config_path.is_file() else settings["corpus"],
                 space.profile,
@@ -527,15 +529,16 @@ def _run_trial(
                 },
                 cache_dir=cache_root(checkpoint_dir),
             )
-            stop_requested = train(plan, reporter, interim=reporter).stop_requested
+            result = train(plan, reporter, judge=reporter)
+            if result.stop_reason is StopReason.PRUNED:
+                finish(TrialState.PRUNED)
+                return None
+            stop_requested = result.stop_requested
         value = evaluate_run(
             run, split="val", streams=SCORE_STREAMS, cache_dir=cache_root(checkpoint_dir)
         ).nats_per_char
         if not math.isfinite(value):
             raise TrainingDiverged(f"training diverged: the validation loss is {value}")
-    except optuna.TrialPruned:
-        finish(TrialState.PRUNED)
-        return None
     except (TrainingInterrupted, KeyboardInterrupt) as exc:
         finish(TrialState.FAIL)  # no error recorded: interrupted, to be resumed
         reason = str(exc).split(";")[0] if isinstance(exc, TrainingInterrupted) else "interrupted"

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from textgen.config import RunConfig, SampleConfig
     from textgen.generation import Piece
     from textgen.idcache import EncodedCorpus
-    from textgen.train import TrainPlan
+    from textgen.training.plan import TrainPlan
 
 
 def json_line(record: Any, **extra: Any) -> str:
@@ -128,7 +128,7 @@ def chars_per_second(batches: int, chars_per_batch: int, since: float) -> float:
 
 
 class TrainingDisplay:
-    """A ``textgen.train.TrainingProgress``: the plan, a live bar per epoch on a terminal, a line
+    """A ``textgen.training.progress.TrainingProgress``: the plan, a live bar per epoch on a terminal, a line
     (or a JSON line) per epoch."""
 
     def __init__(self, console: Console, as_json: bool = False) -> None:
@@ -160,8 +160,8 @@ class TrainingDisplay:
             if plan.resume_state:
                 budget = cfg.training.time_budget
                 where = (
-                    f"resuming at epoch {plan.resume_state['epoch'] + 1}, "
-                    f"{format_seconds(plan.resume_state.get('seconds', 0.0))} trained"
+                    f"resuming at epoch {plan.resume_state.epoch + 1}, "
+                    f"{format_seconds(plan.resume_state.seconds)} trained"
                     f"{f' of its {format_seconds(budget)}' if budget else ''}"
                 )
             training = {
@@ -434,7 +434,7 @@ class TuneDisplay:
 
 
 class TrialLine:
-    """A ``textgen.train.TrainingProgress`` for the running trial: one status line under the table."""
+    """A ``textgen.training.progress.TrainingProgress`` for the running trial: one status line under the table."""
 
     def __init__(self, display: TuneDisplay, trial: TrialSummary, budget: float) -> None:
         self.display, self.trial, self.budget = display, trial, budget
@@ -448,7 +448,7 @@ class TrialLine:
     def start(self, plan: TrainPlan, steps: int) -> None:
         cfg = plan.config
         self.steps, self.chars_per_step = steps, cfg.train_streams * cfg.data.seq_len
-        self.before = float((plan.resume_state or {}).get("seconds", 0.0))
+        self.before = plan.resume_state.seconds if plan.resume_state else 0.0
 
     def epoch_begin(self, epoch: int, first_batch: int) -> None:
         self.epoch, self.window = epoch, (first_batch, time.monotonic())

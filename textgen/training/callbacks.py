@@ -1,0 +1,76 @@
+"""The Keras callbacks the training loop drives, built for a run: state reset, the learning-rate and pruning
+schedules, early stopping, TensorBoard logs, and the run's checkpoint."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import keras
+
+from textgen.results import StopReason
+from textgen.training.plan import TrainPlan
+from textgen.training.pruning import PruneSchedule
+from textgen.training.resume_point import RunCheckpoint
+from textgen.training.schedules import EarlyStoppingAfterHold, annealed_part, learning_rate_schedule, schedule_progress
+from textgen.training.step import Trainer
+
+
+def build_callbacks(
+    plan: TrainPlan,
+    trainer: Trainer,
+    steps: int,
+    elapsed: Callable[[], float],
+    request_stop: Callable[[StopReason], None],
+) -> tuple[RunCheckpoint, keras.callbacks.CallbackList]:
+    """The run's checkpoint and the Keras callbacks the loop drives: state reset, learning-rate schedule, the
+    pruning schedule, early stopping, TensorBoard logs, and the checkpoint (which also writes the history)."""
+    tcfg, run, prune = plan.config.training, plan.run, plan.config.prune
+    progress = schedule_progress(tcfg, steps, elapsed)
+    # A pruned run's loss rises by design while its sparsity ramps up: it does not stop early, and its best
+    # weights are the best at the full sparsity.
+    patience = tcfg.epochs if prune else tcfg.patience
+    anneal = annealed_part(tcfg)
+    # Not restore_best_weights: best.weights.h5 already holds them, and restoring them in memory at the end of
+    # training would put them under a save made after it (a lost worker's), as if training had got there.
+    early_stopping = EarlyStoppingAfterHold(
+        patience, holding=lambda epoch: progress(epoch + 1, 0) < 1 - anneal, request=request_stop
+    )
+    lr_schedule = learning_rate_schedule(tcfg, trainer.optimizer, progress)
+    stateful: dict[str, keras.callbacks.Callback] = {"early_stopping": early_stopping}
+    if isinstance(lr_schedule, keras.callbacks.ReduceLROnPlateau):
+        stateful["lr_schedule"] = lr_schedule
+    pruning = PruneSchedule(trainer.masks, prune.sparsity, prune.ramp, progress) if prune else None
+    checkpoint = RunCheckpoint(
+        run,
+        trainer.optimizer,
+        stateful,
+        eligible=lambda: pruning is None or pruning.at_target,
+        # One replica's: a replica's states are its own, which a mirrored variable's value does not show (several
+        # replicas restart their streams cold after a mid-epoch resume).
+        stream_states=trainer.stream_states() if trainer.strategy.num_replicas_in_sync == 1 else None,
+    )
+    callbacks = keras.callbacks.CallbackList(
+        [
+            ResetStatesCallback(trainer),
+            lr_schedule,
+            *([pruning] if pruning else []),
+            early_stopping,
+            keras.callbacks.TensorBoard(str(run.tensorboard_dir), write_graph=False),
+            checkpoint,
+        ],
+        model=trainer.model,
+        epochs=tcfg.epochs,
+        steps=steps,
+    )
+    return checkpoint, callbacks
+
+
+class ResetStatesCallback(keras.callbacks.Callback):
+    """Zero every LSTM state at the start of each epoch (``validate`` does so before validation)."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        super().__init__()
+        self.trainer = trainer
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self.trainer.reset_states()

@@ -1,0 +1,326 @@
+"""The training loop: train a planned run epoch by epoch until one of its stop reasons, and report how it ended.
+
+A custom loop rather than ``model.fit``, for four reasons:
+
+* **mid-epoch resume**: a run stopped by Ctrl-C or a time budget continues at the batch where it
+  stopped, with its optimizer state (``fit`` restarts the epoch; ``BackupAndRestore`` with
+  ``save_freq`` restores the weights but restarts at batch 0);
+* **a wall-clock budget**, checked after every batch, with a learning-rate schedule that anneals by its end;
+* **the fast LSTM step** (``textgen.fastlstm``), a hand-written forward and backward pass that
+  ``fit`` would need an overridden ``train_step`` for anyway;
+* **tf.distribute**: under ``MultiWorkerMirroredStrategy`` Keras 3.15's ``fit`` fails while a loop
+  over ``strategy.run`` works; the steps here already run that way with the per-replica batch.
+
+Keras' callbacks (early stopping, the plateau schedule, CSV and TensorBoard logs, the run's
+checkpoint) are driven by the loop through a ``CallbackList``; progress goes to a
+``TrainingProgress`` that the caller passes in (the CLI's live display), so the library never prints.
+Every reason to stop goes through one ``Stopper`` (``textgen.training.stopping``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from textgen.checkpoint import EpochProgress, Run
+from textgen.config import DataConfig
+from textgen.data import distributed_batches
+from textgen.errors import ConfigError, TrainingDiverged, TrainingInterrupted
+from textgen.files import atomic_write_text
+from textgen.layout import StreamLayout
+from textgen.plot import loss_chart, read_history
+from textgen.results import EpochLog, StopReason, TrainResult, bits
+from textgen.scoring import score
+from textgen.training.callbacks import build_callbacks
+from textgen.training.plan import TrainPlan, keep_extension, training_layout
+from textgen.training.progress import CurveJudge, NoProgress, TrainingProgress
+from textgen.training.resume_point import RunCheckpoint
+from textgen.training.step import Trainer, build_trainer
+from textgen.training.stopping import (
+    EPOCH_END,
+    MID_EPOCH,
+    Clock,
+    Stopper,
+    check_same_plan,
+    compile_agreement,
+    is_multi_worker,
+    lost_peers,
+    stop_signals,
+)
+
+
+def train(
+    plan: TrainPlan,
+    progress: TrainingProgress | None = None,
+    strategy: tf.distribute.Strategy | None = None,
+    judge: CurveJudge | None = None,
+) -> TrainResult:
+    """Train ``plan.run`` until its epochs are done, validation stalls, its time budget ends, ``judge`` ends it, or
+    a stop signal (Ctrl-C, SIGTERM, SIGHUP; under a multi-worker strategy, on any worker); the run's lock is
+    released when it returns. ``judge`` also validates mid-epoch when it asks (on one replica only: several
+    replicas' stream states cannot be put back)."""
+    lock, plan.lock = plan.lock, None  # the lock is this call's: a second train(plan) takes it again
+    lock = lock or plan.run.lock()
+    strategy = strategy or tf.distribute.get_strategy()
+    unsaved: list[Callable[[], None]] = []  # saves where training got, if it got past the last commit
+    try:
+        with lost_peers(plan, unsaved) if is_multi_worker(strategy) else contextlib.nullcontext():
+            return _train(plan, progress or NoProgress(), strategy, unsaved, judge)
+    finally:
+        lock.release()
+
+
+def _train(
+    plan: TrainPlan,
+    progress: TrainingProgress,
+    strategy: tf.distribute.Strategy,
+    unsaved: list[Callable[[], None]],
+    judge: CurveJudge | None,
+) -> TrainResult:
+    cfg, run = plan.config, plan.run
+    keras.utils.set_random_seed(cfg.training.seed)
+    if cfg.data.batch_size % strategy.num_replicas_in_sync:
+        raise ConfigError(
+            f"--batch-size {cfg.data.batch_size} must divide evenly over {strategy.num_replicas_in_sync} replicas"
+        )
+    check_same_plan(plan, strategy)
+    if plan.chief:
+        keep_extension(run, cfg)
+    trainer = build_trainer(cfg, strategy)
+    resume = plan.resume_state
+    if resume:
+        run.load_weights(trainer.model, "last")
+        run.load_optimizer(trainer.optimizer)
+    elif cfg.prune:  # a pruned run starts from the run it prunes
+        Run(Path(cfg.prune.source)).load_weights(trainer.model, "best")
+    clock = Clock(before=resume.seconds if resume else 0.0, budget=cfg.training.time_budget,
+                  agree=compile_agreement(strategy))  # fmt: skip
+    steps = training_layout(plan, resume.epoch if resume else 0).batches  # every epoch's, shifted or not
+    with stop_signals() as signals:
+        stopper = Stopper(clock, signals)
+        checkpoint, callbacks = build_callbacks(plan, trainer, steps, clock.elapsed, stopper.request)
+        session = _Session(plan, trainer, progress, judge, stopper, checkpoint, callbacks, steps, unsaved)
+        with _end_on_error(callbacks, progress):
+            reason, last = session.run_epochs()
+    callbacks.on_train_end(last.metrics() if last else {})
+    progress.end()
+    checkpoint.mark_finished(reason)
+    atomic_write_text(run.loss_curve_path, loss_chart(read_history(run.history_path)))
+    return TrainResult(
+        run=run.name,
+        path=run.path,
+        epochs=session.epochs_done,
+        best_val_loss=checkpoint.best_val_loss,
+        stop_reason=reason,
+        seconds=clock.elapsed(),
+        chars_per_sec=last.chars_per_sec if last else 0.0,
+        max_epochs=cfg.training.epochs,
+        documents=plan.splits.encoded.documents,
+        chief=plan.chief,
+        unknown_chars=plan.splits.encoded.unknown,
+        stop_requested=stopper.signal_name,
+    )
+
+
+@dataclass
+class _Session:
+    """One invocation's training of a plan: what each step of the loop reads and updates."""
+
+    plan: TrainPlan
+    trainer: Trainer
+    progress: TrainingProgress
+    judge: CurveJudge | None
+    stopper: Stopper
+    checkpoint: RunCheckpoint
+    callbacks: keras.callbacks.CallbackList
+    steps: int  # batches in every epoch
+    unsaved: list[Callable[[], None]]  # saves where training got, if past the last commit (for a lost worker)
+    epochs_done: int = 0
+    clock: Clock = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.clock = self.stopper.clock
+
+    def run_epochs(self) -> tuple[StopReason, EpochLog | None]:
+        """Train epoch after epoch from where the plan starts, until a stop reason; the last epoch's log."""
+        resume, run, cfg = self.plan.resume_state, self.plan.run, self.plan.config
+        first = resume.epoch if resume else 0
+        self.epochs_done = first
+        self.progress.start(self.plan, self.steps)
+        self.callbacks.on_train_begin()
+        self.checkpoint.restore(resume)
+        last: EpochLog | None = None
+        for epoch in range(first, cfg.training.epochs):
+            start, carried = EpochProgress(), None
+            if resume and epoch == first:
+                start = resume.epoch_progress or EpochProgress(batch=resume.batch)
+                carried = run.load_stream_states() if self.checkpoint.stream_states else None
+            done, reason = self.train_epoch(epoch, start, carried)
+            last, reason = self.end_epoch(epoch, done, reason)
+            if reason is not None:
+                return reason, last
+        return StopReason.EPOCHS, last
+
+    def train_epoch(
+        self, epoch: int, start: EpochProgress, stream_states: list[np.ndarray] | None
+    ) -> tuple[EpochProgress, StopReason | None]:
+        """Train on the epoch's batches from ``start`` on, until they end or a reason to stop comes; a mid-epoch
+        resume point is saved whenever ``--save-every`` has passed. A resumed epoch's streams go on from
+        ``stream_states``, saved with its resume point."""
+        trainer, layout = self.trainer, training_layout(self.plan, epoch)
+        self.callbacks.on_epoch_begin(epoch)
+        if stream_states is not None:
+            for variable, value in zip(trainer.stream_states(), stream_states, strict=True):
+                variable.assign(value)
+        self.progress.epoch_begin(epoch, start.batch)
+        done = dataclasses.replace(start)
+        if self.clock.expired():  # a run killed past its budget before validating resumes only to validate
+            return done, StopReason.TIME_BUDGET
+        for batch, (x, y) in enumerate(distributed_batches(trainer.strategy, self.plan.splits.train, layout, start.batch), start=start.batch):  # fmt: skip
+            started = time.monotonic()
+            self.callbacks.on_train_batch_begin(batch)
+            loss = float(trainer.train_step(x, y))
+            if not math.isfinite(loss):  # the update already happened: save nothing from here on
+                raise TrainingDiverged(
+                    f"training diverged: the loss became {loss} at epoch {epoch + 1}, batch {batch + 1}; nothing "
+                    "after the last resume point was saved. Start a new run with a lower --lr or --clip-norm"
+                )
+            done = EpochProgress(
+                batch + 1, done.loss_sum + loss, done.batches + 1, done.seconds + time.monotonic() - started
+            )
+            self.after_batch(epoch, done)
+            self.callbacks.on_train_batch_end(batch, {"loss": done.loss, "bpc": bits(done.loss)})
+            self.progress.batch_end(batch, done.loss)
+            reason = self.stopper.check(MID_EPOCH)
+            if reason is None and batch + 1 < layout.batches:
+                reason = self.validate_mid_epoch()
+            if reason is not None:
+                return done, reason
+        return done, None
+
+    def after_batch(self, epoch: int, done: EpochProgress) -> None:
+        """Note where training got (for a save if another worker is lost); save it if ``--save-every`` is due."""
+        self.unsaved[:] = [lambda: self.checkpoint.save_resume_point(epoch, done.batch, self.clock.elapsed(), done)]
+        if time.monotonic() - self.checkpoint.saved_at >= self.plan.config.training.save_every:
+            self.unsaved.pop()()
+
+    def validate_mid_epoch(self) -> StopReason | None:
+        """Validate if the judge asks, put the training streams' states back, and let the judge end the run; a stop
+        signal during the validation is answered first (the judge is not told: it could end the run instead)."""
+        trainer, judge = self.trainer, self.judge
+        if judge is None or trainer.strategy.num_replicas_in_sync > 1 or not judge.due(self.clock.elapsed()):
+            return None
+        states = [np.asarray(v) for v in trainer.stream_states()]
+        # No callbacks: to them (TensorBoard's logs, say) validation is the epoch's.
+        val_loss = validate(trainer, self.plan.splits.val, self.plan.config.data, keras.callbacks.CallbackList(),
+                            self.progress)  # fmt: skip
+        for variable, value in zip(trainer.stream_states(), states, strict=True):
+            variable.assign(value)
+        reason = self.stopper.check(MID_EPOCH)
+        if reason is None and judge.should_stop(self.clock.elapsed(), val_loss):
+            self.stopper.request(StopReason.PRUNED)
+            reason = StopReason.PRUNED
+        return reason
+
+    def end_epoch(
+        self, epoch: int, done: EpochProgress, reason: StopReason | None
+    ) -> tuple[EpochLog | None, StopReason | None]:
+        """Commit the epoch's training, validate it, commit the epoch, and decide whether the run goes on: the
+        epoch's log (None if it was not validated) and the reason to stop, if any."""
+        checkpoint, steps = self.checkpoint, self.steps
+        # Commit the training before validating: a kill during validation costs only the validation.
+        checkpoint.save_resume_point(epoch, done.batch, self.clock.elapsed(), done)
+        self.unsaved.clear()
+        if reason is StopReason.INTERRUPTED and done.batch < steps:  # after the last batch: end the epoch first
+            raise self.interrupted(f"stopped at epoch {epoch + 1}, batch {done.batch}/{steps}")
+        if reason is StopReason.PRUNED:  # by the judge, mid-epoch: it has its validation
+            return None, reason
+        log = self.validated_log(epoch, done)
+        # A time budget that cut the epoch resumes where training stopped, not at the next epoch.
+        checkpoint.resume_at = (epoch, done.batch, done) if log.partial else (epoch + 1, 0, None)
+        self.callbacks.on_epoch_end(epoch, log.metrics())  # the checkpoint commits the epoch there
+        self.unsaved.clear()
+        self.epochs_done = epoch + 1
+        self.progress.epoch_end(log)
+        if self.judge is not None and self.judge.should_stop(log.seconds, log.val_loss):
+            self.stopper.request(StopReason.PRUNED)
+        if epoch + 1 >= self.plan.config.training.epochs:
+            self.stopper.request(StopReason.EPOCHS)
+        reason = self.stopper.check(EPOCH_END)
+        if reason is StopReason.INTERRUPTED:  # a stop during validation: the epoch is saved
+            raise self.interrupted(f"stopped after epoch {epoch + 1}")
+        return log, reason
+
+    def validated_log(self, epoch: int, done: EpochProgress) -> EpochLog:
+        """Validate the epoch and make its log; a validation loss that is not finite ends the run."""
+        trainer = self.trainer
+        val_loss = validate(trainer, self.plan.splits.val, self.plan.config.data, self.callbacks, self.progress)
+        self.clock.synchronise(self.stopper.signals)  # every worker logs and decides the same from here on
+        if not math.isfinite(val_loss):
+            raise TrainingDiverged(
+                f"training diverged: the validation loss of epoch {epoch + 1} is {val_loss}; nothing of it was "
+                "saved. Start a new run with a lower --lr or --clip-norm"
+            )
+        layout = training_layout(self.plan, epoch)
+        return EpochLog(
+            epoch=epoch + 1,
+            loss=done.loss,
+            bpc=bits(done.loss),
+            val_loss=val_loss,
+            val_bpc=bits(val_loss),
+            chars_per_sec=done.batches * layout.chars_per_batch / max(done.seconds, 1e-9),
+            learning_rate=float(tf.convert_to_tensor(trainer.optimizer.learning_rate.value)),
+            batches=done.batches,
+            seconds=self.clock.elapsed(),
+            improved=val_loss < self.checkpoint.best_val_loss and self.checkpoint.eligible(),
+            partial=done.batch < self.steps,
+        )
+
+    def interrupted(self, where: str) -> TrainingInterrupted:
+        return TrainingInterrupted(
+            f"{where} ({self.stopper.signal_name}); {self.plan.saved_note()}", exit_code=self.stopper.exit_code
+        )
+
+
+def validate(
+    trainer: Trainer,
+    ids: np.ndarray,
+    data: DataConfig,
+    callbacks: keras.callbacks.CallbackList,
+    progress: TrainingProgress,
+) -> float:
+    """Validation loss (nats/char) by ``textgen.scoring.score``, the routine ``textgen evaluate`` uses."""
+    callbacks.on_test_begin()
+    progress.validating()
+    nats, chars = score(
+        trainer.eval_step,
+        trainer.model,
+        ids,
+        StreamLayout.of(len(ids), data.batch_size, data.seq_len),
+        trainer.strategy,
+    )
+    callbacks.on_test_end({"loss": nats / chars})
+    return nats / chars
+
+
+@contextlib.contextmanager
+def _end_on_error(callbacks: keras.callbacks.CallbackList, progress: TrainingProgress) -> Iterator[None]:
+    """On Ctrl-C or an error, still end the progress display (it shows the terminal's cursor again)
+    and the callbacks (the history and TensorBoard files are closed)."""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(Exception):  # never hide the original error
+            progress.end()
+        with contextlib.suppress(Exception):
+            callbacks.on_train_end({})
+        raise

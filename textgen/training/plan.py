@@ -1,0 +1,282 @@
+"""Planning a run: a new one on a corpus, one made from another run (distilled or pruned), or a saved one to
+resume, with its corpus resolved, its settings checked and its splits encoded. No TensorFlow: the CLI plans (and
+reports a bad flag) before TensorFlow's seconds of import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from textgen import config as cfgmod
+from textgen.checkpoint import (
+    ResumeState,
+    Run,
+    RunLock,
+    check_corpus_unchanged,
+    discard_reserved,
+    ensure_writable,
+    find_run,
+    reserve_run,
+    resume_hint,
+)
+from textgen.config import (
+    DataConfig,
+    DeviceProfile,
+    DistillConfig,
+    ModelConfig,
+    PruneConfig,
+    RunConfig,
+    TrainConfig,
+    check_fits_in_memory,
+    format_seconds,
+    longer_budget,
+    settings_given,
+)
+from textgen.corpus import corpus_fingerprint, corpus_stem, resolve_corpora, resolve_encoding, same_codec
+from textgen.data import Splits, load_splits
+from textgen.errors import ConfigError
+from textgen.idcache import cache_root
+from textgen.layout import StreamLayout
+
+
+@dataclass
+class TrainPlan:
+    """What ``train`` will do: the run, its config, its data, and where it resumes."""
+
+    run: Run
+    config: RunConfig
+    splits: Splits
+    resume_state: ResumeState | None = None  # None: the run starts from its first batch
+    lock: RunLock | None = None  # held from planning until ``train`` returns: one writer per run
+    chief: bool = True  # False for the other workers of a multi-worker run: their run is a scratch copy
+
+    def saved_note(self) -> str:
+        """Where the run was saved and how to continue it, for messages."""
+        if not self.chief:
+            return "the chief worker saved the run; start every worker again with the same command and --resume"
+        return f"saved {self.run.path}; {resume_hint(self.run)}"
+
+
+def plan_training(
+    corpus: str | list[str] | None,
+    profile: DeviceProfile,
+    *,
+    checkpoint_dir: Path,
+    run_name: str | None = None,
+    resume: bool = False,
+    download: bool = False,
+    keep_boilerplate: bool = False,
+    encoding: str = "auto",
+    data: dict[str, Any] | None = None,
+    model: dict[str, Any] | None = None,
+    training: dict[str, Any] | None = None,
+    cache_dir: Path | None = None,
+    distill: dict[str, Any] | None = None,
+    prune: dict[str, Any] | None = None,
+) -> TrainPlan:
+    """Resolve the corpus (files, directories, globs) and configs for a new run, or reload a run to resume;
+    either way the run is locked for this process until ``train`` returns. With ``distill`` (``teacher``, a run
+    name, and ``DistillConfig``'s settings) or ``prune`` (``source``, a run name, and ``PruneConfig``'s), the new
+    run trains on that run's corpus, splits and vocabulary.
+
+    ``data``, ``model`` and ``training`` hold only the settings the user gave (``None`` values are
+    ignored). On resume, only epochs, time budget, save interval and strategy may change. Encoded
+    corpora are cached in ``cache_dir`` (by default ``idcache.cache_root(checkpoint_dir)``).
+    """
+    cache_dir = cache_dir or cache_root(checkpoint_dir)
+    names = [corpus] if isinstance(corpus, str) else list(corpus or [])
+    data, model, training = (settings_given(d or {}) for d in (data, model, training))
+    ensure_writable(checkpoint_dir)
+    if resume:
+        run = find_run(checkpoint_dir, run_name)
+        lock = run.lock()  # before anything is read: a second trainer of the run stops here, at once
+        try:
+            return _plan_resume(run, lock, names, encoding, {**data, **model}, training, cache_dir)
+        except BaseException:
+            lock.release()
+            raise
+    if distill or prune:
+        return _plan_derived(checkpoint_dir, run_name, profile, data, model, training, cache_dir, distill, prune)
+    if not names:
+        raise ConfigError("give a corpus to train on, e.g. textgen train 2600-0.txt")
+    files = resolve_corpora(names, download=download)
+    run, lock = reserve_run(checkpoint_dir, run_name, corpus_stem(names, files))  # before the corpus is encoded
+    try:
+        data_cfg = new_data_config(
+            names, files, keep_boilerplate, encoding, **{"batch_size": profile.batch_size, **data}
+        )
+        splits = load_splits(data_cfg, cache_dir, train_streams=data_cfg.batch_size * _accumulate(training))
+        model_cfg = ModelConfig(vocab_size=splits.vocab.size, **model)
+        check_fits_in_memory(model_cfg)
+        config = RunConfig(data_cfg, model_cfg, TrainConfig.of(**training), profile)
+        run.create(config, splits.vocab)
+    except BaseException:
+        discard_reserved(run, lock)
+        raise
+    return TrainPlan(run, config, splits, lock=lock)
+
+
+def new_data_config(
+    names: list[str], files: list[Path], keep_boilerplate: bool, encoding: str, **data: Any
+) -> DataConfig:
+    """The data config of a new run on ``files`` (resolved from ``names``), fingerprinted, with each file's codec."""
+    size, digest = corpus_fingerprint(files)
+    codecs = {resolve_encoding(f, encoding) for f in files}
+    return DataConfig(
+        corpus=str(files[0]) if len(files) == 1 else " ".join(names),
+        files=tuple(str(f) for f in files) if len(files) > 1 else (),
+        strip_boilerplate=not keep_boilerplate,
+        encoding=codecs.pop() if len(codecs) == 1 else "auto",
+        corpus_size=size,
+        corpus_hash=digest,
+        **data,
+    )
+
+
+def _plan_derived(
+    checkpoint_dir: Path,
+    run_name: str | None,
+    profile: DeviceProfile,
+    data: dict[str, Any],
+    model: dict[str, Any],
+    training: dict[str, Any],
+    cache_dir: Path,
+    distill: dict[str, Any] | None,
+    prune: dict[str, Any] | None,
+) -> TrainPlan:
+    """A new run made from another: a student of a teacher run (``distill``), or a pruned copy of a run
+    (``prune``), on that run's corpus, splits and vocabulary."""
+    settings = settings_given(distill or prune or {})
+    base = find_run(checkpoint_dir, settings.pop("teacher" if distill else "source"), "best")
+    base.weights_path("best")  # refused before a run is made from it, not by the first load
+    saved = base.load_config()
+    if data:
+        raise ConfigError(f"a {'distilled' if distill else 'pruned'} run reads the streams of {base.name!r} as it did")
+    if prune and model:
+        raise ConfigError("a pruned run keeps its model; give --units, --layers and the like to textgen distill")
+    if training.get("accumulate", 1) != 1 and distill:
+        raise ConfigError("textgen distill does not combine with --accumulate (the teacher reads one batch at a time)")
+    check_corpus_unchanged(base, saved.data)
+    source = str(base.path.resolve())
+    distill_cfg = (
+        DistillConfig(teacher=source, teacher_val_loss=base.best_weights_loss(), **settings) if distill else None
+    )
+    prune_cfg = PruneConfig(source=source, **settings) if prune else None
+    if distill_cfg:
+        stem = f"{base.name}-{model.get('units', saved.model.units)}u"
+    else:
+        assert prune_cfg is not None
+        stem = f"{base.name}-pruned{round(100 * prune_cfg.sparsity)}"
+    run, lock = reserve_run(checkpoint_dir, run_name, stem)
+    try:
+        vocab = base.load_vocab()
+        splits = load_splits(saved.data, cache_dir, vocab, train_streams=saved.data.batch_size * _accumulate(training))
+        model_cfg = cfgmod.replace(saved.model, **model) if distill else saved.model
+        check_fits_in_memory(model_cfg)
+        config = RunConfig(saved.data, model_cfg, TrainConfig.of(**training), profile, distill_cfg, prune_cfg)
+        run.create(config, vocab)
+    except BaseException:
+        discard_reserved(run, lock)
+        raise
+    return TrainPlan(run, config, splits, lock=lock)
+
+
+def _accumulate(training: dict[str, Any]) -> int:
+    return int(training.get("accumulate", TrainConfig.accumulate))
+
+
+RESUMABLE_CHANGES = {"epochs", "time_budget", "save_every", "strategy"}
+
+
+def _plan_resume(
+    run: Run,
+    lock: RunLock,
+    corpus: list[str],
+    encoding: str,
+    given: dict[str, Any],
+    training: dict[str, Any],
+    cache_dir: Path,
+) -> TrainPlan:
+    """Reload a locked run to continue it; only its epochs, time budget, save interval and strategy may change.
+
+    A run with no state.json (killed before its first save) starts again from scratch; a damaged one is
+    reported.
+    """
+    saved = run.load_config()
+    if corpus:
+        given_files, saved_files = resolve_corpora(corpus), [Path(p).resolve() for p in saved.data.paths]
+        if given_files != saved_files:
+            added, removed = set(given_files) - set(saved_files), set(saved_files) - set(given_files)
+            differ = (
+                f" ({len(added)} file(s) added, {len(removed)} gone)" if added or removed else " (in another order)"
+            )
+            differ = differ if len(given_files) > 1 or len(saved_files) > 1 else ""
+            raise ConfigError(
+                f"run {run.name!r} trains on {saved.data.corpus_name}, not {' '.join(corpus)}{differ}; "
+                "drop the corpus to resume it, or start a new run without --resume"
+            )
+    if encoding.lower() != "auto" and (saved.data.encoding == "auto" or not same_codec(encoding, saved.data.encoding)):
+        given = {**given, "encoding": encoding}
+    given = {**given, **{k: v for k, v in training.items() if k not in RESUMABLE_CHANGES}}
+    saved_values = {**asdict(saved.data), **asdict(saved.model), **asdict(saved.training)}
+    changed = sorted(k for k, v in given.items() if v != saved_values[k])
+    if changed:
+        flags = ", ".join(cfgmod.flag(k) for k in changed)
+        was = ", ".join(cfgmod.flag_setting(k, saved_values[k]) for k in changed)
+        raise ConfigError(
+            f"{flags} cannot change when resuming run {run.name!r} (it has {was}); drop them or start a new run"
+        )
+    check_corpus_unchanged(run, saved.data)
+    config = dataclasses.replace(saved, training=cfgmod.replace(saved.training, **training))
+    splits = load_splits(config.data, cache_dir, run.load_vocab(), train_streams=config.train_streams)
+    state = None
+    if run.has_state():
+        run.check_usable()  # a damaged resume point is reported, never silently replaced
+        state = run.load_state()
+        _check_room_to_train(run.name, config.training, state, saved.training.time_budget)
+    else:  # stopped before its first save: start it cleanly
+        run.start_over()
+    return TrainPlan(run, config, splits, state, lock)
+
+
+def _check_room_to_train(name: str, training: TrainConfig, state: ResumeState, saved_budget: float | None) -> None:
+    """Refuse to resume a run that has done all its epochs, or has trained as long as its time budget, saying what
+    to add. Only a run killed past its own budget before validating its last epoch resumes, to validate it; a
+    budget given now that the run has already spent is refused, not saved."""
+    trained, budget = state.seconds, training.time_budget
+    what, add = [], []
+    if state.epoch >= training.epochs:
+        what.append(f"all {training.epochs} epochs")
+        add.append(f"--epochs {state.epoch + 10} (or more)")
+    if budget is not None and trained >= budget and (state.finished is not None or budget != saved_budget):
+        limit = f"--time-budget {format_seconds(budget)}"
+        what.append(
+            f"{format_seconds(trained)} of training, "
+            + (f"its {limit}" if budget == saved_budget else f"more than the {limit} given")
+        )
+        add.append(f"--time-budget {longer_budget(trained)} (the run's in all)")
+    if what:
+        raise ConfigError(f"run {name!r} has done {' and '.join(what)}; add {' and '.join(add)} to train it further")
+
+
+def keep_extension(run: Run, config: RunConfig) -> None:
+    """Save the epochs and time budget a resume gave with the run, so that a plain ``--resume`` after it keeps
+    them (not its strategy or save interval: those say how one invocation runs, not what the run is)."""
+    saved = run.load_config()
+    kept = dataclasses.replace(saved.training, epochs=config.training.epochs, time_budget=config.training.time_budget)
+    if kept != saved.training:
+        run.save_config(dataclasses.replace(saved, training=kept))
+
+
+def training_layout(plan: TrainPlan, epoch: int) -> StreamLayout:
+    """The training split's layout in ``epoch``: ``--batch-size`` x ``--accumulate`` streams; with
+    ``--shift-windows``, shifted by a draw of the run's seed and the epoch (the same on a resume, on every worker)."""
+    n, streams, seq_len = len(plan.splits.train), plan.config.train_streams, plan.config.data.seq_len
+    if not plan.config.data.shift_windows:
+        return StreamLayout.of(n, streams, seq_len)
+    return StreamLayout.shifted(n, streams, seq_len, np.random.default_rng([plan.config.training.seed, epoch]))
