@@ -18,13 +18,13 @@ from textgen.checkpoint import (
     find_run,
     list_runs,
     reserve_run,
-    run_summaries,
 )
 from textgen.config import RunConfig
 from textgen.errors import CheckpointError, ConfigError
 from textgen.files import atomic_path, atomic_write_text, fsync_tree
 from textgen.layout import MASKED, StreamLayout
 from textgen.model import build_model, reset_states
+from textgen.runs import run_summaries
 from textgen.vocab import Vocabulary
 
 # --- atomic writes ---------------------------------------------------------------

@@ -31,9 +31,10 @@ from helpers import (
     write_corpus,
 )
 
-from textgen.checkpoint import ResumeState, Run, find_run, run_summaries
+from textgen.checkpoint import ResumeState, Run, find_run
 from textgen.device import CPU
 from textgen.errors import CheckpointError, CorpusError, TrainingDiverged
+from textgen.runs import run_summaries
 from textgen.training.loop import train
 from textgen.training.plan import plan_training
 

@@ -44,7 +44,7 @@ from textgen.config import DataConfig, RunConfig
 from textgen.corpus import check_unchanged
 from textgen.errors import CheckpointError, ConfigError
 from textgen.files import TEMPORARY, atomic_path, atomic_write_text
-from textgen.results import METRICS, RunSummary, StopReason, bits
+from textgen.results import METRICS, StopReason
 from textgen.vocab import Vocabulary
 
 if TYPE_CHECKING:
@@ -499,50 +499,6 @@ def list_runs(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR) -> list[Run]:
         return max(times, default=0.0)
 
     return sorted(runs, key=updated, reverse=True)
-
-
-def run_summaries(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR) -> list[RunSummary]:
-    """Every run under ``checkpoint_dir``, most recently updated first, as ``textgen runs`` lists them;
-    a damaged run is listed with what is wrong, and never hides the others."""
-    summaries = []
-    for run in list_runs(checkpoint_dir):
-        try:
-            summaries.append(_summary(run))
-        except CheckpointError as exc:
-            summaries.append(RunSummary(run.name, problem=str(exc)))
-    return summaries
-
-
-def _summary(run: Run) -> RunSummary:
-    cfg = run.load_config()
-    state = run.load_state() if run.has_state() else ResumeState(epoch=0, batch=0)
-    best = state.best_val_loss
-    return RunSummary(
-        run=run.name,
-        corpus=cfg.data.corpus_name,
-        model=f"{cfg.model.layers}x{cfg.model.units}"
-        + (f" d{cfg.model.dropout:g}" if cfg.model.dropout else "")
-        + (" LN" if cfg.model.layer_norm else ""),
-        epochs=state.epoch,
-        batches_into_epoch=state.batch,
-        steps=state.step,
-        best_val_bpc=bits(best) if math.isfinite(best) else None,
-        seconds=state.seconds,
-        finished=state.finished,
-        usable=run.is_usable(),
-        device=cfg.profile.name,
-        config=cfg.to_dict(),
-        made_from=made_from(cfg),
-    )
-
-
-def made_from(cfg: RunConfig) -> str:
-    """What a run made by ``textgen distill`` or ``textgen prune`` was made from; empty for others."""
-    if cfg.distill:
-        return f"distilled from {Path(cfg.distill.teacher).name}"
-    if cfg.prune:
-        return f"pruned to {cfg.prune.sparsity:.0%} from {Path(cfg.prune.source).name}"
-    return ""
 
 
 def find_run(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR, name: str | None = None, weights: str | None = None) -> Run:

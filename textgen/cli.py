@@ -20,7 +20,7 @@ from typer.core import TyperGroup
 
 from textgen import api, ui
 from textgen.artifact import ExportFormat, Quantize
-from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, run_summaries
+from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR
 from textgen.config import (
     OPTIMIZER_DEFAULTS,
     DataConfig,
@@ -39,6 +39,7 @@ from textgen.config import (
 from textgen.device import Device
 from textgen.errors import ClusterError, ConfigError, TextgenError
 from textgen.repl import GREETING, Session, read_lines
+from textgen.runs import run_summaries
 
 console = Console(highlight=False, soft_wrap=True, emoji=False)  # user text is data: ":fire:" stays ":fire:"
 err_console = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)

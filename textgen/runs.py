@@ -1,0 +1,55 @@
+"""Listing and summarising the runs of a checkpoint directory, as ``textgen runs`` shows them."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, ResumeState, Run, list_runs
+from textgen.config import RunConfig
+from textgen.errors import CheckpointError
+from textgen.results import RunSummary, bits
+
+
+def run_summaries(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR) -> list[RunSummary]:
+    """Every run under ``checkpoint_dir``, most recently updated first, as ``textgen runs`` lists them;
+    a damaged run is listed with what is wrong, and never hides the others."""
+    summaries = []
+    for run in list_runs(checkpoint_dir):
+        try:
+            summaries.append(_summary(run))
+        except CheckpointError as exc:
+            summaries.append(RunSummary(run.name, problem=str(exc)))
+    return summaries
+
+
+def _summary(run: Run) -> RunSummary:
+    cfg = run.load_config()
+    state = run.load_state() if run.has_state() else ResumeState(epoch=0, batch=0)
+    best = state.best_val_loss
+    return RunSummary(
+        run=run.name,
+        corpus=cfg.data.corpus_name,
+        model=f"{cfg.model.layers}x{cfg.model.units}"
+        + (f" d{cfg.model.dropout:g}" if cfg.model.dropout else "")
+        + (" LN" if cfg.model.layer_norm else ""),
+        epochs=state.epoch,
+        batches_into_epoch=state.batch,
+        steps=state.step,
+        best_val_bpc=bits(best) if math.isfinite(best) else None,
+        seconds=state.seconds,
+        finished=state.finished,
+        usable=run.is_usable(),
+        device=cfg.profile.name,
+        config=cfg.to_dict(),
+        made_from=made_from(cfg),
+    )
+
+
+def made_from(cfg: RunConfig) -> str:
+    """What a run made by ``textgen distill`` or ``textgen prune`` was made from; empty for others."""
+    if cfg.distill:
+        return f"distilled from {Path(cfg.distill.teacher).name}"
+    if cfg.prune:
+        return f"pruned to {cfg.prune.sparsity:.0%} from {Path(cfg.prune.source).name}"
+    return ""
