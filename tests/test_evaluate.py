@@ -1,5 +1,6 @@
 """textgen evaluate: stateful cross-entropy equals the hand computation; unknown characters; bad inputs."""
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -8,11 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import assert_one_line_error, invoke, read_history, subprocess_env, write_corpus
+from helpers import assert_one_line_error, invoke, read_history, run_python, subprocess_env, write_corpus
 
 from textgen.checkpoint import Run
 from textgen.config import ModelConfig
-from textgen.data import load_splits
+from textgen.data import load_splits, write_id_file
+from textgen.device import CPU
 from textgen.errors import ConfigError, CorpusError
 from textgen.evaluate import evaluate_run
 from textgen.idcache import cache_root
@@ -21,38 +23,116 @@ from textgen.model import build_model
 from textgen.scoring import compile_eval_step, score
 
 
-def hand_cross_entropy(run, ids: np.ndarray, streams: int, stream_len: int) -> tuple[float, int]:
-    """Mean -log p(next) over ``streams`` contiguous streams of ``stream_len``, each read whole by a stateless model."""
+def stream_cross_entropy(model, ids: np.ndarray, streams: int) -> float:
+    """Summed -log p(next) of every character of ``ids`` after the first, in ``streams`` contiguous streams of equal
+    length (the last one also taking what is left over), each read whole from zero states by a stateless model."""
+    length = (len(ids) - 1) // streams
+    total = 0.0
+    for s in range(streams):
+        start, end = s * length, (s + 1) * length if s < streams - 1 else len(ids) - 1
+        inputs, targets = ids[start:end], ids[start + 1 : end + 1]
+        logits = model(np.asarray(inputs, np.int32)[None, :]).numpy()[0].astype(np.float64)
+        top = logits.max(-1, keepdims=True)
+        log_probs = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
+        total -= log_probs[np.arange(end - start), targets].sum()
+    return total
+
+
+def hand_cross_entropy(run, ids: np.ndarray, streams: int) -> tuple[float, int]:
+    """Mean -log p(next) over every character of ``ids`` after the first, by ``stream_cross_entropy``, with ``run``'s
+    best weights; and how many characters that is."""
     cfg: ModelConfig = run.load_config().model
     model = build_model(cfg, batch_size=1, stateful=False)
     run.load_weights(model)
-    total, count = 0.0, 0
-    for s in range(streams):
-        start = s * stream_len
-        inputs, targets = ids[start : start + stream_len], ids[start + 1 : start + stream_len + 1]
-        logits = model(inputs[None, :]).numpy()[0].astype(np.float64)
-        log_probs = (
-            logits
-            - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True))
-            - logits.max(-1, keepdims=True)
-        )
-        total -= log_probs[np.arange(stream_len), targets].sum()
-        count += stream_len
-    return total / count, count
+    return stream_cross_entropy(model, ids, streams) / (len(ids) - 1), len(ids) - 1
 
 
-@pytest.mark.parametrize(("streams", "seq_len"), [(1, 7), (3, 7), (2, 50)])
+# A tiny random model scored over 203 ids (202 targets) as (streams, seq_len): each stream's rest and the last
+# stream's extra in one padded batch (4, 7), the last stream's in two (6, 5), the rows' rests equal (2, 50), only
+# the last row's extra after the full batches (4, 50), and nothing left after them (2, 101).
+SCORING_MODEL = ModelConfig(vocab_size=11, embedding_dim=4, units=8, dropout=0.0)
+SCORING_CASES = [(4, 7), (6, 5), (2, 50), (4, 50), (2, 101)]
+
+
+def scoring_case(path: Path) -> tuple[np.memmap, list[np.ndarray]]:
+    """203 seeded random ids, written to the id file ``path``, and seeded random weights of SCORING_MODEL."""
+    rng = np.random.default_rng(0)
+    ids = write_id_file(rng.integers(1, SCORING_MODEL.vocab_size, 203).astype(np.uint8), path)
+    shapes = [w.shape for w in build_model(SCORING_MODEL, 1, stateful=False).get_weights()]
+    return ids, [rng.normal(0.0, 0.5, shape).astype(np.float32) for shape in shapes]
+
+
+def scores(ids: np.memmap, weights: list[np.ndarray], strategy, fast_lstm: bool) -> list[tuple[float, int]]:
+    """``score`` of each of SCORING_CASES under ``strategy``, given a training layout (as training's validation)."""
+    replicas, profile = strategy.num_replicas_in_sync, dataclasses.replace(CPU, fast_lstm=fast_lstm)
+    results = []
+    for streams, seq_len in SCORING_CASES:
+        with strategy.scope():
+            model = build_model(SCORING_MODEL, streams // replicas)
+        model.set_weights(weights)
+        layout = StreamLayout.of(len(ids), streams, seq_len)
+        results.append(score(compile_eval_step(model, profile, strategy), model, ids, layout, strategy))
+    return results
+
+
+def expected_scores(ids: np.memmap, weights: list[np.ndarray]) -> list[float]:
+    """Each of SCORING_CASES's summed nats by ``stream_cross_entropy``, with no layout at all."""
+    model = build_model(SCORING_MODEL, 1, stateful=False)
+    model.set_weights(weights)
+    return [stream_cross_entropy(model, ids, streams) for streams, _ in SCORING_CASES]
+
+
+@pytest.mark.parametrize("fast_lstm", [True, False], ids=["fast-lstm", "keras-lstm"])
+def test_score_reads_every_character_exactly(tmp_path: Path, fast_lstm: bool) -> None:
+    """Full batches, then the padded rest: the nats of every character after the first, as each stream read
+    whole from zero states gives them."""
+    import tensorflow as tf
+
+    ids, weights = scoring_case(tmp_path / "ids")
+    got = scores(ids, weights, tf.distribute.get_strategy(), fast_lstm)
+    for (nats, chars), expected in zip(got, expected_scores(ids, weights), strict=True):
+        assert chars == len(ids) - 1
+        assert nats == pytest.approx(expected, rel=1e-6)
+
+
+MIRRORED_SCORES = """
+import json, sys
+from pathlib import Path
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+from test_evaluate import scoring_case, scores
+ids, weights = scoring_case(Path(sys.argv[1]))
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+print(json.dumps(scores(ids, weights, strategy, fast_lstm=True)))
+"""
+
+
+def test_score_over_two_replicas_reads_every_character_exactly(tmp_path: Path) -> None:
+    """Through a real MirroredStrategy over two logical CPUs (the default profile's LSTM path): each replica scores
+    its own streams, the padded rest included (in (4, 50) only the second replica's last row has characters left)."""
+    out = run_python(["-c", MIRRORED_SCORES, str(tmp_path / "ids")], cwd=Path(__file__).parent)
+    assert out.returncode == 0, out.stderr
+    ids, weights = scoring_case(tmp_path / "ids")
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    for (nats, chars), expected in zip(got, expected_scores(ids, weights), strict=True):
+        assert chars == len(ids) - 1
+        assert nats == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.parametrize(("streams", "seq_len"), [(1, 7), (3, 7), (2, 50), (9, 4)])
 def test_score_equals_the_cross_entropy_by_hand(trained_run, streams: int, seq_len: int) -> None:
-    """Batches of seq_len characters with the state carried across them read each stream as one piece."""
+    """Batches of seq_len characters with the state carried across them read each stream as one piece, and the
+    characters that fill no whole batch are scored too (of the 683 validation characters, (9, 4) leaves each
+    stream 3 after its full batches and the last 7 more: three padded batches)."""
     run = trained_run.run
     val = load_splits(run.load_config().data, cache_root(run.path.parent), run.load_vocab()).val
     cfg = run.load_config()
     model = build_model(cfg.model, batch_size=streams)
     run.load_weights(model)
     nats, chars = score(compile_eval_step(model, cfg.profile), model, val, StreamLayout.of(len(val), streams, seq_len))
-    stream_len = (len(val) - 1) // (streams * seq_len) * seq_len
-    expected, count = hand_cross_entropy(run, val, streams, stream_len)
-    assert chars == count
+    expected, count = hand_cross_entropy(run, val, streams)
+    assert chars == count == len(val) - 1
     assert nats / chars == pytest.approx(expected, rel=1e-5)
 
 
@@ -62,8 +142,7 @@ def test_evaluate_scores_a_split_in_the_runs_own_layout(trained_run) -> None:
     val = load_splits(data, cache_root(run.path.parent), run.load_vocab()).val
     result = evaluate_run(run, split="val")
     assert (result.streams, result.seq_len) == (data.batch_size, data.seq_len)
-    stream_len = (len(val) - 1) // (data.batch_size * data.seq_len) * data.seq_len
-    expected, count = hand_cross_entropy(run, val, data.batch_size, stream_len)
+    expected, count = hand_cross_entropy(run, val, data.batch_size)
     assert result.chars == count
     assert result.nats_per_char == pytest.approx(expected, rel=1e-5)
     assert result.bits_per_char == pytest.approx(expected / np.log(2), rel=1e-5)
@@ -77,7 +156,7 @@ def test_streams_reads_the_split_as_that_many_streams(trained_run) -> None:
     val = load_splits(data, cache_root(run.path.parent), run.load_vocab()).val
     result = evaluate_run(run, split="val", streams=3)
     assert (result.streams, result.seq_len) == (3, data.seq_len)
-    expected, count = hand_cross_entropy(run, val, 3, (len(val) - 1) // (3 * data.seq_len) * data.seq_len)
+    expected, count = hand_cross_entropy(run, val, 3)
     assert result.chars == count
     assert result.nats_per_char == pytest.approx(expected, rel=1e-5)
     checkpoints = str(run.path.parent)
@@ -103,7 +182,7 @@ def test_a_text_shorter_than_one_batch_is_read_as_fewer_streams(trained_run, tmp
     path = tmp_path / "short.txt"
     path.write_text(trained_run.corpus.read_text(encoding="utf-8")[:101], encoding="utf-8")
     result = evaluate_run(trained_run.run, file=str(path))
-    assert (result.streams, result.seq_len, result.chars) == (3, data.seq_len, 96)  # 100 // 32 streams
+    assert (result.streams, result.seq_len, result.chars) == (3, data.seq_len, 100)  # 100 // 32 streams, all scored
     path.write_text("the cat", encoding="utf-8")
     result = evaluate_run(trained_run.run, file=str(path))
     assert (result.streams, result.seq_len, result.chars) == (1, 6, 6)

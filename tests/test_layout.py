@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from textgen.errors import CorpusError
-from textgen.layout import StreamLayout
+from textgen.layout import MASKED, StreamLayout, scoring_layout
 
 
 @given(layouts())
@@ -102,3 +102,74 @@ def test_stream_layout_exactly_one_batch() -> None:
     inputs, targets = all_batches(np.arange(9), StreamLayout.of(9, 2, 4))
     assert inputs.tolist() == [[[0, 1, 2, 3], [4, 5, 6, 7]]]
     assert targets.tolist() == [[[1, 2, 3, 4], [5, 6, 7, 8]]]
+
+
+def every_batch(ids: np.ndarray, layout: StreamLayout) -> tuple[np.ndarray, np.ndarray]:
+    """The full batches and then the last ones, side by side: inputs and targets shaped (streams, width)."""
+    pairs = [layout.batch(ids, k) for k in range(layout.batches)] + layout.last_batches(ids)
+    assert all(x.shape == y.shape == (layout.streams, layout.seq_len) for x, y in pairs)  # one shape for every call
+    return np.concatenate([x for x, _ in pairs], axis=1), np.concatenate([y for _, y in pairs], axis=1)
+
+
+@given(st.integers(1, 8), st.integers(1, 12), st.integers(0, 150))
+def test_a_covering_layout_scores_every_character_once_in_contiguous_streams(
+    streams: int, seq_len: int, more: int
+) -> None:
+    """Equal streams, the last one taking the characters left over; each row scored from its start to its end and
+    padded after it, in as few batches as that takes."""
+    n = streams + 1 + more
+    layout = StreamLayout.covering(n, streams, seq_len)
+    inputs, targets = every_batch(np.arange(n), layout)
+    scored = targets != MASKED
+    assert layout.scored == int(scored.sum()) == n - 1
+    np.testing.assert_array_equal(targets[scored], inputs[scored] + 1)
+    length = (n - 1) // streams
+    for i in range(streams):
+        end = (i + 1) * length if i < streams - 1 else n - 1
+        assert scored[i, : end - i * length].all() and not scored[i, end - i * length :].any()
+        np.testing.assert_array_equal(targets[i, scored[i]], np.arange(i * length + 1, end + 1))
+    assert scored[:, : layout.batches * seq_len].all()  # the full batches have no padding
+    assert all((y != MASKED).any() for _, y in layout.last_batches(np.arange(n)))  # nor a last batch all padding
+
+
+@given(st.integers(1, 8), st.integers(1, 12), st.integers(0, 150), st.integers(1, 9), st.randoms(use_true_random=False))
+def test_counting_in_a_covering_layouts_targets_reads_every_character_after_the_first(
+    streams: int, seq_len: int, more: int, chunk: int, rnd
+) -> None:
+    import textgen.layout
+
+    n = streams + 1 + more
+    ids = np.array([rnd.randrange(3) for _ in range(n)], dtype=np.uint8)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(textgen.layout, "COUNT_CHUNK", chunk)
+        assert StreamLayout.covering(n, streams, seq_len).count_in_targets(ids, 0) == int(
+            np.count_nonzero(ids[1:] == 0)
+        )
+
+
+def test_a_covering_layout_needs_a_character_to_score_in_every_stream() -> None:
+    assert StreamLayout.covering(4, 3, 10).scored == 3
+    with pytest.raises(CorpusError, match="3 characters cannot give each of 3 streams one to score"):
+        StreamLayout.covering(3, 3, 10)
+
+
+def test_war_and_peaces_test_split_is_scored_to_its_last_character() -> None:
+    """Its 160,378 characters (tests/test_data.py's split sizes) in the default 64 x 100: 160,377 scored, where
+    full batches alone scored 160,000."""
+    layout = scoring_layout(160_378, 64, 100, "the test split")
+    assert (layout.streams, layout.seq_len, layout.batches, layout.tail, layout.extra) == (64, 100, 25, 5, 57)
+    assert layout.scored == 160_377
+    assert StreamLayout.of(160_378, 64, 100).scored == 160_000
+
+
+@pytest.mark.parametrize(
+    ("n", "shape"),
+    [(101, (3, 32, 100)), (7, (1, 6, 6)), (2, (1, 1, 1)), (1000, (8, 32, 999))],
+)
+def test_a_text_too_short_for_the_batch_is_scored_in_fewer_or_shorter_streams(
+    n: int, shape: tuple[int, int, int]
+) -> None:
+    layout = scoring_layout(n, 8, 32, "a text")
+    assert (layout.streams, layout.seq_len, layout.scored) == shape
+    with pytest.raises(CorpusError, match="a text has 1 characters; at least 2 are needed"):
+        scoring_layout(1, 8, 32, "a text")

@@ -10,6 +10,7 @@ runs the steps as compiled TensorFlow loops (a run's weights, or an exported Sav
 
 from __future__ import annotations
 
+import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from textgen.config import ModelConfig, SampleConfig
-from textgen.layout import StreamLayout
+from textgen.layout import MASKED, StreamLayout
 from textgen.npsampling import uniforms
 from textgen.vocab import UNKNOWN_ID, Vocabulary
 
@@ -151,15 +152,20 @@ class Sampler(ABC):
         return ["".join(row) for row in zip(*pieces, strict=True)]
 
     def score(self, ids: np.ndarray, layout: StreamLayout) -> tuple[float, int]:
-        """Summed cross-entropy (nats) of ``ids`` read in ``layout`` from zero states, and the characters scored:
-        what ``textgen.scoring.score`` computes for a run, here through ``read`` one character at a time."""
+        """Summed cross-entropy (nats) of every character of ``ids`` after the first, read in ``layout``'s streams
+        and ``seq_len`` from zero states, and how many that is: what ``textgen.scoring.score`` computes for a run,
+        here through ``read`` one character at a time."""
+        layout = StreamLayout.covering(len(ids), layout.streams, layout.seq_len)
         states, nats = self.zero_states(layout.streams), 0.0
         rows = np.arange(layout.streams)
-        for k in range(layout.batches):
-            inputs, targets = layout.batch(ids, k)
+        full = (layout.batch(ids, k) for k in range(layout.batches))
+        for inputs, targets in itertools.chain(full, layout.last_batches(ids)):
             for t in range(layout.seq_len):
+                scored = targets[:, t] != MASKED
+                if not scored.any():  # padding, to the end of every row
+                    break
                 logits, states = self.read(inputs[:, t : t + 1], states)
                 shifted = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
                 log_total = np.log(np.exp(shifted).sum(axis=-1))
-                nats += float(np.sum(log_total - shifted[rows, targets[:, t]]))
-        return nats, layout.batches * layout.chars_per_batch
+                nats += float(np.sum((log_total - shifted[rows, targets[:, t]])[scored]))
+        return nats, layout.scored

@@ -2,8 +2,10 @@
 
 A text's ids, from the layout's ``first``, are cut into ``streams`` contiguous streams, and batch ``k`` holds
 characters ``[k*seq_len, (k+1)*seq_len)`` of every stream, so row ``i`` of batch ``k+1`` continues row ``i`` of
-batch ``k`` exactly. Targets are the inputs shifted by one character. ``textgen.data`` reads these batches
-through tf.data for training; scoring reads them here too. No TensorFlow: an exported model scores without it.
+batch ``k`` exactly. Targets are the inputs shifted by one character. Training reads full batches only
+(``StreamLayout.of``); scoring reads every character (``StreamLayout.covering``: after the full batches, the
+rest in batches of the same shape, padded with ``MASKED`` targets). ``textgen.data`` reads the full batches
+through tf.data. No TensorFlow here: an exported model scores without it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import numpy as np
 from textgen.errors import CorpusError
 
 COUNT_CHUNK = 1 << 24  # ids per read when counting: 16 MB of a uint8 memory map
+MASKED = -1  # the target of a padding position: not scored
 
 
 def fills_one_batch(n: int, streams: int, seq_len: int) -> bool:
@@ -25,13 +28,16 @@ def fills_one_batch(n: int, streams: int, seq_len: int) -> bool:
 
 @dataclass(frozen=True)
 class StreamLayout:
-    """``streams`` contiguous streams of ``batches * seq_len`` characters each, read ``seq_len`` at a time, the
-    first beginning at id ``first``."""
+    """``streams`` contiguous streams of ``batches * seq_len + tail`` characters each, read ``seq_len`` at a time,
+    the first beginning at id ``first``; the last stream has ``extra`` characters more (fewer than ``streams``:
+    what equal streams leave over)."""
 
     streams: int
     seq_len: int
     batches: int
     first: int = 0
+    tail: int = 0  # characters of each stream after its full batches, fewer than seq_len
+    extra: int = 0
 
     @classmethod
     def of(cls, n: int, streams: int, seq_len: int) -> StreamLayout:
@@ -48,18 +54,39 @@ class StreamLayout:
         room = max(0, min(seq_len - 1, n - 1 - streams * seq_len))
         return dataclasses.replace(cls.of(n - room, streams, seq_len), first=int(rng.integers(room + 1)))
 
+    @classmethod
+    def covering(cls, n: int, streams: int, seq_len: int) -> StreamLayout:
+        """The layout of ``n`` ids that reads every one of them, for scoring: ``streams`` streams of
+        ``(n - 1) // streams`` targets each, and what that leaves over at the end of the last stream (the streams
+        are contiguous, so the text's end is the last stream's)."""
+        length, extra = divmod(n - 1, streams)
+        if length < 1:
+            raise CorpusError(f"{n} characters cannot give each of {streams} streams one to score")
+        batches, tail = divmod(length, seq_len)
+        return cls(streams, seq_len, batches, tail=tail, extra=extra)
+
     @property
     def chars_per_batch(self) -> int:
         return self.streams * self.seq_len
 
+    @property
+    def stream_len(self) -> int:
+        """Characters in each stream but the last (which has ``extra`` more)."""
+        return self.batches * self.seq_len + self.tail
+
+    @property
+    def scored(self) -> int:
+        """How many targets the layout reads: the characters it scores."""
+        return self.streams * self.stream_len + self.extra
+
     def stream_start(self, i: int) -> int:
         """Where stream ``i`` begins in the ids: the streams are consecutive slices of them."""
-        return self.first + i * self.batches * self.seq_len
+        return self.first + i * self.stream_len
 
     def count_in_targets(self, ids: np.ndarray, value: int) -> int:
-        """How many of the layout's targets (ids ``first`` + 1 to ``first`` + streams x batches x seq_len: the
-        characters scored) are ``value``, read a chunk at a time: ``ids`` may be a memory map bigger than memory."""
-        end = self.stream_start(self.streams) + 1
+        """How many of the layout's targets (ids ``first`` + 1 to ``first`` + ``scored``: the characters scored)
+        are ``value``, read a chunk at a time: ``ids`` may be a memory map bigger than memory."""
+        end = self.first + self.scored + 1
         return sum(
             int(np.count_nonzero(np.asarray(ids[a : min(a + COUNT_CHUNK, end)]) == value))
             for a in range(self.first + 1, end, COUNT_CHUNK)
@@ -71,11 +98,29 @@ class StreamLayout:
         window = np.asarray(ids[starts[:, None] + np.arange(self.seq_len + 1)], dtype=np.int32)
         return window[:, :-1], window[:, 1:]
 
+    def last_batches(self, ids: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Inputs and targets (int32, streams x seq_len) of what follows the full batches: each stream's ``tail``
+        and the last stream's ``extra``, padded to whole batches (as many as the last stream's rest needs), so that
+        they have the full batches' shape. A padding position reads id 0, its target is
+        ``MASKED``; it comes after its row's last character, so it changes nothing that is scored."""
+        lengths = np.full(self.streams, self.tail)
+        lengths[-1] += self.extra
+        width = -(-int(lengths[-1]) // self.seq_len) * self.seq_len
+        starts = np.array([self.stream_start(i) for i in range(self.streams)]) + self.batches * self.seq_len
+        live = np.arange(width) < lengths[:, None]
+        positions = np.where(live, starts[:, None] + np.arange(width), self.first)  # padding reads a valid id
+        inputs = np.where(live, np.asarray(ids[positions], dtype=np.int32), 0)
+        targets = np.where(live, np.asarray(ids[positions + 1], dtype=np.int32), MASKED)
+        return [
+            (inputs[:, a : a + self.seq_len], targets[:, a : a + self.seq_len]) for a in range(0, width, self.seq_len)
+        ]
+
 
 def scoring_layout(n: int, streams: int, seq_len: int, source: str) -> StreamLayout:
-    """How ``n`` ids of the text ``source`` are scored: ``streams`` x ``seq_len`` if they fill one such batch,
-    else the largest layout they do fill (fewer streams first, then shorter ones)."""
+    """How ``n`` ids of the text ``source`` are scored, every character after the first: in ``streams`` x
+    ``seq_len`` batches if they fill one, else in the largest batch they do fill (fewer streams first, then
+    shorter ones)."""
     if n < 2:
         raise CorpusError(f"{source} has {n} characters; at least 2 are needed to score one")
     streams = max(1, min(streams, (n - 1) // seq_len))
-    return StreamLayout.of(n, streams, min(seq_len, (n - 1) // streams))
+    return StreamLayout.covering(n, streams, min(seq_len, (n - 1) // streams))

@@ -2,7 +2,8 @@
 
 The text is laid out as the run's training batches are (``layout.StreamLayout``): ``batch_size``
 contiguous streams read ``seq_len`` characters at a time, the LSTM state carried from one batch
-to the next and zeroed at the start. So the best validation loss in a run's history and
+to the next and zeroed at the start; the characters that do not fill a last batch are scored too
+(``StreamLayout.covering``). So the best validation loss in a run's history and
 ``textgen evaluate --split val`` are the same number for the same weights.
 """
 
@@ -17,10 +18,10 @@ import tensorflow as tf
 from textgen.config import DeviceProfile
 from textgen.data import distributed_batches
 from textgen.fastlstm import stateful_logits
-from textgen.layout import StreamLayout
+from textgen.layout import MASKED, StreamLayout
 from textgen.model import reset_states
 
-# (inputs, targets) -> summed cross-entropy in nats, carrying the model's LSTM states
+# (inputs, targets) -> summed cross-entropy (nats) of the targets not MASKED, carrying the model's LSTM states
 EvalStep = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
 
 
@@ -31,16 +32,17 @@ def model_logits(
     return stateful_logits(model, x, training, seed) if profile.fast_lstm else model(x, training=training)
 
 
-def loss_sum(
-    model: keras.Model, profile: DeviceProfile, x: tf.Tensor, y: tf.Tensor, training: bool, seed: tf.Tensor | None
-) -> tf.Tensor:
-    """Summed cross-entropy (nats) of targets ``y`` after inputs ``x``, through the profile's LSTM path."""
-    return summed_cross_entropy(y, model_logits(model, profile, x, training, seed))
-
-
 def summed_cross_entropy(y: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
     """Summed cross-entropy (nats) of integer targets ``y`` under ``logits``."""
     return tf.reduce_sum(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
+
+
+def masked_cross_entropy(y: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
+    """Summed cross-entropy (nats) of integer targets ``y`` under ``logits``, leaving out the ``MASKED`` ones
+    (the padding of a last batch)."""
+    scored = tf.not_equal(y, MASKED)
+    losses = keras.losses.sparse_categorical_crossentropy(tf.where(scored, y, 0), logits, from_logits=True)
+    return tf.reduce_sum(tf.where(scored, losses, tf.zeros_like(losses)))
 
 
 def compile_eval_step(
@@ -50,7 +52,7 @@ def compile_eval_step(
     strategy = strategy or tf.distribute.get_strategy()
 
     def replica_step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
-        return loss_sum(model, profile, x, y, False, None)
+        return masked_cross_entropy(y, model_logits(model, profile, x, False))
 
     @tf.function(jit_compile=profile.jit_compile, autograph=False)
     def eval_step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
@@ -66,12 +68,30 @@ def score(
     layout: StreamLayout,
     strategy: tf.distribute.Strategy | None = None,
 ) -> tuple[float, int]:
-    """Summed cross-entropy (nats) and the number of characters scored, from zero LSTM states.
+    """Summed cross-entropy (nats) of every character of ``ids`` after the first, from zero LSTM states, and how
+    many that is.
 
-    ``model`` must be stateful with ``layout.streams`` rows (per replica of ``strategy``, their share).
-    Only the full batches of the layout are scored: what is left at the end is shorter than one batch.
+    The ids are read in ``layout``'s streams and ``seq_len`` (of the layout, only these count: a training layout
+    of full batches serves) as ``StreamLayout.covering`` lays them out: the full batches, then the rest in padded
+    batches of the same shape. ``model`` must be stateful with ``layout.streams`` rows (per replica of
+    ``strategy``, their share).
     """
+    strategy = strategy or tf.distribute.get_strategy()
+    layout = StreamLayout.covering(len(ids), layout.streams, layout.seq_len)
     reset_states(model)
-    batches = distributed_batches(strategy or tf.distribute.get_strategy(), ids, layout)
-    total = sum(float(eval_step(x, y)) for x, y in batches)
-    return total, layout.batches * layout.chars_per_batch
+    total = sum(float(eval_step(x, y)) for x, y in distributed_batches(strategy, ids, layout))
+    for x, y in layout.last_batches(ids):
+        total += float(eval_step(_by_replica(strategy, x), _by_replica(strategy, y)))
+    return total, layout.scored
+
+
+def _by_replica(strategy: tf.distribute.Strategy, rows: np.ndarray) -> tf.Tensor:
+    """``rows`` (streams, T) dealt to ``strategy``'s replicas as ``distributed_batches`` deals a batch: replica ``r``
+    takes rows ``r * per`` to ``(r + 1) * per``."""
+    per = len(rows) // strategy.num_replicas_in_sync
+
+    def replica_rows(context: tf.distribute.experimental.ValueContext) -> tf.Tensor:
+        first = context.replica_id_in_sync_group * per
+        return tf.constant(rows[first : first + per])
+
+    return strategy.experimental_distribute_values_from_function(replica_rows)
