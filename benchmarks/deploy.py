@@ -132,12 +132,12 @@ def main() -> None:
 
     import_tensorflow()  # quietly, before anything else imports it
     from textgen import api
-    from textgen.artifact import open_artifact
     from textgen.checkpoint import find_run
     from textgen.config import SampleConfig
     from textgen.evaluate import split_ids
     from textgen.layout import scoring_layout
     from textgen.model import build_model
+    from textgen.runtime import open_artifact
 
     teacher = find_run(checkpoint_dir, args.run)
     rows: list[Row] = []

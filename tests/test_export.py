@@ -12,9 +12,10 @@ import pytest
 from helpers import assert_one_line_error, invoke, run_python, run_textgen, train_tiny_run, write_corpus
 
 from textgen import api
-from textgen.artifact import INFO_FILE, open_artifact
+from textgen.artifact import INFO_FILE
 from textgen.checkpoint import Run
 from textgen.config import SampleConfig
+from textgen.runtime import open_artifact
 from textgen.sampling import Generator
 
 VARIANTS = {  # name: (format, quantize)

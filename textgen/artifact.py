@@ -1,7 +1,8 @@
 """Exported models on disk: a directory holding the network and ``textgen.json`` (vocabulary, model config,
 how it was exported), so that nothing else from the run is needed to use it.
 
-Reading one imports no TensorFlow: a LiteRT artifact runs on the ``ai-edge-litert`` interpreter alone.
+Reading one imports no TensorFlow: a LiteRT artifact runs on the ``ai-edge-litert`` interpreter alone
+(``textgen.runtime`` chooses the runtime for an export).
 """
 
 from __future__ import annotations
@@ -13,12 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from textgen.config import ModelConfig, from_dict, to_dict
-from textgen.corpus import read_corpus, resolve_corpus, resolve_encoding
 from textgen.errors import ConfigError
-from textgen.generation import Sampler
-from textgen.layout import scoring_layout
-from textgen.results import Evaluation
-from textgen.vocab import UNKNOWN_ID, Vocabulary
+from textgen.vocab import Vocabulary
 
 INFO_FILE = "textgen.json"
 LITERT_FILE = "model.tflite"
@@ -102,35 +99,3 @@ class ArtifactInfo:
 def is_artifact(path: Path) -> bool:
     """Whether ``path`` is a directory that ``textgen export`` wrote."""
     return (Path(path) / INFO_FILE).is_file()
-
-
-def open_artifact(path: Path) -> tuple[Sampler, ArtifactInfo]:
-    """A sampler for an exported model (its directory, or a file in it such as ``model.tflite``): LiteRT without
-    TensorFlow, a SavedModel with it."""
-    path = Path(path)
-    if path.is_file() and is_artifact(path.parent):
-        path = path.parent
-    info = ArtifactInfo.read(path)
-    if info.format == ExportFormat.litert.value:
-        from textgen.litert import LiteRTGenerator
-
-        return LiteRTGenerator(info.model, info.vocab, Path(path) / LITERT_FILE), info
-    from textgen.device import configure_for_inference, import_tensorflow
-
-    import_tensorflow()
-    configure_for_inference()
-    from textgen.sampling import SavedModelGenerator
-
-    return SavedModelGenerator(info.model, info.vocab, Path(path)), info
-
-
-def evaluate_artifact(path: Path, file: str, encoding: str = "auto", streams: int | None = None) -> Evaluation:
-    """Score an exported model on a text ``file``, laid out as its run's validation was (a LiteRT model without
-    TensorFlow)."""
-    sampler, info = open_artifact(path)
-    corpus = resolve_corpus(file)
-    ids = info.vocab.encode(read_corpus(corpus, info.strip_boilerplate, resolve_encoding(corpus, encoding)))
-    layout = scoring_layout(len(ids), streams or info.batch_size, info.seq_len, file)
-    nats, chars = sampler.score(ids, layout)
-    unknown = layout.count_in_targets(ids, UNKNOWN_ID)
-    return Evaluation(str(path), file, nats / chars, chars, unknown, layout.streams, layout.seq_len)
