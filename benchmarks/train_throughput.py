@@ -73,13 +73,13 @@ def flops_per_char(vocab: int) -> float:
 
 def measure_textgen(seconds: float, fast_lstm: bool, intra: int, inter: int, jit: bool, unroll: int | None) -> dict:
     from textgen import fastlstm
-    from textgen.config import DeviceProfile
+    from textgen.config import Device, DeviceProfile
     from textgen.device import apply_profile
 
     fastlstm.UNROLL = unroll or fastlstm.UNROLL  # read when the step is traced
 
     profile = DeviceProfile(
-        name="bench",
+        name=Device.cpu,
         precision="float32",
         batch_size=REF["batch_size"],
         intra_op_threads=intra,

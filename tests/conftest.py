@@ -12,6 +12,8 @@ import pytest
 from helpers import TINY_DATA, TINY_MODEL, steps_per_epoch, write_corpus
 from hypothesis import settings
 
+from textgen.config import DataSettings, ModelSettings, TrainSettings
+
 # No per-example deadline: the machine is small and shared, and timing is not what these tests check.
 settings.register_profile("textgen", deadline=None)
 settings.load_profile("textgen")
@@ -68,9 +70,9 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> TrainedRun:
         CPU,
         checkpoint_dir=checkpoint_dir,
         run_name="tiny",
-        data=TINY_DATA,
-        model=TINY_MODEL,
-        training={"epochs": 4, "lr": 1e-2},  # a tiny model learns fast enough to show in 4 epochs
+        data=DataSettings(**TINY_DATA),
+        model=ModelSettings(**TINY_MODEL),
+        training=TrainSettings(epochs=4, lr=1e-2),  # a tiny model learns fast enough to show in 4 epochs
     )
     result = train(plan)
     spe = steps_per_epoch(len(plan.splits.train), TINY_DATA["batch_size"], TINY_DATA["seq_len"])

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import strategies as st
 
+from textgen.config import DataSettings, ModelSettings, TrainSettings
 from textgen.layout import StreamLayout
 
 # fmt: off
@@ -55,7 +56,13 @@ def train_tiny_run(base: Path, name: str, model: dict, training: dict, n_words: 
     corpus = str(write_corpus(base / "tiny.txt", n_words))
     checkpoints = base / "checkpoints"
     plan = plan_training(
-        corpus, CPU, checkpoint_dir=checkpoints, run_name=name, data=TINY_DATA, model=model, training=training
+        corpus,
+        CPU,
+        checkpoint_dir=checkpoints,
+        run_name=name,
+        data=DataSettings(**TINY_DATA),
+        model=ModelSettings(**model),
+        training=TrainSettings(**training),
     )
     train(plan)
     return plan.run

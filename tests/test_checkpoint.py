@@ -19,7 +19,7 @@ from textgen.checkpoint import (
     list_runs,
     reserve_run,
 )
-from textgen.config import RunConfig
+from textgen.config import DataSettings, ModelSettings, RunConfig, TrainSettings
 from textgen.errors import CheckpointError, ConfigError
 from textgen.files import atomic_path, atomic_write_text, fsync_tree
 from textgen.layout import MASKED, StreamLayout
@@ -163,7 +163,7 @@ def test_last_weights_are_the_weights_training_had_at_its_last_resume_point(tmp_
 
     plan = plan_training(
         str(write_corpus(tmp_path / "tiny.txt", 3000)), CPU, checkpoint_dir=tmp_path / "ck", run_name="r",
-        data=TINY_DATA, model=TINY_MODEL, training={"epochs": 2},
+        data=DataSettings(**TINY_DATA), model=ModelSettings(**TINY_MODEL), training=TrainSettings(epochs=2),
     )  # fmt: skip
     saved: list[list[np.ndarray]] = []
     original = plan.run.save_resume_point

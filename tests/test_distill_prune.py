@@ -13,7 +13,7 @@ import tensorflow as tf
 from helpers import assert_one_line_error, invoke, run_textgen
 
 from textgen.checkpoint import Run
-from textgen.config import PruneConfig
+from textgen.config import DataSettings, DistillSettings, ModelSettings, PruneConfig, PruneSettings, TrainSettings
 from textgen.device import CPU
 from textgen.errors import TrainingInterrupted
 from textgen.model import build_model
@@ -41,8 +41,24 @@ def kernels(run: Run, which: str = "best") -> list[np.ndarray]:
     return [k.numpy() for k in prunable_kernels(model)]
 
 
-def derived_plan(checkpoints: Path, name: str, **options):
-    return plan_training(None, CPU, checkpoint_dir=checkpoints, run_name=name, **options)
+def derived_plan(
+    checkpoints: Path,
+    name: str,
+    distill: dict | None = None,
+    prune: dict | None = None,
+    model: dict | None = None,
+    training: dict | None = None,
+):
+    return plan_training(
+        None,
+        CPU,
+        checkpoint_dir=checkpoints,
+        run_name=name,
+        distill=DistillSettings(**distill) if distill else None,
+        prune=PruneSettings(**prune) if prune else None,
+        model=ModelSettings(**(model or {})),
+        training=TrainSettings(**(training or {})),
+    )
 
 
 # --- distillation -------------------------------------------------------------------------
@@ -84,9 +100,9 @@ def test_distillation_with_alpha_one_is_ordinary_training(checkpoints: Path) -> 
         CPU,
         checkpoint_dir=checkpoints,
         run_name="plain",
-        data={"batch_size": teacher_cfg.data.batch_size, "seq_len": teacher_cfg.data.seq_len},
-        model={**_model_settings(teacher_cfg.model), "units": 8},
-        training={"epochs": 1},
+        data=DataSettings(batch_size=teacher_cfg.data.batch_size, seq_len=teacher_cfg.data.seq_len),
+        model=ModelSettings(**{**_model_settings(teacher_cfg.model), "units": 8}),
+        training=TrainSettings(epochs=1),
     )
     train(plain)
     for a, b in zip(kernels(student.run, "last"), kernels(plain.run, "last"), strict=True):
@@ -193,7 +209,9 @@ def test_a_pruned_run_given_more_epochs_never_unmasks_a_weight(checkpoints: Path
     before = [k == 0 for k in kernels(plan.run, "last")]
     best_before = plan.run.best_weights_path.read_bytes()
     train(
-        plan_training(None, CPU, checkpoint_dir=checkpoints, run_name="extended", resume=True, training={"epochs": 5})
+        plan_training(
+            None, CPU, checkpoint_dir=checkpoints, run_name="extended", resume=True, training=TrainSettings(epochs=5)
+        )
     )
     for zero_before, zero_after in zip(before, [k == 0 for k in kernels(plan.run, "last")], strict=True):
         assert zero_before.mean() == pytest.approx(0.5, abs=1 / zero_before.size)

@@ -10,7 +10,7 @@ import pytest
 from helpers import TINY_DATA, TINY_MODEL, assert_one_line_error, invoke, read_history, write_corpus
 
 from textgen.checkpoint import Run
-from textgen.config import OPTIMIZERS, TrainConfig
+from textgen.config import OPTIMIZERS, DataSettings, ModelSettings, TrainConfig, TrainSettings
 from textgen.device import CPU, apply_profile
 from textgen.errors import ConfigError
 
@@ -70,9 +70,9 @@ def _plan(base: Path, name: str, resume: bool = False, **training):
         checkpoint_dir=base / "checkpoints",
         run_name=name,
         resume=resume,
-        data={} if resume else TINY_DATA,
-        model={} if resume else TINY_MODEL,
-        training=training,
+        data=DataSettings(**{} if resume else TINY_DATA),
+        model=ModelSettings(**{} if resume else TINY_MODEL),
+        training=TrainSettings(**training),
     )
 
 

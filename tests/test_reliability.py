@@ -32,6 +32,7 @@ from helpers import (
 )
 
 from textgen.checkpoint import ResumeState, Run, find_run
+from textgen.config import DataSettings, ModelSettings, TrainSettings
 from textgen.device import CPU
 from textgen.errors import CheckpointError, CorpusError, TrainingDiverged
 from textgen.runs import run_summaries
@@ -86,7 +87,12 @@ def test_a_run_has_one_writer_and_any_number_of_readers(trained_run, tmp_path: P
             run.lock()
         with pytest.raises(CheckpointError, match=f"process {os.getpid()}"):
             plan_training(
-                None, CPU, checkpoint_dir=tmp_path / "ck", run_name=run.name, resume=True, training={"epochs": 9}
+                None,
+                CPU,
+                checkpoint_dir=tmp_path / "ck",
+                run_name=run.name,
+                resume=True,
+                training=TrainSettings(epochs=9),
             )
         out = invoke("sample", "--checkpoint-dir", str(tmp_path / "ck"), "--length", "20", "--seed", "1")
         assert out.exit_code == 0, out.stderr  # reading is never blocked
@@ -235,9 +241,9 @@ def test_save_every_writes_mid_epoch_resume_points(tmp_path: Path, monkeypatch: 
         CPU,
         checkpoint_dir=tmp_path / "ck",
         run_name="r",
-        data=TINY_DATA,
-        model=TINY_MODEL,
-        training={"epochs": 1, "save_every": 4 / 64, "time_budget": 0.5},
+        data=DataSettings(**TINY_DATA),
+        model=ModelSettings(**TINY_MODEL),
+        training=TrainSettings(epochs=1, save_every=4 / 64, time_budget=0.5),
     )
     saves: list[tuple[int, int]] = []
     original = plan.run.save_resume_point
@@ -286,7 +292,7 @@ def test_a_failing_save_is_one_line_and_keeps_the_last_resume_point(
     run = trained_run.copy_to(tmp_path / "ck")
     before = run.state_path.read_bytes()
     plan = plan_training(
-        None, CPU, checkpoint_dir=tmp_path / "ck", run_name=run.name, resume=True, training={"epochs": 6}
+        None, CPU, checkpoint_dir=tmp_path / "ck", run_name=run.name, resume=True, training=TrainSettings(epochs=6)
     )
 
     def disk_full(*args: object, **kwargs: object) -> None:
@@ -303,7 +309,9 @@ def test_a_failing_save_is_one_line_and_keeps_the_last_resume_point(
     assert_consistent(run)
     run.lock().release()  # the failed process let go of the run
     result = train(
-        plan_training(None, CPU, checkpoint_dir=tmp_path / "ck", run_name=run.name, resume=True, training={"epochs": 5})
+        plan_training(
+            None, CPU, checkpoint_dir=tmp_path / "ck", run_name=run.name, resume=True, training=TrainSettings(epochs=5)
+        )
     )
     assert result.epochs == 5
 
@@ -349,15 +357,17 @@ def test_a_changed_corpus_is_refused_for_resume_and_split_evaluation(tmp_path: P
         CPU,
         checkpoint_dir=tmp_path / "ck",
         run_name="r",
-        data=TINY_DATA,
-        model=TINY_MODEL,
-        training={"epochs": 1},
+        data=DataSettings(**TINY_DATA),
+        model=ModelSettings(**TINY_MODEL),
+        training=TrainSettings(epochs=1),
     )
     train(plan)
     with open(corpus, "a", encoding="utf-8") as fh:
         fh.write("one more line\n")
     with pytest.raises(CorpusError, match=r"changed since run 'r' started"):
-        plan_training(None, CPU, checkpoint_dir=tmp_path / "ck", run_name="r", resume=True, training={"epochs": 2})
+        plan_training(
+            None, CPU, checkpoint_dir=tmp_path / "ck", run_name="r", resume=True, training=TrainSettings(epochs=2)
+        )
     out = invoke("evaluate", "--checkpoint-dir", str(tmp_path / "ck"), "--split", "val")
     assert_one_line_error(out, "changed since run 'r' started", "Restore the original text")
     assert invoke("evaluate", str(corpus), "--checkpoint-dir", str(tmp_path / "ck")).exit_code == 0  # any file is fine
@@ -458,7 +468,7 @@ def test_a_diverging_loss_stops_the_run_and_keeps_the_last_resume_point(
 
     monkeypatch.setattr(training, "build_trainer", diverging)
     plan = plan_training(
-        None, CPU, checkpoint_dir=tmp_path / "ck", run_name=run.name, resume=True, training={"epochs": 6}
+        None, CPU, checkpoint_dir=tmp_path / "ck", run_name=run.name, resume=True, training=TrainSettings(epochs=6)
     )
     with pytest.raises(TrainingDiverged, match="the loss became nan at epoch 5, batch 1"):
         train(plan)
@@ -497,7 +507,7 @@ def test_an_error_mid_epoch_leaves_the_weights_where_training_got(
 
     monkeypatch.setattr(training, "build_trainer", failing_after_two_batches)
     plan = plan_training(
-        None, CPU, checkpoint_dir=tmp_path / "ck", run_name=run.name, resume=True, training={"epochs": 6}
+        None, CPU, checkpoint_dir=tmp_path / "ck", run_name=run.name, resume=True, training=TrainSettings(epochs=6)
     )
     with pytest.raises(tf.errors.UnavailableError):
         train(plan)
@@ -644,8 +654,8 @@ def test_resume_accepts_the_same_encoding_spelled_another_way(tmp_path: Path) ->
     book = tmp_path / "latin.txt"
     book.write_bytes(write_corpus(tmp_path / "u.txt", 1500).read_text(encoding="utf-8").encode("latin-1"))
     kwargs = {"checkpoint_dir": tmp_path / "ck", "run_name": "r", "data": TINY_DATA, "model": TINY_MODEL}
-    train(plan_training(str(book), CPU, encoding="latin1", training={"epochs": 1}, **kwargs))
-    plan = plan_training(None, CPU, resume=True, encoding="ISO-8859-1", training={"epochs": 2}, **kwargs)
+    train(plan_training(str(book), CPU, encoding="latin1", training=TrainSettings(epochs=1), **kwargs))
+    plan = plan_training(None, CPU, resume=True, encoding="ISO-8859-1", training=TrainSettings(epochs=2), **kwargs)
     assert plan.config.data.encoding == "iso8859-1"
     plan.lock.release()
 

@@ -13,6 +13,7 @@ from clock import BatchClock
 from helpers import TINY_DATA, TINY_MODEL, read_history, steps_per_epoch, write_corpus
 
 from textgen.checkpoint import Run, resume_hint
+from textgen.config import DataSettings, ModelSettings, TrainSettings
 from textgen.device import CPU
 from textgen.errors import CheckpointError, ConfigError, TrainingInterrupted
 from textgen.model import build_model
@@ -29,15 +30,20 @@ def new_plan(tmp_path: Path, corpus: Path, **training):
         CPU,
         checkpoint_dir=tmp_path / "checkpoints",
         run_name="r",
-        data=TINY_DATA,
-        model=TINY_MODEL,
-        training=training,
+        data=DataSettings(**TINY_DATA),
+        model=ModelSettings(**TINY_MODEL),
+        training=TrainSettings(**training),
     )
 
 
 def resume_plan(tmp_path: Path, **training):
     return plan_training(
-        None, CPU, checkpoint_dir=tmp_path / "checkpoints", run_name="r", resume=True, training=training
+        None,
+        CPU,
+        checkpoint_dir=tmp_path / "checkpoints",
+        run_name="r",
+        resume=True,
+        training=TrainSettings(**training),
     )
 
 
@@ -218,8 +224,8 @@ def test_a_run_stopped_mid_epoch_and_resumed_ends_where_an_uninterrupted_one_doe
     model = {**TINY_MODEL, "dropout": 0.1}
     runs = {}
     for name, stops in (("straight", False), ("stopped", True)):
-        plan = plan_training(str(tiny_corpus), CPU, checkpoint_dir=tmp_path / name, run_name="r", data=data,
-                             model=model, training=training)  # fmt: skip
+        plan = plan_training(str(tiny_corpus), CPU, checkpoint_dir=tmp_path / name, run_name="r", data=DataSettings(**data),
+                             model=ModelSettings(**model), training=TrainSettings(**training))  # fmt: skip
         keras.utils.set_random_seed(0)
         if stops:
             with pytest.raises(TrainingInterrupted, match="stopped at epoch 1, batch 6/"):
@@ -255,8 +261,8 @@ def test_validating_mid_epoch_leaves_training_as_it_was(tmp_path: Path, tiny_cor
     model = {**TINY_MODEL, "dropout": 0.1}
     runs, interim = {}, EveryTenthBatch()
     for name, validating in (("straight", None), ("validating", interim)):
-        plan = plan_training(str(tiny_corpus), CPU, checkpoint_dir=tmp_path / name, run_name="r", data=data,
-                             model=model, training=training)  # fmt: skip
+        plan = plan_training(str(tiny_corpus), CPU, checkpoint_dir=tmp_path / name, run_name="r", data=DataSettings(**data),
+                             model=ModelSettings(**model), training=TrainSettings(**training))  # fmt: skip
         keras.utils.set_random_seed(0)
         train(plan, judge=validating)
         runs[name] = plan.run
@@ -398,9 +404,9 @@ def test_resume_accepts_the_command_that_started_the_run(trained_run) -> None:
         checkpoint_dir=trained_run.checkpoint_dir,
         run_name="tiny",
         resume=True,
-        data=TINY_DATA,
-        model=TINY_MODEL,
-        training={"epochs": 9, "lr": 1e-2},
+        data=DataSettings(**TINY_DATA),
+        model=ModelSettings(**TINY_MODEL),
+        training=TrainSettings(epochs=9, lr=1e-2),
     )
     assert plan.config.model == trained_run.plan.config.model
     assert plan.config.training.epochs == 9
@@ -419,8 +425,8 @@ def test_resume_accepts_new_epochs_and_time_budget(trained_run) -> None:
         checkpoint_dir=trained_run.checkpoint_dir,
         run_name="tiny",
         resume=True,
-        model={"units": None},  # flags the user did not give
-        training={"epochs": 9, "time_budget": 3600.0},  # more than the run has trained
+        model=ModelSettings(units=None),  # flags the user did not give
+        training=TrainSettings(epochs=9, time_budget=3600.0),  # more than the run has trained
     )
     assert plan.config.training.epochs == 9
     assert plan.config.training.time_budget == 3600.0
@@ -435,7 +441,11 @@ def test_the_epochs_and_budget_a_resume_gives_are_saved_with_the_run(trained_run
     copy = trained_run.copy_to(tmp_path)
     saved = copy.load_config().training
     extend = {"epochs": 5, "time_budget": 3600.0, "save_every": 7.0}
-    train(plan_training(None, CPU, checkpoint_dir=tmp_path, run_name=copy.name, resume=True, training=extend))
+    train(
+        plan_training(
+            None, CPU, checkpoint_dir=tmp_path, run_name=copy.name, resume=True, training=TrainSettings(**extend)
+        )
+    )
     kept = copy.load_config().training
     assert (kept.epochs, kept.time_budget, kept.save_every) == (5, 3600.0, saved.save_every)
     with pytest.raises(ConfigError, match=r"has done all 5 epochs; add --epochs 15 \(or more\)"):
@@ -450,7 +460,9 @@ def test_resume_without_any_run(tmp_path: Path) -> None:
 
 
 def test_resume_without_a_name_picks_the_latest_run(trained_run) -> None:
-    plan = plan_training(None, CPU, checkpoint_dir=trained_run.checkpoint_dir, resume=True, training={"epochs": 5})
+    plan = plan_training(
+        None, CPU, checkpoint_dir=trained_run.checkpoint_dir, resume=True, training=TrainSettings(epochs=5)
+    )
     assert plan.run.path == trained_run.run.path
 
 
@@ -469,7 +481,11 @@ def test_resume_of_a_run_without_a_resume_point_starts_it_cleanly(tmp_path: Path
 def test_new_run_with_an_existing_name(trained_run) -> None:
     with pytest.raises(ConfigError) as info:
         plan_training(
-            str(trained_run.corpus), CPU, checkpoint_dir=trained_run.checkpoint_dir, run_name="tiny", data=TINY_DATA
+            str(trained_run.corpus),
+            CPU,
+            checkpoint_dir=trained_run.checkpoint_dir,
+            run_name="tiny",
+            data=DataSettings(**TINY_DATA),
         )
     message = str(info.value)
     assert "run 'tiny' already exists" in message
@@ -488,7 +504,7 @@ def test_new_run_names_come_from_the_corpus(tmp_path: Path) -> None:
 
 def test_batch_size_defaults_to_the_profile(tmp_path: Path) -> None:
     corpus = write_corpus(tmp_path / "c.txt", 5000)
-    plan = plan_training(str(corpus), CPU, checkpoint_dir=tmp_path / "ck", data={"seq_len": 4})
+    plan = plan_training(str(corpus), CPU, checkpoint_dir=tmp_path / "ck", data=DataSettings(seq_len=4))
     assert plan.config.data.batch_size == CPU.batch_size
 
 
@@ -701,7 +717,13 @@ def first_steps(tmp_path: Path, corpus: Path, name: str, batch_size: int, accumu
 
 def new_plan_with(tmp_path: Path, corpus: Path, name: str, data: dict, **training):
     return plan_training(
-        str(corpus), CPU, checkpoint_dir=tmp_path / "ck", run_name=name, data=data, model=TINY_MODEL, training=training
+        str(corpus),
+        CPU,
+        checkpoint_dir=tmp_path / "ck",
+        run_name=name,
+        data=DataSettings(**data),
+        model=ModelSettings(**TINY_MODEL),
+        training=TrainSettings(**training),
     )
 
 

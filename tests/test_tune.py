@@ -71,10 +71,9 @@ def test_a_trial_whose_epochs_are_long_is_judged_mid_epoch() -> None:
     _finished(study, {10_000: 1.6, 30_000: 1.3, 100_000: 1.1})
     reporter = Reporter(study.ask(), NoProgress(), started=0.0, budget=100.0)
     assert not reporter.due(19.9) and reporter.due(20.0)
-    reporter.report(20.0, 1.5)  # ahead of the finished trials' 1.55 by 20 s
+    assert not reporter.should_stop(20.0, 1.5)  # ahead of the finished trials' 1.55 by 20 s
     assert not reporter.due(39.9) and reporter.due(40.0)
-    with pytest.raises(optuna.TrialPruned):
-        reporter.report(40.0, 1.3)  # behind their 1.25 by 40 s
+    assert reporter.should_stop(40.0, 1.3)  # behind their 1.25 by 40 s
     assert reporter.due(80.0) and not reporter.due(80.1)  # not in the last fifth: the trial's own validation follows
 
 
@@ -153,7 +152,7 @@ def test_a_study_runs_prunes_continues_and_its_best_recipe_trains_again(tmp_path
     directory = study_path(tmp_path / "ck", "tiny")
     for t in trials:  # each trial is an ordinary run of its recipe, a finished one trained for the trial budget
         run = Run(directory / t["run"])
-        assert run.load_state().finished == ("time_budget" if t["state"] == "complete" else None)
+        assert run.load_state().finished == ("time_budget" if t["state"] == "complete" else "pruned")
         saved = recipe_of(run.load_config())
         flat = {**saved["data"], **saved["model"], **saved["training"]}
         assert {k: flat[k] for k in t["recipe"]} == t["recipe"]
@@ -253,14 +252,15 @@ def test_a_stopped_study_resumes_its_trial(tmp_path: Path) -> None:
     killed_at = stop_in("trial-003", signal.SIGKILL, tmp_path / "second.txt")
     log_lines = (tmp_path / "second.txt").read_text().splitlines()  # TensorFlow's stderr is in the log too
     resumed = next(json.loads(line) for line in log_lines if line.startswith('{"event": "trial"'))
-    assert (resumed["number"], resumed["run"], resumed["note"]) == (2, "trial-001", "resumes trial 1")
+    # A pruned trial's note also says why: the first part says what it resumes.
+    assert (resumed["number"], resumed["run"], resumed["note"].split("; ")[0]) == (2, "trial-001", "resumes trial 1")
     assert resumed["state"] in ("complete", "pruned")
     assert Run(directory / "trial-001").load_state().seconds > interrupted_at
 
     again = subprocess.run(args, capture_output=True, text=True, env=subprocess_env(), timeout=120)
     assert again.returncode == 0, again.stderr
     *trials, study = _lines(again.stdout)
-    assert [(t["number"], t["run"], t["note"]) for t in trials] == [(4, "trial-003", "resumes trial 3")]
+    assert [(t["number"], t["run"], t["note"].split("; ")[0]) for t in trials] == [(4, "trial-003", "resumes trial 3")]
     assert trials[0]["state"] in ("complete", "pruned")
     assert (directory / "trial-000" / "state.json").read_text() == done_state  # not trained again
     run = Run(directory / "trial-003")
@@ -469,7 +469,6 @@ def test_a_trial_starts_only_if_the_study_holds_its_training_and_the_most_a_tria
 
 
 def test_a_trial_that_trained_its_whole_budget_is_scored_not_pruned() -> None:
-    from textgen.results import EpochLog
     from textgen.training.progress import NoProgress
     from textgen.tune import Reporter
 
@@ -480,11 +479,8 @@ def test_a_trial_that_trained_its_whole_budget_is_scored_not_pruned() -> None:
             return True
 
     reporter = Reporter(Behind(), NoProgress(), started=0.0, budget=10.0)  # type: ignore[arg-type]
-    log = dict(epoch=1, loss=2.0, bpc=2.9, val_loss=2.0, val_bpc=2.9, chars_per_sec=1.0, learning_rate=1e-3,
-               batches=5, improved=True, partial=False)  # fmt: skip
-    with pytest.raises(optuna.TrialPruned):
-        reporter.epoch_end(EpochLog(seconds=9.0, **log))
-    reporter.epoch_end(EpochLog(seconds=10.0, **log))  # the budget is spent: scored
+    assert reporter.should_stop(9.0, 2.0)
+    assert not reporter.should_stop(10.0, 2.0)  # the budget is spent: scored
 
 
 def test_an_interrupted_trial_counts_as_resumable_not_failed() -> None:

@@ -7,21 +7,32 @@ The CLI makes one call here per command and renders what comes back; a Python pr
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from textgen.checkpoint import ensure_writable, find_run, study_path
+from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, ensure_writable, find_run, study_path
 from textgen.cluster import cluster_role, make_strategy
 from textgen.config import (
     MAX_SAMPLES,
     DataConfig,
+    DataSettings,
+    Device,
     DistillConfig,
+    DistillSettings,
     ModelConfig,
+    ModelSettings,
     PruneConfig,
+    PruneSettings,
+    RunConfig,
+    SampleConfig,
+    Strategy,
     TrainConfig,
+    TrainSettings,
     check_fits_in_memory,
     settings_given,
 )
@@ -30,38 +41,38 @@ from textgen.device import apply_profile, configure_for_inference, import_tensor
 from textgen.errors import ConfigError
 from textgen.idcache import cache_root
 from textgen.recipe import BEST_RECIPE, apply_recipe, read_recipe
+from textgen.results import ModelSource
 
 if TYPE_CHECKING:
     from textgen.generation import Sampler
-    from textgen.results import Evaluation, ExportResult, StudyResult, TrainResult
+    from textgen.results import Evaluation, ExportResult, RunSummary, StudyResult, TrainResult
     from textgen.training.progress import TrainingProgress
     from textgen.tune import TuneProgress
 
 
 def train(
-    corpus: list[str] | None,
+    corpus: list[str] | None = None,
     *,
-    device: str,
-    checkpoint_dir: Path,
-    run_name: str | None,
+    device: Device | str = Device.auto,
+    checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR,
+    run_name: str | None = None,
     resume: bool = False,
     download: bool = False,
     keep_boilerplate: bool = False,
     encoding: str = "auto",
     threads: int | None = None,
-    data: dict[str, Any],
-    model: dict[str, Any],
-    training: dict[str, Any],
+    data: DataSettings | None = None,
+    model: ModelSettings | None = None,
+    training: TrainSettings | None = None,
     progress: TrainingProgress | None = None,
-    distill: dict[str, Any] | None = None,
-    prune: dict[str, Any] | None = None,
+    distill: DistillSettings | None = None,
+    prune: PruneSettings | None = None,
     recipe: Path | None = None,
     from_study: str | None = None,
 ) -> TrainResult:
-    """Plan a new run (or reload one with ``resume``) and train it; ``data``, ``model`` and
-    ``training`` hold the settings the user gave (``None`` for the rest). ``distill`` (a ``teacher`` run and
-    ``DistillConfig``'s settings) trains a student of another run, ``prune`` (a ``source`` run and
-    ``PruneConfig``'s settings) a pruned copy of one, on that run's corpus.
+    """Plan a new run (or reload one with ``resume``) and train it; ``data``, ``model`` and ``training`` hold the
+    settings the user gave (fields left ``None`` take the defaults). ``distill`` trains a student of another run,
+    ``prune`` a pruned copy of one, on that run's corpus.
 
     Under ``--strategy multiworker`` every worker makes this call with the same arguments; the chief
     plans and writes the run, the others plan a copy in scratch space and train in step with it.
@@ -69,9 +80,55 @@ def train(
     ``recipe`` (a recipe file or a run's config.json) or ``from_study`` (a ``textgen tune`` study's best recipe)
     supplies the settings not given.
     """
+    data, model, training = data or DataSettings(), model or ModelSettings(), training or TrainSettings()
+    if recipe is not None or from_study is not None:
+        data, model, training = _with_recipe(checkpoint_dir, resume, data, model, training, recipe, from_study)
+    saved = find_run(checkpoint_dir, run_name).load_config() if resume else None
+    _check_train_settings(saved, run_name, device, threads, data, model, training, distill, prune)
+    strategy_name = training.strategy or (saved.training.strategy if saved else Strategy.none)
+    role = cluster_role(strategy_name, saved=training.strategy is None)
+    if corpus and strategy_name is not Strategy.multiworker:  # a missing file is said at once, not after TF's ~4 s
+        resolve_corpora(corpus, download=download)  # (a worker of a cluster fails after joining it: see below)
+    import_tensorflow()
+    profile = saved.profile if saved else resolve_profile(device)  # a resumed run keeps its profile
+    apply_profile(profile, threads=threads)
+    # Before anything else of TensorFlow's runs (MultiWorkerMirroredStrategy insists) and before planning, so
+    # that a worker that fails to plan (a missing corpus) ends the others' wait at once, not after TF's hour.
+    strategy = make_strategy(strategy_name)
+    from textgen.training.loop import train as train_plan
+    from textgen.training.plan import plan_training
+
+    plan_run = functools.partial(
+        plan_training, corpus, profile, run_name=run_name, resume=resume, download=download,
+        keep_boilerplate=keep_boilerplate, encoding=encoding, data=data, model=model, training=training,
+        distill=distill, prune=prune,
+    )  # fmt: skip
+    with contextlib.ExitStack() as cleanup:
+        if role.chief:
+            plan = plan_run(checkpoint_dir=checkpoint_dir)
+        else:
+            scratch = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix=f"textgen-worker-{role.index}-")))
+            if resume:  # the chief's resume point, read before any worker trains (and the chief writes)
+                copy_run(find_run(checkpoint_dir, run_name).path, scratch)
+            plan = plan_run(checkpoint_dir=scratch, cache_dir=cache_root(checkpoint_dir))
+        plan.chief = role.chief
+        return train_plan(plan, progress, strategy)
+    raise AssertionError("unreachable")  # for the type checker: the with block returns or raises
+
+
+def _with_recipe(
+    checkpoint_dir: Path,
+    resume: bool,
+    data: DataSettings,
+    model: ModelSettings,
+    training: TrainSettings,
+    recipe: Path | None,
+    from_study: str | None,
+) -> tuple[DataSettings, ModelSettings, TrainSettings]:
+    """The settings given, with a recipe's (a file, or a study's best) for those not given."""
     if recipe is not None and from_study is not None:
         raise ConfigError("give --config or --from-study, not both")
-    if (recipe is not None or from_study is not None) and resume:
+    if resume:
         raise ConfigError("--config and --from-study start a new run; drop them to --resume (a run keeps its recipe)")
     if from_study is not None:
         recipe = study_path(checkpoint_dir, from_study, "--from-study") / BEST_RECIPE
@@ -83,17 +140,34 @@ def train(
             raise ConfigError(
                 f"study {from_study!r} has no finished trial yet; let it run: textgen tune --study {from_study}"
             )
-    if recipe is not None:
-        merged = apply_recipe(read_recipe(recipe), data=data, model=model, training=training)
-        data, model, training = merged["data"], merged["model"], {**training, **merged["training"]}
-    saved = find_run(checkpoint_dir, run_name).load_config() if resume else None
+    assert recipe is not None
+    merged = apply_recipe(read_recipe(recipe), data=data.given(), model=model.given(), training=training.given())
+    return (
+        DataSettings(**merged["data"]),
+        ModelSettings(**merged["model"]),
+        dataclasses.replace(training, **merged["training"]),
+    )
+
+
+def _check_train_settings(
+    saved: RunConfig | None,
+    run_name: str | None,
+    device: Device | str,
+    threads: int | None,
+    data: DataSettings,
+    model: ModelSettings,
+    training: TrainSettings,
+    distill: DistillSettings | None,
+    prune: PruneSettings | None,
+) -> None:
+    """Refuse bad settings before TensorFlow's seconds of import: each config is built from them."""
     # A resumed run's flags are checked against its own optimizer (--momentum restated for an SGD run, say).
-    own = {"optimizer": training.get("optimizer") or saved.training.optimizer} if saved else {}
-    _check_settings(data, model, {**training, **own})
+    own = {"optimizer": training.optimizer or saved.training.optimizer} if saved else {}
+    _check_settings(data.given(), model.given(), {**training.given(), **own})
     if distill:
-        DistillConfig(teacher="", **{k: v for k, v in distill.items() if k != "teacher" and v is not None})
+        DistillConfig(**{**distill.given(), "teacher": ""})
     if prune:
-        PruneConfig(source="", **{k: v for k, v in prune.items() if k != "source" and v is not None})
+        PruneConfig(**{**prune.given(), "source": ""})
     if threads is not None and not 0 < threads <= 1024:
         raise ConfigError(f"--threads must be between 1 and 1024 (got {threads})")
     if saved and device != "auto" and saved.profile.name != device:
@@ -101,45 +175,6 @@ def train(
             f"run {run_name or 'the latest'!r} was trained with the {saved.profile.name} profile; a resumed run "
             f"keeps it: use --device {saved.profile.name}, or auto"
         )
-    strategy_name = training.get("strategy") or (saved.training.strategy if saved else "none")
-    role = cluster_role(strategy_name, saved=not training.get("strategy"))
-    if corpus and strategy_name != "multiworker":  # a missing file is said at once, not after TensorFlow's ~4 s
-        resolve_corpora(corpus, download=download)  # (a worker of a cluster fails after joining it: see below)
-    import_tensorflow()
-    profile = saved.profile if saved else resolve_profile(device)  # a resumed run keeps its profile
-    apply_profile(profile, threads=threads)
-    # Before anything else of TensorFlow's runs (MultiWorkerMirroredStrategy insists) and before planning, so
-    # that a worker that fails to plan (a missing corpus) ends the others' wait at once, not after TF's hour.
-    strategy = make_strategy(strategy_name)
-    from textgen.training.loop import train as train_plan
-    from textgen.training.plan import plan_training as plan_run
-
-    plan_training = functools.partial(
-        plan_run,
-        corpus,
-        profile,
-        run_name=run_name,
-        resume=resume,
-        download=download,
-        keep_boilerplate=keep_boilerplate,
-        encoding=encoding,
-        data=data,
-        model=model,
-        training=training,
-        distill=distill,
-        prune=prune,
-    )
-    with contextlib.ExitStack() as cleanup:
-        if role.chief:
-            plan = plan_training(checkpoint_dir=checkpoint_dir)
-        else:
-            scratch = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix=f"textgen-worker-{role.index}-")))
-            if resume:  # the chief's resume point, read before any worker trains (and the chief writes)
-                copy_run(find_run(checkpoint_dir, run_name).path, scratch)
-            plan = plan_training(checkpoint_dir=scratch, cache_dir=cache_root(checkpoint_dir))
-        plan.chief = role.chief
-        return train_plan(plan, progress, strategy)
-    raise AssertionError("unreachable")  # for the type checker: the with block returns or raises
 
 
 def copy_run(source: Path, dest_dir: Path) -> None:
@@ -153,22 +188,32 @@ def copy_run(source: Path, dest_dir: Path) -> None:
 
 
 def open_generator(
-    checkpoint_dir: Path, run_name: str | None, which: str = "best", model: Path | None = None
-) -> tuple[Sampler, str]:
+    checkpoint_dir: Path,
+    run_name: str | None,
+    which: str = "best",
+    model: Path | None = None,
+    warm_up: bool = False,
+) -> tuple[Sampler, ModelSource]:
     """The sampler of a run (the latest if ``run_name`` is None) with its ``best`` or ``last`` weights, or of an
-    exported ``model`` (a LiteRT one without importing TensorFlow); and its name."""
+    exported ``model`` (a LiteRT one without importing TensorFlow); and where it came from. ``warm_up`` compiles
+    its steps now (an interactive session's first prompt then answers at once)."""
     if model is not None:
-        from textgen.artifact import open_artifact
+        from textgen.runtime import open_artifact
 
         if run_name is not None:
             raise ConfigError("give --run or --model, not both")
-        return open_artifact(model)[0], str(model)
-    run = find_run(checkpoint_dir, run_name, which)
-    import_tensorflow()
-    configure_for_inference()
-    from textgen.sampling import Generator
+        sampler: Sampler = open_artifact(model)[0]
+        source = ModelSource(str(model))
+    else:
+        run = find_run(checkpoint_dir, run_name, which)
+        import_tensorflow()
+        configure_for_inference()
+        from textgen.sampling import Generator
 
-    return Generator.from_run(run, which), run.name
+        sampler, source = Generator.from_run(run, which), ModelSource(run.name, which)
+    if warm_up:
+        sampler.generate([" "], SampleConfig(length=2, seed=0))
+    return sampler, source
 
 
 def export(
@@ -198,7 +243,7 @@ def evaluate(
     if streams is not None and not 0 < streams <= MAX_SAMPLES:
         raise ConfigError(f"--streams must be between 1 and {MAX_SAMPLES} (got {streams})")
     if model is not None:
-        from textgen.artifact import evaluate_artifact
+        from textgen.runtime import evaluate_artifact
 
         if run_name is not None:
             raise ConfigError("give --run or --model, not both")
@@ -234,22 +279,27 @@ def tune(
     trial_budget: float | None,
     trials: int | None = None,
     seed: int | None = None,
-    fixed: dict[str, dict[str, Any]] | None = None,
+    data: DataSettings | None = None,
+    model: ModelSettings | None = None,
+    training: TrainSettings | None = None,
     progress: TuneProgress | None = None,
 ) -> StudyResult:
-    """Run or continue a ``textgen tune`` study (see ``textgen.tune``); ``fixed`` holds the recipe settings the user
-    gave, which are not searched."""
+    """Run or continue a ``textgen tune`` study (see ``textgen.tune``); ``data``, ``model`` and ``training`` hold
+    the recipe settings the user fixed, which are not searched."""
     if trials is not None and not 0 < trials <= 10_000:
         raise ConfigError(f"--trials must be between 1 and 10000 (got {trials})")
-    fixed = fixed or {}
-    _check_settings(fixed.get("data", {}), fixed.get("model", {}), {**fixed.get("training", {}), "seed": seed})
+    fixed = {
+        part: settings.given() if settings else {}
+        for part, settings in (("data", data), ("model", model), ("training", training))
+    }
+    _check_settings(fixed["data"], fixed["model"], {**fixed["training"], "seed": seed})
     if trial_budget is not None and trial_budget < MIN_TRIAL_SECONDS:
         raise ConfigError(f"--trial-budget must be at least {MIN_TRIAL_SECONDS:g}s (got {trial_budget:g}s)")
     from textgen.study import DATABASE, check_fixed_settings, locate_study
 
     directory = locate_study(checkpoint_dir, corpus, study)[2]
     if not (directory / DATABASE).is_file():  # a continued study's own fixed settings count too: checked with them
-        check_fixed_settings({part: settings_given(values) for part, values in fixed.items()})
+        check_fixed_settings(fixed)
     ensure_writable(checkpoint_dir)
     import_tensorflow()  # the profile is the study's: tune resolves and applies it
     from textgen.tune import tune as run_study
@@ -268,9 +318,21 @@ def tune(
     )
 
 
-def show_study(checkpoint_dir: Path, study: str | None, corpus: list[str] | None = None) -> StudyResult:
-    """A study's trials and best recipe: the study named, or the corpus's, or the latest; without TensorFlow."""
+def show_study(
+    checkpoint_dir: Path, study: str | None, corpus: list[str] | None = None, searching: Sequence[str] = ()
+) -> StudyResult:
+    """A study's trials and best recipe: the study named, or the corpus's, or the latest; without TensorFlow.
+    ``searching`` names the flags of a search that were given with it, which it refuses (it only shows)."""
+    if searching:
+        raise ConfigError(f"--show only lists a study: drop {', '.join(searching)}")
     from textgen.study import show_study as read_study
     from textgen.study import study_name_of
 
     return read_study(checkpoint_dir, study_name_of(corpus, study)[0] if corpus or study else None)
+
+
+def runs(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR) -> list[RunSummary]:
+    """The runs in ``checkpoint_dir``, most recent first (a damaged one says what is wrong with it)."""
+    from textgen.runs import run_summaries
+
+    return run_summaries(checkpoint_dir)

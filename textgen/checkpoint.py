@@ -109,6 +109,8 @@ class ResumeState:
             value = values.get(key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
                 raise damaged(f"{key}={value!r}")
+        if values.get("finished", StopReason.EPOCHS) not in {reason.value for reason in StopReason}:
+            raise damaged(f"finished={values['finished']!r}")
         try:
             if "finished" in values:
                 values["finished"] = StopReason(values["finished"])

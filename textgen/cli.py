@@ -15,7 +15,6 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.markup import escape
-from typer._click.exceptions import ClickException, NoArgsIsHelpError
 from typer.core import TyperGroup
 
 from textgen import api, ui
@@ -24,22 +23,26 @@ from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR
 from textgen.config import (
     OPTIMIZER_DEFAULTS,
     DataConfig,
+    DataSettings,
+    Device,
     DistillConfig,
+    DistillSettings,
     LRSchedule,
     ModelConfig,
+    ModelSettings,
     Optimizer,
     PruneConfig,
+    PruneSettings,
     SampleConfig,
     Split,
     Strategy,
     TrainConfig,
+    TrainSettings,
     flag,
     parse_duration,
 )
-from textgen.device import Device
-from textgen.errors import ClusterError, ConfigError, TextgenError
-from textgen.repl import GREETING, Session, read_lines
-from textgen.runs import run_summaries
+from textgen.errors import ClusterError, TextgenError
+from textgen.repl import GREETING, Session
 
 console = Console(highlight=False, soft_wrap=True, emoji=False)  # user text is data: ":fire:" stays ":fire:"
 err_console = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
@@ -63,9 +66,10 @@ class OneLineErrors(TyperGroup):
             return super().main(**call, standalone_mode=False, windows_expand_args=windows_expand_args)
         try:
             code = super().main(**call, standalone_mode=False, windows_expand_args=windows_expand_args)  # Exit's code
-        except ClickException as exc:
-            if not isinstance(exc, NoArgsIsHelpError):  # that one has printed the help already
-                ui.show_usage_error(err_console, exc.format_message(), getattr(exc, "ctx", None))
+        except typer.TyperException as exc:  # click's usage errors (click is typer 0.29's, vendored privately)
+            message = getattr(exc, "format_message", exc.__str__)()
+            if message.strip():  # no arguments: the message is the help, which Typer's rich help has printed
+                ui.show_usage_error(err_console, message, getattr(exc, "ctx", None))
             sys.exit(exc.exit_code)
         sys.exit(code if isinstance(code, int) else 0)
 
@@ -112,7 +116,7 @@ def _errors() -> Iterator[None]:
 
 
 MODEL, DATA, TRAINING, SAMPLING = ModelConfig(vocab_size=1), DataConfig(corpus=""), TrainConfig(), SampleConfig()
-SGD_DEFAULTS = OPTIMIZER_DEFAULTS["sgd"]
+SGD_DEFAULTS = OPTIMIZER_DEFAULTS[Optimizer.sgd]
 JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable output: one JSON object per line")]
 RunOption = Annotated[str | None, typer.Option("--run", help="Run name", show_default="the latest run")]
 CheckpointDirOption = Annotated[Path, typer.Option(help="Where runs are saved")]
@@ -319,7 +323,7 @@ def train(
     with _errors():
         result = api.train(
             corpus,
-            device=device.value,
+            device=device,
             checkpoint_dir=checkpoint_dir,
             run_name=run,
             resume=resume,
@@ -327,29 +331,25 @@ def train(
             keep_boilerplate=keep_boilerplate,
             encoding=encoding,
             threads=threads,
-            data={"batch_size": batch_size, "seq_len": seq_len, "max_vocab": max_vocab, "shift_windows": shift_windows},
-            model={
-                "units": units,
-                "layers": layers,
-                "embedding_dim": embedding_dim,
-                "dropout": dropout,
-                "layer_norm": layer_norm,
-            },
-            training={
-                "epochs": epochs,
-                "lr": lr,
-                "lr_schedule": lr_schedule.value if lr_schedule else None,
-                "anneal": anneal,
-                "optimizer": optimizer.value if optimizer else None,
-                "weight_decay": weight_decay,
-                "momentum": momentum,
-                "clip_norm": clip_norm,
-                "seed": seed,
-                "time_budget": parse_duration(time_budget) if time_budget else None,
-                "save_every": parse_duration(save_every, "--save-every") if save_every else None,
-                "accumulate": accumulate,
-                "strategy": strategy.value if strategy else None,
-            },
+            data=DataSettings(batch_size=batch_size, seq_len=seq_len, max_vocab=max_vocab, shift_windows=shift_windows),
+            model=ModelSettings(
+                units=units, layers=layers, embedding_dim=embedding_dim, dropout=dropout, layer_norm=layer_norm
+            ),
+            training=TrainSettings(
+                epochs=epochs,
+                lr=lr,
+                lr_schedule=lr_schedule,
+                anneal=anneal,
+                optimizer=optimizer,
+                weight_decay=weight_decay,
+                momentum=momentum,
+                clip_norm=clip_norm,
+                seed=seed,
+                time_budget=parse_duration(time_budget) if time_budget else None,
+                save_every=parse_duration(save_every, "--save-every") if save_every else None,
+                accumulate=accumulate,
+                strategy=strategy,
+            ),
             progress=ui.TrainingDisplay(console, as_json=as_json),
             recipe=recipe,
             from_study=from_study,
@@ -416,16 +416,14 @@ def distill(
     as_json: TrainJsonOption = False,
 ) -> None:
     """Train a smaller student on a trained run's softened predictions (knowledge distillation)."""
-    model = {
-        "units": units,
-        "layers": layers,
-        "embedding_dim": embedding_dim,
-        "dropout": dropout,
-        "layer_norm": layer_norm,
-    }
-    distill = {"teacher": teacher, "temperature": temperature, "alpha": alpha}
-    training = {"lr": lr, "epochs": epochs, "seed": seed}
-    _train_from_run(device, checkpoint_dir, run, model, training, time_budget, as_json, distill=distill)
+    model = ModelSettings(
+        units=units, layers=layers, embedding_dim=embedding_dim, dropout=dropout, layer_norm=layer_norm
+    )
+    training = TrainSettings(
+        lr=lr, epochs=epochs, seed=seed, time_budget=parse_duration(time_budget) if time_budget else None
+    )
+    distill = DistillSettings(teacher, temperature, alpha)
+    _train_from_run(device, checkpoint_dir, run, training, as_json, distill, model)
 
 
 PRUNE_EXAMPLES = """
@@ -459,39 +457,33 @@ def prune(
     as_json: TrainJsonOption = False,
 ) -> None:
     """Prune a trained run to a sparsity, fine-tuning it as the smallest weights are masked to zero."""
-    training = {"lr": PRUNE_LR if lr is None else lr, "epochs": epochs, "seed": seed}
-    prune = {"source": run, "sparsity": sparsity, "ramp": ramp}
-    _train_from_run(device, checkpoint_dir, name, {}, training, time_budget, as_json, prune=prune)
-
-
-# Fine-tuning starts from trained weights: half the peak learning rate of training from scratch.
-PRUNE_LR = 1e-3
+    training = TrainSettings(
+        lr=lr, epochs=epochs, seed=seed, time_budget=parse_duration(time_budget) if time_budget else None
+    )
+    _train_from_run(device, checkpoint_dir, name, training, as_json, PruneSettings(run, sparsity, ramp))
 
 
 def _train_from_run(
     device: Device,
     checkpoint_dir: Path,
     run_name: str | None,
-    model: dict[str, Any],
-    training: dict[str, Any],
-    time_budget: str | None,
+    training: TrainSettings,
     as_json: bool,
-    distill: dict[str, Any] | None = None,
-    prune: dict[str, Any] | None = None,
+    derived_from: DistillSettings | PruneSettings,
+    model: ModelSettings | None = None,
 ) -> None:
-    """Train a run made from another (``distill`` or ``prune``, see ``api.train``) on that run's corpus."""
+    """Train a run made from another (a student, or a pruned copy; see ``api.train``) on that run's corpus."""
     with _errors():
         result = api.train(
             None,
-            device=device.value,
+            device=device,
             checkpoint_dir=checkpoint_dir,
             run_name=run_name,
-            data={},
             model=model,
-            training={**training, "time_budget": parse_duration(time_budget) if time_budget else None},
+            training=training,
             progress=ui.TrainingDisplay(console, as_json=as_json),
-            distill=distill,
-            prune=prune,
+            distill=derived_from if isinstance(derived_from, DistillSettings) else None,
+            prune=derived_from if isinstance(derived_from, PruneSettings) else None,
         )
         ui.show_train_result(console, result, as_json)
 
@@ -525,14 +517,8 @@ def sample(
     """Generate text from a trained run (the latest by default) or an exported model."""
     with _errors():
         settings = SampleConfig(length=length, num=num, temperature=temp, top_k=top_k, top_p=top_p, seed=seed).seeded()
-        generator, found = api.open_generator(checkpoint_dir, run, "last" if last else "best", model)
-        ui.warn(err_console, generator.vocab.unknown_note(prime))
-        prompts = [prime] * settings.num
-        if settings.num == 1 and console.is_terminal and not as_json:
-            ui.stream_sample(console, prime, generator.stream(prompts, settings))
-        else:
-            record = {"model": found} if model else {"run": found, "weights": "last" if last else "best"}
-            ui.show_samples(console, generator.generate(prompts, settings), prime, settings, as_json, **record)
+        sampler, source = api.open_generator(checkpoint_dir, run, "last" if last else "best", model)
+        ui.show_sampling(console, err_console, sampler, source, prime, settings, as_json)
 
 
 REPL_EXAMPLES = """
@@ -561,14 +547,11 @@ def repl(
     """Type a prompt, watch the continuation stream in; the model is loaded once."""
     with _errors():
         settings = SampleConfig(length=length, temperature=temp, top_k=top_k, top_p=top_p, seed=seed)
-        generator, found = api.open_generator(checkpoint_dir, run, "last" if last else "best", model)
-        generator.generate([" "], SampleConfig(length=2, seed=0))  # compile now, not on the first prompt
-    session = Session(generator, settings, sys.stdout, lambda msg: err_console.print(f"[yellow]{escape(msg)}[/]"))
-    console.print(f"[bold]{escape(found)}[/] loaded. {GREETING}")
+        sampler, source = api.open_generator(checkpoint_dir, run, "last" if last else "best", model, warm_up=True)
+    session = Session(sampler, settings, sys.stdout, lambda msg: err_console.print(f"[yellow]{escape(msg)}[/]"))
+    console.print(f"[bold]{escape(source.name)}[/] loaded. {GREETING}")
     with _errors():
-        for line in read_lines("> "):
-            if not session.handle(line):
-                return
+        session.run("> ")
 
 
 EVALUATE_EXAMPLES = """
@@ -727,22 +710,11 @@ def tune(
     ] = False,
 ) -> None:
     """Search for the training recipe that scores best on a corpus's validation split, in a time budget."""
-    fixed: dict[str, dict[str, Any]] = {
-        "data": {"batch_size": batch_size, "seq_len": seq_len},
-        "model": {
-            "units": units,
-            "layers": layers,
-            "embedding_dim": embedding_dim,
-            "dropout": dropout,
-            "layer_norm": layer_norm,
-        },
-        "training": {
-            "optimizer": optimizer.value if optimizer else None,
-            "lr": lr,
-            "weight_decay": weight_decay,
-            "clip_norm": clip_norm,
-        },
-    }
+    data = DataSettings(batch_size=batch_size, seq_len=seq_len)
+    model = ModelSettings(
+        units=units, layers=layers, embedding_dim=embedding_dim, dropout=dropout, layer_norm=layer_norm
+    )
+    training = TrainSettings(optimizer=optimizer, lr=lr, weight_decay=weight_decay, clip_norm=clip_norm)
     with _errors():
         if show:
             searching = {
@@ -751,23 +723,24 @@ def tune(
                 "--trials": trials,
                 "--seed": seed,
                 "--device": None if device is Device.auto else device,
-                **{flag(k): v for values in fixed.values() for k, v in values.items()},
+                **{flag(k): v for settings in (data, model, training) for k, v in settings.given().items()},
             }
-            if ignored := [name for name, value in searching.items() if value is not None]:
-                raise ConfigError(f"--show only lists a study: drop {', '.join(ignored)}")
-            ui.show_study(console, api.show_study(checkpoint_dir, study, corpus), as_json)
+            given = [name for name, value in searching.items() if value is not None]
+            ui.show_study(console, api.show_study(checkpoint_dir, study, corpus, searching=given), as_json)
             return
         display = ui.TuneDisplay(console, as_json=as_json)
         result = api.tune(
             corpus,
-            device=device.value,
+            device=device,
             checkpoint_dir=checkpoint_dir,
             study=study,
             time_budget=parse_duration(time_budget) if time_budget else None,
             trial_budget=parse_duration(trial_budget, "--trial-budget") if trial_budget else None,
             trials=trials,
             seed=seed,
-            fixed=fixed,
+            data=data,
+            model=model,
+            training=training,
             progress=display,
         )
         ui.show_study(console, result, as_json, shown_live=display.live is not None)
@@ -786,7 +759,7 @@ RUNS_EXAMPLES = """
 def runs(checkpoint_dir: CheckpointDirOption = DEFAULT_CHECKPOINT_DIR, as_json: JsonOption = False) -> None:
     """List trained runs, most recent first, with their model, epochs and best validation loss."""
     with _errors():
-        ui.show_runs(console, run_summaries(checkpoint_dir), checkpoint_dir, as_json)
+        ui.show_runs(console, api.runs(checkpoint_dir), checkpoint_dir, as_json)
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ import math
 import os
 import re
 import secrets
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from textgen.errors import ConfigError
 
@@ -132,7 +132,27 @@ class ModelConfig:
         return self.vocab_size * self.embedding_dim + lstm + (self.units + 1) * self.vocab_size
 
 
-class LRSchedule(str, enum.Enum):
+class Choice(str, enum.Enum):
+    """A setting with named values: it compares equal to its value and prints as it (JSON, messages, flags)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    @classmethod
+    def parse(cls: type[C], value: Any, field_name: str) -> C:
+        """The member named ``value`` (a member, or its value as config.json and recipes hold it)."""
+        try:
+            return cls(value)
+        except ValueError:
+            raise ConfigError(
+                f"{flag(field_name)} must be {' or '.join(m.value for m in cls)} (got {value!r})"
+            ) from None
+
+
+C = TypeVar("C", bound=Choice)
+
+
+class LRSchedule(Choice):
     """How the learning rate moves during training."""
 
     cosine = "cosine"  # anneal to zero over the time budget or the epochs, whichever ends first
@@ -140,14 +160,14 @@ class LRSchedule(str, enum.Enum):
     plateau = "plateau"  # cut by lr_factor whenever validation loss stops improving
 
 
-class Split(str, enum.Enum):
+class Split(Choice):
     """The held-out parts of a run's corpus."""
 
     test = "test"
     val = "val"
 
 
-class Strategy(str, enum.Enum):
+class Strategy(Choice):
     """How training is spread: one device, several GPUs of one machine, or several machines (tf.distribute)."""
 
     none = "none"  # the default device
@@ -155,7 +175,7 @@ class Strategy(str, enum.Enum):
     multiworker = "multiworker"  # MultiWorkerMirroredStrategy: the cluster in $TF_CONFIG
 
 
-class Optimizer(str, enum.Enum):
+class Optimizer(Choice):
     """The update rule (Keras' optimizers; each takes a decoupled --weight-decay)."""
 
     adam = "adam"
@@ -164,17 +184,23 @@ class Optimizer(str, enum.Enum):
     sgd = "sgd"  # with Nesterov momentum: 0.9 unless given
 
 
+class Device(Choice):
+    """What ``--device`` accepts: a device profile's name, or ``auto`` (gpu when TensorFlow sees one)."""
+
+    auto = "auto"
+    cpu = "cpu"
+    gpu = "gpu"
+
+
 # What each optimizer gets for the settings the user leaves out: AdamW decays, and SGD needs momentum and a far
 # larger step than the adaptive rules' 2e-3.
-OPTIMIZER_DEFAULTS: dict[str, dict[str, float]] = {
-    "adamw": {"weight_decay": 0.01},
-    "sgd": {"lr": 0.1, "momentum": 0.9},
+OPTIMIZER_DEFAULTS: dict[Optimizer, dict[str, float]] = {
+    Optimizer.adamw: {"weight_decay": 0.01},
+    Optimizer.sgd: {"lr": 0.1, "momentum": 0.9},
 }
 
 
-LR_SCHEDULES = tuple(s.value for s in LRSchedule)
 OPTIMIZERS = tuple(s.value for s in Optimizer)
-STRATEGIES = tuple(s.value for s in Strategy)
 SPLITS = tuple(s.value for s in Split)
 
 
@@ -190,12 +216,12 @@ class TrainConfig:
     patience: int = 3  # epochs without validation improvement before stopping
     lr_patience: int = 1  # epochs without improvement before the learning rate is cut
     lr_factor: float = 0.5
-    lr_schedule: str = "hold"  # one of LR_SCHEDULES
+    lr_schedule: LRSchedule = LRSchedule.hold
     anneal: float = 0.2  # hold: the part of the run, at its end, over which the rate anneals (the last fifth)
     save_every: float = 300.0  # seconds of training between mid-epoch resume points
     accumulate: int = 1  # batches of streams whose gradients are summed into one update
-    strategy: str = "none"  # one of STRATEGIES: how training is spread over devices and machines
-    optimizer: str = "adam"  # one of OPTIMIZERS
+    strategy: Strategy = Strategy.none  # how training is spread over devices and machines
+    optimizer: Optimizer = Optimizer.adam
     weight_decay: float = 0.0  # decoupled: each update shrinks the kernels and the embedding by lr x this
     momentum: float = 0.0  # SGD's Nesterov momentum
 
@@ -203,13 +229,13 @@ class TrainConfig:
     def of(cls, **given: Any) -> TrainConfig:
         """The config of the settings given, with the optimizer's own defaults for the rest (OPTIMIZER_DEFAULTS)."""
         given = settings_given(given)
-        optimizer = given.get("optimizer", cls.optimizer)
-        defaults = OPTIMIZER_DEFAULTS.get(optimizer, {}) if isinstance(optimizer, str) else {}  # else refused below
-        return cls(**{**defaults, **given})
+        optimizer = Optimizer.parse(given.get("optimizer", cls.optimizer), "optimizer")
+        return cls(**{**OPTIMIZER_DEFAULTS.get(optimizer, {}), **given})
 
     def __post_init__(self) -> None:
         _positive_int(self, "epochs")
-        _require(self.optimizer in OPTIMIZERS, "optimizer", " or ".join(OPTIMIZERS), self.optimizer)
+        for name, kind in (("optimizer", Optimizer), ("strategy", Strategy), ("lr_schedule", LRSchedule)):
+            object.__setattr__(self, name, kind.parse(getattr(self, name), name))  # a string when read from JSON
         decay_ok = _finite(self.weight_decay) and 0.0 <= self.weight_decay < 1.0
         _require(decay_ok, "weight_decay", "in [0, 1)", self.weight_decay)
         _require(_finite(self.momentum) and 0.0 <= self.momentum < 1.0, "momentum", "in [0, 1)", self.momentum)
@@ -224,8 +250,6 @@ class TrainConfig:
             "from 1 to 64",
             self.accumulate,
         )
-        _require(self.strategy in STRATEGIES, "strategy", " or ".join(STRATEGIES), self.strategy)
-        _require(self.lr_schedule in LR_SCHEDULES, "lr_schedule", " or ".join(LR_SCHEDULES), self.lr_schedule)
         _require(_finite(self.anneal) and 0 < self.anneal <= 1, "anneal", "in (0, 1]", self.anneal)
         _require(_finite(self.lr) and self.lr > 0, "lr", "a positive number", self.lr)
         _require(_finite(self.clip_norm) and self.clip_norm > 0, "clip_norm", "a positive number", self.clip_norm)
@@ -242,6 +266,76 @@ class TrainConfig:
         _require(self.patience > 0, "patience", "a positive integer", self.patience)
         _require(self.lr_patience > 0, "lr_patience", "a positive integer", self.lr_patience)
         _require(0 < self.lr_factor < 1, "lr_factor", "between 0 and 1", self.lr_factor)
+
+
+class Settings:
+    """The settings a user gave for one config, as typed fields that are ``None`` when not given: what the library's
+    entry points take (``textgen.api.train``), so that a caller gets completion and type errors."""
+
+    def given(self) -> dict[str, Any]:
+        """The settings given, by field name."""
+        return settings_given(vars(self))
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSettings(Settings):
+    """``DataConfig``'s settings a new run may be given."""
+
+    batch_size: int | None = None
+    seq_len: int | None = None
+    max_vocab: int | None = None
+    shift_windows: bool | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSettings(Settings):
+    """``ModelConfig``'s settings a new run may be given (its vocabulary comes from the corpus)."""
+
+    embedding_dim: int | None = None
+    units: int | None = None
+    layers: int | None = None
+    dropout: float | None = None
+    layer_norm: bool | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSettings(Settings):
+    """``TrainConfig``'s settings (a resumed run takes only epochs, time_budget, save_every and strategy)."""
+
+    epochs: int | None = None
+    lr: float | None = None
+    clip_norm: float | None = None
+    seed: int | None = None
+    time_budget: float | None = None
+    patience: int | None = None
+    lr_patience: int | None = None
+    lr_factor: float | None = None
+    lr_schedule: LRSchedule | None = None
+    anneal: float | None = None
+    save_every: float | None = None
+    accumulate: int | None = None
+    strategy: Strategy | None = None
+    optimizer: Optimizer | None = None
+    weight_decay: float | None = None
+    momentum: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class DistillSettings(Settings):
+    """A student of the run ``teacher`` (``textgen distill``), with ``DistillConfig``'s settings given."""
+
+    teacher: str
+    temperature: float | None = None
+    alpha: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class PruneSettings(Settings):
+    """A pruned copy of the run ``source`` (``textgen prune``), with ``PruneConfig``'s settings given."""
+
+    source: str
+    sparsity: float | None = None
+    ramp: float | None = None
 
 
 def settings_given(values: dict[str, Any]) -> dict[str, Any]:
@@ -301,7 +395,7 @@ def longer_budget(trained: float) -> str:
 class DeviceProfile:
     """A named bundle of device settings, printed at start and saved with the run."""
 
-    name: str
+    name: Device  # cpu or gpu
     precision: str  # a Keras dtype policy: "float32" or "mixed_float16"
     batch_size: int
     intra_op_threads: int  # training's thread pools; 0 lets TensorFlow choose
@@ -311,6 +405,9 @@ class DeviceProfile:
     sample_intra_op_threads: int = 0  # sampling's and evaluation's thread pools
     sample_inter_op_threads: int = 0
     notes: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "name", Device.parse(self.name, "device"))  # a string when read from JSON
 
 
 @dataclasses.dataclass(frozen=True)
@@ -333,6 +430,9 @@ class DistillConfig:
 @dataclasses.dataclass(frozen=True)
 class PruneConfig:
     """Gradual magnitude pruning (Zhu and Gupta, 2017) of a trained run, fine-tuned as it goes."""
+
+    # Fine-tuning starts from trained weights: half the peak learning rate of training from scratch.
+    FINE_TUNE_LR: ClassVar[float] = 1e-3
 
     source: str  # the pruned run's directory
     sparsity: float = 0.8  # the fraction of each LSTM and output kernel set to zero in the end

@@ -7,17 +7,16 @@ cannot change afterwards.
 from __future__ import annotations
 
 import contextlib
-import enum
 import os
 import sys
 from collections.abc import Iterator
 
-from textgen.config import DeviceProfile
+from textgen.config import Device, DeviceProfile
 from textgen.errors import ConfigError, DeviceError
 
 # Each choice measured with benchmarks/train_throughput.py and benchmarks/sampling.py on 2 cores.
 CPU = DeviceProfile(
-    name="cpu",
+    name=Device.cpu,
     precision="float32",  # bf16 was measured slower, with AMX and without (README, Performance)
     batch_size=64,
     # Training: the fast LSTM's large matmuls want both cores in one op (2 intra-op threads):
@@ -33,7 +32,7 @@ CPU = DeviceProfile(
 )
 
 GPU = DeviceProfile(
-    name="gpu",
+    name=Device.gpu,
     precision="mixed_float16",  # logits stay float32
     batch_size=256,
     intra_op_threads=0,
@@ -45,14 +44,6 @@ GPU = DeviceProfile(
 )
 
 PROFILES = {p.name: p for p in (CPU, GPU)}
-
-
-class Device(str, enum.Enum):
-    """What ``--device`` accepts: a profile's name, or ``auto`` (gpu when TensorFlow sees one)."""
-
-    auto = "auto"
-    cpu = "cpu"
-    gpu = "gpu"
 
 
 DEVICE_CHOICES = tuple(d.value for d in Device)
@@ -94,13 +85,14 @@ def gpus_visible() -> bool:
     return bool(tf.config.list_physical_devices("GPU"))
 
 
-def resolve_profile(device: str) -> DeviceProfile:
+def resolve_profile(device: str | Device) -> DeviceProfile:
     """The profile for ``--device``: ``auto`` picks ``gpu`` when a GPU is visible."""
     if device not in DEVICE_CHOICES:
         raise ConfigError(f"--device must be one of {', '.join(DEVICE_CHOICES)} (got {device!r})")
-    if device == "auto":
+    device = Device(device)
+    if device is Device.auto:
         return GPU if gpus_visible() else CPU
-    if device == "gpu" and not gpus_visible():
+    if device is Device.gpu and not gpus_visible():
         raise DeviceError(
             "--device gpu: TensorFlow sees no GPU here; install the CUDA build with "
             "pip install -e '.[gpu]' on a machine with an NVIDIA GPU, or use --device cpu"

@@ -52,6 +52,12 @@ class Session:
         self.state: GenerationState | None = None  # after the last answer, when carrying the context on
         self.turn = 0
 
+    def run(self, prompt: str) -> None:
+        """Read and handle lines until :quit or the end of input."""
+        for line in read_lines(prompt):
+            if not self.handle(line):
+                return
+
     def handle(self, line: str) -> bool:
         """Run one line (a command or a prompt); return False to quit."""
         if line.startswith(":"):

@@ -73,6 +73,18 @@ class StudyStop(str, enum.Enum):
 
 
 @dataclass(frozen=True)
+class ModelSource:
+    """Where a sampler's weights come from: a run's ``best`` or ``last`` weights, or an export (``weights`` None)."""
+
+    name: str  # the run's name, or the export's path
+    weights: str | None = None
+
+    def record(self) -> dict[str, str]:
+        """What a ``--json`` record says of it."""
+        return {"model": self.name} if self.weights is None else {"run": self.name, "weights": self.weights}
+
+
+@dataclass(frozen=True)
 class EpochLog:
     """One epoch of training (or the part of it a time budget left)."""
 

@@ -31,15 +31,27 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, Run, RunLock
-from textgen.config import OPTIMIZERS, DataConfig, DeviceProfile, ModelConfig, TrainConfig, flag_setting, settings_given
+from textgen.config import (
+    OPTIMIZERS,
+    DataConfig,
+    DataSettings,
+    DeviceProfile,
+    ModelConfig,
+    ModelSettings,
+    TrainConfig,
+    TrainSettings,
+    flag_setting,
+    settings_given,
+)
 from textgen.corpus import check_unchanged, corpus_fingerprint
-from textgen.data import fills_one_batch, load_splits
+from textgen.data import load_splits
 from textgen.device import apply_profile, resolve_profile
 from textgen.errors import ConfigError, TextgenError, TrainingDiverged, TrainingInterrupted
 from textgen.evaluate import evaluate_run
 from textgen.idcache import cache_root
+from textgen.layout import fills_one_batch
 from textgen.recipe import BEST_RECIPE, Recipe, recipe_of, write_recipe
-from textgen.results import EpochLog, StopReason, StudyResult, StudyStop, TrialStatus, TrialSummary
+from textgen.results import EpochLog, StopReason, StudyResult, StudyStop, TrainResult, TrialStatus, TrialSummary
 from textgen.study import (
     DATABASE,
     check_fixed_settings,
@@ -504,36 +516,12 @@ def _run_trial(
         progress.trial_end(trial_summary(study.get_trials(deepcopy=False)[trial.number], {}))
 
     try:
-        recipe = space.suggest(trial)
-        flat = {**recipe["data"], **recipe["model"], **recipe["training"]}
-        trial.set_user_attr("recipe", flat)
-        note = f"resumes trial {trial.user_attrs['resumes']}" if "resumes" in trial.user_attrs else ""
-        running = TrialSummary(trial.number, TrialStatus.RUNNING, flat, None, 0.0, run.name, note)
-        reporter = Reporter(trial, progress.trial_begin(running, trial_budget), started, trial_budget)
-        stop_requested = None
-        # A trial killed past its budget after its last epoch's commit has only its scoring left.
-        if not (run.has_state() and run.load_state().finished):
-            plan = plan_training(
-                None if run.config_path.is_file() else settings["corpus"],
-                space.profile,
-                checkpoint_dir=directory,
-                run_name=run.name,
-                resume=run.config_path.is_file(),
-                data=recipe["data"],
-                model=recipe["model"],
-                training={
-                    **recipe["training"],
-                    "time_budget": trial_budget,  # the run's: a resumed trial trains for what is left
-                    "epochs": TRIAL_EPOCHS,
-                    "seed": settings["seed"],
-                },
-                cache_dir=cache_root(checkpoint_dir),
-            )
-            result = train(plan, reporter, judge=reporter)
-            if result.stop_reason is StopReason.PRUNED:
-                finish(TrialState.PRUNED)
-                return None
-            stop_requested = result.stop_requested
+        recipe, reporter = _start_trial(trial, space, run, progress, started, trial_budget)
+        result = _train_trial(recipe, run, settings, space, directory, checkpoint_dir, reporter)
+        if result is not None and result.stop_reason is StopReason.PRUNED:
+            finish(TrialState.PRUNED)
+            return None
+        stop_requested = result.stop_requested if result else None
         value = evaluate_run(
             run, split="val", streams=SCORE_STREAMS, cache_dir=cache_root(checkpoint_dir)
         ).nats_per_char
@@ -568,6 +556,50 @@ def _run_trial(
             exit_code=128 + signal.Signals[stop_requested].value,
         )
     return None
+
+
+def _start_trial(
+    trial: optuna.Trial, space: SearchSpace, run: Run, progress: TuneProgress, started: float, budget: float
+) -> tuple[Recipe, Reporter]:
+    """The trial's recipe, chosen now and shown as running, and the reporter its training reports to."""
+    recipe = space.suggest(trial)
+    flat = {**recipe["data"], **recipe["model"], **recipe["training"]}
+    trial.set_user_attr("recipe", flat)
+    note = f"resumes trial {trial.user_attrs['resumes']}" if "resumes" in trial.user_attrs else ""
+    running = TrialSummary(trial.number, TrialStatus.RUNNING, flat, None, 0.0, run.name, note)
+    return recipe, Reporter(trial, progress.trial_begin(running, budget), started, budget)
+
+
+def _train_trial(
+    recipe: Recipe,
+    run: Run,
+    settings: dict[str, Any],
+    space: SearchSpace,
+    directory: Path,
+    checkpoint_dir: Path,
+    reporter: Reporter,
+) -> TrainResult | None:
+    """Train the trial's recipe (resuming its run if it repeats an interrupted trial) for the trial budget; None
+    for a run killed past its budget after its last epoch's commit: it has only its scoring left."""
+    if run.has_state() and run.load_state().finished:
+        return None
+    plan = plan_training(
+        None if run.config_path.is_file() else settings["corpus"],
+        space.profile,
+        checkpoint_dir=directory,
+        run_name=run.name,
+        resume=run.config_path.is_file(),
+        data=DataSettings(**recipe["data"]),
+        model=ModelSettings(**recipe["model"]),
+        training=TrainSettings(
+            **recipe["training"],
+            time_budget=float(settings["trial_budget"]),  # the run's: a resumed trial trains for what is left
+            epochs=TRIAL_EPOCHS,
+            seed=settings["seed"],
+        ),
+        cache_dir=cache_root(checkpoint_dir),
+    )
+    return train(plan, reporter, judge=reporter)
 
 
 def _save_best_recipe(study: optuna.Study, directory: Path) -> None:

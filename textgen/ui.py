@@ -31,6 +31,7 @@ from textgen.results import (
     EpochLog,
     Evaluation,
     ExportResult,
+    ModelSource,
     RunSummary,
     StopReason,
     StudyResult,
@@ -44,7 +45,7 @@ from textgen.vocab import for_display
 
 if TYPE_CHECKING:
     from textgen.config import RunConfig, SampleConfig
-    from textgen.generation import Piece
+    from textgen.generation import Piece, Sampler
     from textgen.idcache import EncodedCorpus
     from textgen.training.plan import TrainPlan
 
@@ -247,6 +248,26 @@ def warn(err_console: Console, note: str | None) -> None:
     """A warning on one line of stderr, if there is one."""
     if note:
         err_console.print(f"[yellow]warning:[/] {escape(note)}")
+
+
+def show_sampling(
+    console: Console,
+    err_console: Console,
+    sampler: Sampler,
+    source: ModelSource,
+    prime: str,
+    settings: SampleConfig,
+    as_json: bool,
+) -> None:
+    """Generate and show samples of ``prime``: a single sample on a terminal streams in as it is generated;
+    several, or output to a pipe, are shown when done (with ``--json``, one record each). A prime's characters
+    outside the vocabulary are warned about first."""
+    warn(err_console, sampler.vocab.unknown_note(prime))
+    prompts = [prime] * settings.num
+    if settings.num == 1 and console.is_terminal and not as_json:
+        stream_sample(console, prime, sampler.stream(prompts, settings))
+    else:
+        show_samples(console, sampler.generate(prompts, settings), prime, settings, as_json, **source.record())
 
 
 def stream_sample(console: Console, prime: str, pieces: Iterator[Piece]) -> None:

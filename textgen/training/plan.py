@@ -26,16 +26,20 @@ from textgen.checkpoint import (
 )
 from textgen.config import (
     DataConfig,
+    DataSettings,
     DeviceProfile,
     DistillConfig,
+    DistillSettings,
     ModelConfig,
+    ModelSettings,
     PruneConfig,
+    PruneSettings,
     RunConfig,
     TrainConfig,
+    TrainSettings,
     check_fits_in_memory,
     format_seconds,
     longer_budget,
-    settings_given,
 )
 from textgen.corpus import corpus_fingerprint, corpus_stem, resolve_corpora, resolve_encoding, same_codec
 from textgen.data import Splits, load_splits
@@ -72,48 +76,51 @@ def plan_training(
     download: bool = False,
     keep_boilerplate: bool = False,
     encoding: str = "auto",
-    data: dict[str, Any] | None = None,
-    model: dict[str, Any] | None = None,
-    training: dict[str, Any] | None = None,
+    data: DataSettings | None = None,
+    model: ModelSettings | None = None,
+    training: TrainSettings | None = None,
     cache_dir: Path | None = None,
-    distill: dict[str, Any] | None = None,
-    prune: dict[str, Any] | None = None,
+    distill: DistillSettings | None = None,
+    prune: PruneSettings | None = None,
 ) -> TrainPlan:
     """Resolve the corpus (files, directories, globs) and configs for a new run, or reload a run to resume;
-    either way the run is locked for this process until ``train`` returns. With ``distill`` (``teacher``, a run
-    name, and ``DistillConfig``'s settings) or ``prune`` (``source``, a run name, and ``PruneConfig``'s), the new
-    run trains on that run's corpus, splits and vocabulary.
+    either way the run is locked for this process until ``train`` returns. With ``distill`` (a teacher run) or
+    ``prune`` (a run to prune), the new run trains on that run's corpus, splits and vocabulary.
 
-    ``data``, ``model`` and ``training`` hold only the settings the user gave (``None`` values are
-    ignored). On resume, only epochs, time budget, save interval and strategy may change. Encoded
-    corpora are cached in ``cache_dir`` (by default ``idcache.cache_root(checkpoint_dir)``).
+    ``data``, ``model`` and ``training`` hold the settings the user gave (fields left ``None`` take the defaults).
+    On resume, only epochs, time budget, save interval and strategy may change. Encoded corpora are cached in
+    ``cache_dir`` (by default ``idcache.cache_root(checkpoint_dir)``).
     """
     cache_dir = cache_dir or cache_root(checkpoint_dir)
     names = [corpus] if isinstance(corpus, str) else list(corpus or [])
-    data, model, training = (settings_given(d or {}) for d in (data, model, training))
+    data_given, model_given, training_given = (s.given() if s else {} for s in (data, model, training))
     ensure_writable(checkpoint_dir)
     if resume:
         run = find_run(checkpoint_dir, run_name)
         lock = run.lock()  # before anything is read: a second trainer of the run stops here, at once
         try:
-            return _plan_resume(run, lock, names, encoding, {**data, **model}, training, cache_dir)
+            return _plan_resume(run, lock, names, encoding, {**data_given, **model_given}, training_given, cache_dir)
         except BaseException:
             lock.release()
             raise
     if distill or prune:
-        return _plan_derived(checkpoint_dir, run_name, profile, data, model, training, cache_dir, distill, prune)
+        derived_from = distill or prune
+        assert derived_from is not None
+        return _plan_derived(
+            checkpoint_dir, run_name, profile, data_given, model_given, training_given, cache_dir, derived_from
+        )
     if not names:
         raise ConfigError("give a corpus to train on, e.g. textgen train 2600-0.txt")
     files = resolve_corpora(names, download=download)
     run, lock = reserve_run(checkpoint_dir, run_name, corpus_stem(names, files))  # before the corpus is encoded
     try:
         data_cfg = new_data_config(
-            names, files, keep_boilerplate, encoding, **{"batch_size": profile.batch_size, **data}
+            names, files, keep_boilerplate, encoding, **{"batch_size": profile.batch_size, **data_given}
         )
-        splits = load_splits(data_cfg, cache_dir, train_streams=data_cfg.batch_size * _accumulate(training))
-        model_cfg = ModelConfig(vocab_size=splits.vocab.size, **model)
+        splits = load_splits(data_cfg, cache_dir, train_streams=data_cfg.batch_size * _accumulate(training_given))
+        model_cfg = ModelConfig(vocab_size=splits.vocab.size, **model_given)
         check_fits_in_memory(model_cfg)
-        config = RunConfig(data_cfg, model_cfg, TrainConfig.of(**training), profile)
+        config = RunConfig(data_cfg, model_cfg, TrainConfig.of(**training_given), profile)
         run.create(config, splits.vocab)
     except BaseException:
         discard_reserved(run, lock)
@@ -146,12 +153,13 @@ def _plan_derived(
     model: dict[str, Any],
     training: dict[str, Any],
     cache_dir: Path,
-    distill: dict[str, Any] | None,
-    prune: dict[str, Any] | None,
+    derived_from: DistillSettings | PruneSettings,
 ) -> TrainPlan:
-    """A new run made from another: a student of a teacher run (``distill``), or a pruned copy of a run
-    (``prune``), on that run's corpus, splits and vocabulary."""
-    settings = settings_given(distill or prune or {})
+    """A new run made from another: a student of a teacher run (``DistillSettings``), or a pruned copy of a run
+    (``PruneSettings``), on that run's corpus, splits and vocabulary. A pruned run fine-tunes at
+    ``PruneConfig.FINE_TUNE_LR`` unless given another rate."""
+    distill, prune = isinstance(derived_from, DistillSettings), isinstance(derived_from, PruneSettings)
+    settings = derived_from.given()
     base = find_run(checkpoint_dir, settings.pop("teacher" if distill else "source"), "best")
     base.weights_path("best")  # refused before a run is made from it, not by the first load
     saved = base.load_config()
@@ -162,6 +170,8 @@ def _plan_derived(
     if training.get("accumulate", 1) != 1 and distill:
         raise ConfigError("textgen distill does not combine with --accumulate (the teacher reads one batch at a time)")
     check_corpus_unchanged(base, saved.data)
+    if prune:
+        training = {"lr": PruneConfig.FINE_TUNE_LR, **training}
     source = str(base.path.resolve())
     distill_cfg = (
         DistillConfig(teacher=source, teacher_val_loss=base.best_weights_loss(), **settings) if distill else None
