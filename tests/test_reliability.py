@@ -653,7 +653,12 @@ def test_sample_skips_a_run_that_has_no_best_weights_yet(trained_run, tmp_path: 
 def test_resume_accepts_the_same_encoding_spelled_another_way(tmp_path: Path) -> None:
     book = tmp_path / "latin.txt"
     book.write_bytes(write_corpus(tmp_path / "u.txt", 1500).read_text(encoding="utf-8").encode("latin-1"))
-    kwargs = {"checkpoint_dir": tmp_path / "ck", "run_name": "r", "data": TINY_DATA, "model": TINY_MODEL}
+    kwargs = {
+        "checkpoint_dir": tmp_path / "ck",
+        "run_name": "r",
+        "data": DataSettings(**TINY_DATA),
+        "model": ModelSettings(**TINY_MODEL),
+    }
     train(plan_training(str(book), CPU, encoding="latin1", training=TrainSettings(epochs=1), **kwargs))
     plan = plan_training(None, CPU, resume=True, encoding="ISO-8859-1", training=TrainSettings(epochs=2), **kwargs)
     assert plan.config.data.encoding == "iso8859-1"

@@ -378,11 +378,11 @@ def test_a_plan_with_no_epochs_left_trains_nothing(tmp_path: Path, trained_run) 
 @pytest.mark.parametrize(
     ("changes", "flag"),
     [
-        ({"model": {"units": 64}}, "--units"),
-        ({"model": {"layers": 2}}, "--layers"),
-        ({"data": {"seq_len": 16}}, "--seq-len"),
-        ({"data": {"batch_size": 4}}, "--batch-size"),
-        ({"training": {"lr": 0.1}}, "--lr"),
+        ({"model": ModelSettings(units=64)}, "--units"),
+        ({"model": ModelSettings(layers=2)}, "--layers"),
+        ({"data": DataSettings(seq_len=16)}, "--seq-len"),
+        ({"data": DataSettings(batch_size=4)}, "--batch-size"),
+        ({"training": TrainSettings(lr=0.1)}, "--lr"),
     ],
 )
 def test_resume_rejects_changed_settings(trained_run, changes: dict, flag: str) -> None:
@@ -392,7 +392,7 @@ def test_resume_rejects_changed_settings(trained_run, changes: dict, flag: str) 
     assert flag in message
     assert "cannot change when resuming run 'tiny'" in message
     part, settings = next(iter(changes.items()))
-    [field] = settings
+    [field] = settings.given()
     assert f"(it has {flag} {getattr(getattr(trained_run.plan.config, part), field)})" in message
 
 
@@ -494,7 +494,7 @@ def test_new_run_with_an_existing_name(trained_run) -> None:
 
 def test_new_run_names_come_from_the_corpus(tmp_path: Path) -> None:
     corpus = write_corpus(tmp_path / "my book.txt", 600)
-    kwargs = {"checkpoint_dir": tmp_path / "ck", "data": {"batch_size": 4, "seq_len": 16}}
+    kwargs = {"checkpoint_dir": tmp_path / "ck", "data": DataSettings(batch_size=4, seq_len=16)}
     first = plan_training(str(corpus), CPU, **kwargs)
     second = plan_training(str(corpus), CPU, **kwargs)
     assert (first.run.name, second.run.name) == ("my-book", "my-book-2")

@@ -6,6 +6,7 @@ TensorFlow is imported only inside those calls, so ``textgen --help`` and bad fl
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -144,7 +145,7 @@ def _option(help: str, panel: str, default: Any = None, *decls: str) -> Any:
 
 LAYER_NORM_HELP = (
     "Layer-normalize each LSTM (Ba et al., 2016): 0.64-0.76x the chars/s on the cpu profile, better loss for the "
-    "time (README, Quality); on a GPU it runs Keras' generic loop, not cuDNN"
+    "time (docs/quality.md); on a GPU it runs Keras' generic loop, not cuDNN"
 )
 
 SHIFT_WINDOWS_HELP = (
@@ -419,11 +420,9 @@ def distill(
     model = ModelSettings(
         units=units, layers=layers, embedding_dim=embedding_dim, dropout=dropout, layer_norm=layer_norm
     )
-    training = TrainSettings(
-        lr=lr, epochs=epochs, seed=seed, time_budget=parse_duration(time_budget) if time_budget else None
-    )
+    training = TrainSettings(lr=lr, epochs=epochs, seed=seed)
     distill = DistillSettings(teacher, temperature, alpha)
-    _train_from_run(device, checkpoint_dir, run, training, as_json, distill, model)
+    _train_from_run(device, checkpoint_dir, run, training, time_budget, as_json, distill, model)
 
 
 PRUNE_EXAMPLES = """
@@ -457,10 +456,8 @@ def prune(
     as_json: TrainJsonOption = False,
 ) -> None:
     """Prune a trained run to a sparsity, fine-tuning it as the smallest weights are masked to zero."""
-    training = TrainSettings(
-        lr=lr, epochs=epochs, seed=seed, time_budget=parse_duration(time_budget) if time_budget else None
-    )
-    _train_from_run(device, checkpoint_dir, name, training, as_json, PruneSettings(run, sparsity, ramp))
+    training = TrainSettings(lr=lr, epochs=epochs, seed=seed)
+    _train_from_run(device, checkpoint_dir, name, training, time_budget, as_json, PruneSettings(run, sparsity, ramp))
 
 
 def _train_from_run(
@@ -468,12 +465,15 @@ def _train_from_run(
     checkpoint_dir: Path,
     run_name: str | None,
     training: TrainSettings,
+    time_budget: str | None,
     as_json: bool,
     derived_from: DistillSettings | PruneSettings,
     model: ModelSettings | None = None,
 ) -> None:
     """Train a run made from another (a student, or a pruned copy; see ``api.train``) on that run's corpus."""
     with _errors():
+        if time_budget:
+            training = dataclasses.replace(training, time_budget=parse_duration(time_budget))
         result = api.train(
             None,
             device=device,

@@ -75,7 +75,7 @@ class DataConfig:
     corpus_hash: str | None = None
     files: tuple[str, ...] = ()  # the corpus's files, in order (empty in older runs: the corpus is one file)
     max_vocab: int | None = None  # keep this many of the most frequent characters; None keeps all
-    # Start each epoch's training streams a seeded 0 to seq_len - 1 characters in (README, Quality: War and Peace's
+    # Start each epoch's training streams a seeded 0 to seq_len - 1 characters in (docs/quality.md: War and Peace's
     # test split at 60 minutes, 1.1536 against 1.1643 with the windows fixed; False in runs saved before it existed).
     shift_windows: bool = True
 
@@ -105,7 +105,7 @@ class ModelConfig:
     """Embedding -> layers x LSTM(units) -> Dense(vocab_size) logits.
 
     The defaults are the recipe that scored best on War and Peace's test split after
-    60 minutes on 2 CPU cores (README, Quality).
+    60 minutes on 2 CPU cores (docs/quality.md).
     """
 
     vocab_size: int

@@ -17,7 +17,7 @@ from textgen.errors import ConfigError, DeviceError
 # Each choice measured with benchmarks/train_throughput.py and benchmarks/sampling.py on 2 cores.
 CPU = DeviceProfile(
     name=Device.cpu,
-    precision="float32",  # bf16 was measured slower, with AMX and without (README, Performance)
+    precision="float32",  # bf16 was measured slower, with AMX and without (docs/performance.md)
     batch_size=64,
     # Training: the fast LSTM's large matmuls want both cores in one op (2 intra-op threads):
     # 14,500 chars/s against 12,000 with 1 intra x 2 inter, and 11,400 for Keras' LSTM.

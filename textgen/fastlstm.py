@@ -131,7 +131,7 @@ def lstm_recurrence(
 
 # The layer-normalized recurrence, as lstm_recurrence above with two more normalizations per step (of h @ recurrent
 # and of c). Against the plain one it trained the default 1 x 512 at 0.76x the chars/s and scored 0.019 nats/char
-# better on War and Peace's test split after 30 minutes (README's Quality).
+# better on War and Peace's test split after 30 minutes (docs/quality.md).
 @tf.function(jit_compile=True, autograph=False)
 def _normalized_forward_loop(
     x_projection: tf.Tensor,

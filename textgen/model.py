@@ -62,7 +62,7 @@ def build_model(cfg: ModelConfig, batch_size: int, precision: str = "float32", s
     ids = keras.Input(batch_shape=(batch_size, None), dtype="int32", name="ids")
     # N(0, 1) embeddings, as in PyTorch: Keras' default uniform(+-0.05) feeds the first LSTM an input
     # ~20x weaker, and Adam needs about an epoch of steps to grow it (War and Peace, 1x512: validation
-    # 1.84 nats/char after epoch 1 against 1.42; benchmarks/quality.py, see README's Quality).
+    # 1.84 nats/char after epoch 1 against 1.42; benchmarks/quality.py, see docs/quality.md).
     embedding_init = keras.initializers.RandomNormal(stddev=1.0)
     x = keras.layers.Embedding(
         cfg.vocab_size, cfg.embedding_dim, embeddings_initializer=embedding_init, dtype=precision, name="embedding"
