@@ -21,9 +21,11 @@ def build_callbacks(
     steps: int,
     elapsed: Callable[[], float],
     request_stop: Callable[[StopReason], None],
+    unsaved: list[Callable[[], None]],
 ) -> tuple[RunCheckpoint, keras.callbacks.CallbackList]:
     """The run's checkpoint and the Keras callbacks the loop drives: state reset, learning-rate schedule, the
-    pruning schedule, early stopping, TensorBoard logs, and the checkpoint (which also writes the history)."""
+    pruning schedule, early stopping, TensorBoard logs, and the checkpoint (which also writes the history).
+    ``unsaved`` holds the save of where training got while that is past the checkpoint's last commit."""
     tcfg, run, prune = plan.config.training, plan.run, plan.config.prune
     progress = schedule_progress(tcfg, steps, elapsed)
     # A pruned run's loss rises by design while its sparsity ramps up: it does not stop early, and its best
@@ -48,6 +50,8 @@ def build_callbacks(
         # One replica's: a replica's states are its own, which a mirrored variable's value does not show (several
         # replicas restart their streams cold after a mid-epoch resume).
         stream_states=trainer.stream_states() if trainer.strategy.num_replicas_in_sync == 1 else None,
+        save_every=tcfg.save_every,
+        unsaved=unsaved,
     )
     callbacks = keras.callbacks.CallbackList(
         [

@@ -20,7 +20,6 @@ Every reason to stop goes through one ``Stopper`` (``textgen.training.stopping``
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -107,8 +106,8 @@ def _train(
     steps = training_layout(plan, resume.epoch if resume else 0).batches  # every epoch's, shifted or not
     with stop_signals() as signals:
         stopper = Stopper(clock, signals)
-        checkpoint, callbacks = build_callbacks(plan, trainer, steps, clock.elapsed, stopper.request)
-        session = _Session(plan, trainer, progress, judge, stopper, checkpoint, callbacks, steps, unsaved)
+        checkpoint, callbacks = build_callbacks(plan, trainer, steps, clock.elapsed, stopper.request, unsaved)
+        session = _Session(plan, trainer, progress, judge, stopper, checkpoint, callbacks, steps)
         with _end_on_error(callbacks, progress):
             reason, last = session.run_epochs()
     callbacks.on_train_end(last.metrics() if last else {})
@@ -143,7 +142,6 @@ class _Session:
     checkpoint: RunCheckpoint
     callbacks: keras.callbacks.CallbackList
     steps: int  # batches in every epoch
-    unsaved: list[Callable[[], None]]  # saves where training got, if past the last commit (for a lost worker)
     epochs_done: int = 0
     clock: Clock = field(init=False)
 
@@ -182,10 +180,11 @@ class _Session:
             for variable, value in zip(trainer.stream_states(), stream_states, strict=True):
                 variable.assign(value)
         self.progress.epoch_begin(epoch, start.batch)
-        done = dataclasses.replace(start)
+        done = start
         if self.clock.expired():  # a run killed past its budget before validating resumes only to validate
             return done, StopReason.TIME_BUDGET
-        for batch, (x, y) in enumerate(distributed_batches(trainer.strategy, self.plan.splits.train, layout, start.batch), start=start.batch):  # fmt: skip
+        batches = distributed_batches(trainer.strategy, self.plan.splits.train, layout, start.batch)
+        for batch, (x, y) in enumerate(batches, start=start.batch):
             started = time.monotonic()
             self.callbacks.on_train_batch_begin(batch)
             loss = float(trainer.train_step(x, y))
@@ -197,7 +196,7 @@ class _Session:
             done = EpochProgress(
                 batch + 1, done.loss_sum + loss, done.batches + 1, done.seconds + time.monotonic() - started
             )
-            self.after_batch(epoch, done)
+            self.checkpoint.after_batch(epoch, done, self.clock.elapsed)
             self.callbacks.on_train_batch_end(batch, {"loss": done.loss, "bpc": bits(done.loss)})
             self.progress.batch_end(batch, done.loss)
             reason = self.stopper.check(MID_EPOCH)
@@ -206,12 +205,6 @@ class _Session:
             if reason is not None:
                 return done, reason
         return done, None
-
-    def after_batch(self, epoch: int, done: EpochProgress) -> None:
-        """Note where training got (for a save if another worker is lost); save it if ``--save-every`` is due."""
-        self.unsaved[:] = [lambda: self.checkpoint.save_resume_point(epoch, done.batch, self.clock.elapsed(), done)]
-        if time.monotonic() - self.checkpoint.saved_at >= self.plan.config.training.save_every:
-            self.unsaved.pop()()
 
     def validate_mid_epoch(self) -> StopReason | None:
         """Validate if the judge asks, put the training streams' states back, and let the judge end the run; a stop
@@ -239,7 +232,6 @@ class _Session:
         checkpoint, steps = self.checkpoint, self.steps
         # Commit the training before validating: a kill during validation costs only the validation.
         checkpoint.save_resume_point(epoch, done.batch, self.clock.elapsed(), done)
-        self.unsaved.clear()
         if reason is StopReason.INTERRUPTED and done.batch < steps:  # after the last batch: end the epoch first
             raise self.interrupted(f"stopped at epoch {epoch + 1}, batch {done.batch}/{steps}")
         if reason is StopReason.PRUNED:  # by the judge, mid-epoch: it has its validation
@@ -248,7 +240,6 @@ class _Session:
         # A time budget that cut the epoch resumes where training stopped, not at the next epoch.
         checkpoint.resume_at = (epoch, done.batch, done) if log.partial else (epoch + 1, 0, None)
         self.callbacks.on_epoch_end(epoch, log.metrics())  # the checkpoint commits the epoch there
-        self.unsaved.clear()
         self.epochs_done = epoch + 1
         self.progress.epoch_end(log)
         if self.judge is not None and self.judge.should_stop(log.seconds, log.val_loss):

@@ -19,7 +19,8 @@ from textgen.results import StopReason
 
 
 class RunCheckpoint(keras.callbacks.Callback):
-    """Saves the best weights and an atomic resume point at every epoch end."""
+    """Saves the best weights and an atomic resume point at every epoch end, and mid-epoch when ``save_every``
+    seconds have passed since the last one (``after_batch``)."""
 
     def __init__(
         self,
@@ -28,8 +29,13 @@ class RunCheckpoint(keras.callbacks.Callback):
         stateful_callbacks: dict[str, Any],
         eligible: Callable[[], bool] = lambda: True,
         stream_states: list[keras.Variable] | None = None,
+        save_every: float = math.inf,
+        unsaved: list[Callable[[], None]] | None = None,
     ) -> None:
         super().__init__()
+        self.save_every = save_every
+        # The save of where training got, while that is past the last commit: a lost worker's handler makes it.
+        self.unsaved = unsaved if unsaved is not None else []
         self.run, self.optimizer, self.stateful_callbacks = run, optimizer, stateful_callbacks
         self.eligible = eligible  # whether the weights may be the run's best (a pruned run's: at full sparsity)
         self.stream_states = stream_states  # saved with mid-epoch resume points, if given
@@ -61,6 +67,12 @@ class RunCheckpoint(keras.callbacks.Callback):
         resume_epoch, resume_batch, position = self.resume_at
         self.save_resume_point(resume_epoch, resume_batch, logs["seconds"], position, validated=True)
 
+    def after_batch(self, epoch: int, position: EpochProgress, elapsed: Callable[[], float]) -> None:
+        """Note where training got, and commit it if ``save_every`` has passed since the last commit."""
+        self.unsaved[:] = [lambda: self.save_resume_point(epoch, position.batch, elapsed(), position)]
+        if time.monotonic() - self.saved_at >= self.save_every:
+            self.unsaved.pop()()
+
     def save_resume_point(
         self, epoch: int, batch: int, seconds: float, position: EpochProgress | None = None, validated: bool = False
     ) -> None:
@@ -90,6 +102,7 @@ class RunCheckpoint(keras.callbacks.Callback):
             streams = self.streams_at
         self.run.save_resume_point(self.model, self.optimizer, state, streams)
         self.saved_at = time.monotonic()
+        self.unsaved.clear()
 
     def mark_finished(self, reason: StopReason) -> None:
         """Record why training stopped; the resume point stays usable for more epochs."""
