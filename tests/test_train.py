@@ -782,3 +782,30 @@ def test_resume_with_accumulation_continues_at_an_update_boundary(tmp_path: Path
     result = train(plan_training(None, CPU, checkpoint_dir=tmp_path / "ck", run_name="r", resume=True))
     spe = steps_per_epoch(len(plan.splits.train), 8, 16)
     assert result.epochs == 1 and plan.run.load_state().step == spe
+
+
+def test_the_stopper_gives_one_reason_in_each_places_order() -> None:
+    """Within an epoch a stop signal wins over the judge and the judge over a spent budget; at an epoch's end the
+    run's own ends win over a signal, and early stopping over the budget and the last epoch."""
+    from textgen.training.stopping import EPOCH_END, MID_EPOCH, Clock, Stopper, StopSignals
+
+    def stopper(trained: float) -> Stopper:
+        clock = Clock(before=trained, budget=10.0, agree=lambda stop, seconds: (stop, 0.0))
+        return Stopper(clock, StopSignals())
+
+    going = stopper(trained=0.0)
+    assert going.check(MID_EPOCH) is None and going.check(EPOCH_END) is None
+    spent = stopper(trained=10.0)
+    assert spent.check(MID_EPOCH) is StopReason.TIME_BUDGET
+    spent.request(StopReason.PRUNED)
+    assert spent.check(MID_EPOCH) is StopReason.PRUNED
+    spent.signals.requested = "SIGTERM"
+    assert spent.check(MID_EPOCH) is StopReason.INTERRUPTED
+    assert spent.check(EPOCH_END) is StopReason.TIME_BUDGET and spent.signal_name == "SIGTERM"
+    spent.request(StopReason.EARLY_STOPPING)
+    assert spent.check(EPOCH_END) is StopReason.EARLY_STOPPING
+    last = stopper(trained=0.0)
+    last.signals.requested = "SIGINT"
+    assert last.check(EPOCH_END) is StopReason.INTERRUPTED
+    last.request(StopReason.EPOCHS)
+    assert last.check(EPOCH_END) is StopReason.EPOCHS

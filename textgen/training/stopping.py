@@ -104,8 +104,8 @@ def compile_agreement(strategy: tf.distribute.Strategy) -> Callable[[bool, float
 # finishing anyway finishes (the signal is still reported, as ``TrainResult.stop_requested``).
 MID_EPOCH = (StopReason.INTERRUPTED, StopReason.PRUNED, StopReason.TIME_BUDGET)
 EPOCH_END = (
+    StopReason.EARLY_STOPPING,  # said first: more epochs or time would not help this run
     StopReason.TIME_BUDGET,
-    StopReason.EARLY_STOPPING,
     StopReason.EPOCHS,
     StopReason.INTERRUPTED,
     StopReason.PRUNED,
