@@ -49,6 +49,26 @@ def test_top_level_help_shows_a_quick_start() -> None:
     assert "textgen train 2600-0.txt --device cpu" in out, "textgen --help should show how to start"
 
 
+@pytest.mark.parametrize("command", [[], ["train"], ["sample"], ["repl"], ["tune"], ["runs"]])
+def test_h_is_help(command: list[str]) -> None:
+    short, long = invoke(*command, "-h"), invoke(*command, "--help")
+    assert short.exit_code == long.exit_code == 0
+    assert squash(short.stdout) == squash(long.stdout) and "Usage:" in short.stdout
+
+
+def test_version_names_textgen_tensorflow_and_keras() -> None:
+    import importlib.metadata
+
+    import textgen
+
+    result = invoke("--version")
+    assert result.exit_code == 0
+    assert result.stdout == (
+        f"textgen {textgen.__version__} tensorflow {importlib.metadata.version('tensorflow-cpu')} "
+        f"keras {importlib.metadata.version('keras')}\n"
+    )
+
+
 def test_train_help_shows_examples() -> None:
     result = invoke("train", "--help")
     assert result.exit_code == 0

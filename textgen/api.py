@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from textgen import __version__
 from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, ensure_writable, find_run, study_path
 from textgen.cluster import cluster_role, make_strategy
 from textgen.config import (
@@ -336,3 +337,18 @@ def runs(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR) -> list[RunSummary]:
     from textgen.runs import run_summaries
 
     return run_summaries(checkpoint_dir)
+
+
+def versions() -> dict[str, str]:
+    """textgen's version and those of the libraries it runs on, for bug reports, read without importing them."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {"textgen": __version__}
+    for name, packages in (("tensorflow", ("tensorflow", "tensorflow-cpu")), ("keras", ("keras",))):
+        for package in packages:
+            with contextlib.suppress(PackageNotFoundError):
+                found[name] = version(package)
+                break
+        else:
+            found[name] = "not installed"
+    return found

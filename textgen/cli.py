@@ -81,11 +81,28 @@ app = typer.Typer(  # no help=: it would hide the callback's docstring, quick st
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode="markdown",
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 
 
+def _show_version(asked: bool) -> None:
+    if asked:
+        console.print(" ".join(f"{name} {version}" for name, version in api.versions().items()), markup=False)
+        raise typer.Exit()
+
+
 @app.callback()
-def _main() -> None:
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            help="Print the versions of textgen, TensorFlow and Keras, and exit",
+            callback=_show_version,
+            is_eager=True,
+        ),
+    ] = False,
+) -> None:
     """Train character-level LSTM language models on a book, and play with them.
 
     Quick start: `textgen train 2600-0.txt --device cpu`, then `textgen sample --temp 0.8`.
