@@ -198,3 +198,19 @@ def test_the_running_trials_chars_per_second_leaves_out_a_mid_epoch_validation(m
     after = batches(3, 6)
     assert all("1,000 chars/s" in status for status in before + after), after
     assert after[-1].startswith("trial 0: epoch 1, batch 6/10") and after[-1].endswith("[36.0s of 10m00s]")
+
+
+def test_the_live_bar_shows_no_numbers_before_the_first_batch() -> None:
+    """Not "loss nan (nan bpc)": the rate and the loss appear with the epoch's first batch."""
+    display = ui.TrainingDisplay(Console(file=io.StringIO(), force_terminal=True, width=200))
+    display.epochs, display.steps, display.chars_per_step = 3, 10, 6400
+    display.epoch_begin(0, 0)
+
+    def frame() -> str:
+        out = io.StringIO()
+        Console(file=out, width=200, color_system=None).print(display.progress.get_renderable())
+        return out.getvalue()
+
+    assert "epoch 1/3" in frame() and "nan" not in frame() and "loss" not in frame()
+    display.batch_end(0, 2.0)
+    assert "loss 2.000 (2.885 bpc)" in frame() and "chars/s" in frame()

@@ -138,8 +138,7 @@ class TrainingDisplay:
             TextColumn("[bold]epoch {task.fields[epoch]}"),
             BarColumn(),
             MofNCompleteColumn(),
-            TextColumn("{task.fields[rate]:>7,.0f} chars/s"),
-            TextColumn("loss {task.fields[loss]:.3f} ({task.fields[bpc]:.3f} bpc)"),
+            TextColumn("{task.fields[measured]}"),  # empty until the epoch's first batch gives a number
             TimeElapsedColumn(),
             TextColumn("{task.description}"),
             TextColumn("eta"),
@@ -190,14 +189,13 @@ class TrainingDisplay:
             total=self.steps,
             completed=first_batch,
             epoch=f"{epoch + 1}/{self.epochs}",
-            rate=0.0,
-            loss=float("nan"),
-            bpc=float("nan"),
+            measured="",
         )
 
     def batch_end(self, batch: int, loss: float) -> None:
         rate = chars_per_second(batch + 1 - self.first_batch, self.chars_per_step, self.epoch_started)
-        self.progress.update(self.task, completed=batch + 1, rate=rate, loss=loss, bpc=bits(loss))
+        measured = f"{rate:>7,.0f} chars/s  loss {loss:.3f} ({bits(loss):.3f} bpc)"
+        self.progress.update(self.task, completed=batch + 1, measured=measured)
 
     def validating(self) -> None:
         self.progress.update(self.task, description="validating")
