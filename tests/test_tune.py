@@ -20,9 +20,10 @@ from textgen.config import TrainConfig
 from textgen.device import CPU
 from textgen.errors import ConfigError, TrainingInterrupted
 from textgen.recipe import read_recipe, recipe_of
+from textgen.search import SameTimePruner, SearchSpace
 from textgen.study import load_study_in, show_study, storage_of
 from textgen.training.progress import NoProgress
-from textgen.tune import Reporter, SameTimePruner, SearchSpace, _requeue_interrupted
+from textgen.tune import Reporter, _requeue_interrupted
 
 # A tiny model, so that a trial of a few seconds trains several epochs; the rest of the recipe is searched.
 TINY = ["--units", "32", "--layers", "1", "--embedding-dim", "8", "--batch-size", "8", "--seq-len", "32"]
