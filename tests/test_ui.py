@@ -214,3 +214,29 @@ def test_the_live_bar_shows_no_numbers_before_the_first_batch() -> None:
     assert "epoch 1/3" in frame() and "nan" not in frame() and "loss" not in frame()
     display.batch_end(0, 2.0)
     assert "loss 2.000 (2.885 bpc)" in frame() and "chars/s" in frame()
+
+
+def test_the_start_up_summary_is_a_readable_block() -> None:
+    """The settings that matter as labelled lines, not a line of every key=value (those are in config.json)."""
+    from textgen.config import DataConfig, ModelConfig, PruneConfig, RunConfig, TrainConfig
+    from textgen.device import CPU
+
+    data, model = DataConfig(corpus="c.txt"), ModelConfig(vocab_size=100)
+    lines = dict(ui.describe_run(RunConfig(data, model, TrainConfig(time_budget=600.0), CPU)))
+    assert list(lines) == ["model", "batches", "optimizer", "stops", "saves"]
+    # 100 x 64 embedding + 4 x 512 x (64 + 512 + 1) LSTM + (512 + 1) x 100 output
+    assert lines["model"] == "1 x 512 LSTM, embedding 64, dropout 0.1 (1,239,396 parameters)"
+    assert lines["batches"] == "64 streams x 100 characters, windows shifted each epoch"
+    assert lines["optimizer"] == (
+        "adam, learning rate 0.002 held, then annealed to 0 over the last 20% of the run; clipped at global norm 5"
+    )
+    assert lines["stops"] == (
+        "after 30 epochs or 10m00s of training, whichever comes first, or after 3 epochs without a better validation loss"
+    )
+    assert lines["saves"] == "a resume point at each epoch end and every 5m00s within one"
+
+    training = TrainConfig.of(optimizer="sgd", lr_schedule="plateau", accumulate=2, epochs=1)
+    pruned = dict(ui.describe_run(RunConfig(data, model, training, CPU, prune=PruneConfig(source="r"))))
+    assert pruned["optimizer"].startswith("sgd, momentum 0.9, learning rate 0.1 x 0.5 whenever validation stalls")
+    assert pruned["batches"].endswith(", 2 batches per update")
+    assert pruned["stops"] == "after 1 epoch"  # a pruned run does not stop early

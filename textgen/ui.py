@@ -44,7 +44,7 @@ from textgen.results import (
 from textgen.vocab import for_display
 
 if TYPE_CHECKING:
-    from textgen.config import RunConfig, SampleConfig
+    from textgen.config import RunConfig, SampleConfig, TrainConfig
     from textgen.generation import Piece, Sampler
     from textgen.idcache import EncodedCorpus
     from textgen.training.plan import TrainPlan
@@ -80,6 +80,44 @@ def _strict(value: Any) -> Any:
 def describe(values: dict[str, Any]) -> str:
     """``key=value`` pairs on one line."""
     return "  ".join(f"{k}={v}" for k, v in values.items())
+
+
+def describe_run(cfg: RunConfig) -> list[tuple[str, str]]:
+    """The settings of a run that matter, as labelled lines a person reads (every setting is in config.json and in
+    ``--json``)."""
+    model, data, training = cfg.model, cfg.data, cfg.training
+    lstm = f"{model.layers} x {model.units} LSTM{' (layer-normalized)' if model.layer_norm else ''}"
+    shifted = ", windows shifted each epoch" if data.shift_windows else ""
+    accumulated = f", {training.accumulate} batches per update" if training.accumulate > 1 else ""
+    limits = [f"{training.epochs} epoch{'s' if training.epochs > 1 else ''}"]
+    if training.time_budget:
+        limits.append(f"{format_seconds(training.time_budget)} of training")
+    stops = f"after {' or '.join(limits)}{', whichever comes first' if len(limits) > 1 else ''}"
+    if not cfg.prune:  # a pruned run's loss rises by design while it is pruned: it does not stop early
+        stops += f", or after {training.patience} epochs without a better validation loss"
+    return [
+        (
+            "model",
+            f"{lstm}, embedding {model.embedding_dim}, dropout {model.dropout:g} ({model.parameters:,} parameters)",
+        ),
+        ("batches", f"{data.batch_size} streams x {data.seq_len} characters{shifted}{accumulated}"),
+        ("optimizer", f"{describe_optimizer(training)}; clipped at global norm {training.clip_norm:g}"),
+        ("stops", stops),
+        ("saves", f"a resume point at each epoch end and every {format_seconds(training.save_every)} within one"),
+        *([("spread", f"tf.distribute: {training.strategy}")] if training.strategy != "none" else []),
+    ]
+
+
+def describe_optimizer(training: TrainConfig) -> str:
+    """The optimizer with its own settings, and how the learning rate moves."""
+    extra = f", weight decay {training.weight_decay:g}" if training.weight_decay else ""
+    extra += f", momentum {training.momentum:g}" if training.momentum else ""
+    schedule = {
+        "hold": f"held, then annealed to 0 over the last {training.anneal:.0%} of the run",
+        "cosine": "annealed to 0 along a cosine over the run",
+        "plateau": f"x {training.lr_factor:g} whenever validation stalls for {training.lr_patience} epoch(s)",
+    }[training.lr_schedule]
+    return f"{training.optimizer}{extra}, learning rate {training.lr:g} {schedule}"
 
 
 # --- errors -------------------------------------------------------------------------------
@@ -164,19 +202,13 @@ class TrainingDisplay:
                     f"{format_seconds(plan.resume_state.seconds)} trained"
                     f"{f' of its {format_seconds(budget)}' if budget else ''}"
                 )
-            training = {
-                **dataclasses.asdict(cfg.training),
-                "batch_size": cfg.data.batch_size,
-                "seq_len": cfg.data.seq_len,
-            }
             for line in (
                 f"[bold]{escape(plan.run.name)}[/] ({where}) -> {escape(str(plan.run.path))}",
-                f"corpus   {escape(cfg.data.corpus)} ({describe_documents(splits.encoded.documents)}{cfg.data.encoding}): "
+                f"corpus    {escape(cfg.data.corpus)} ({describe_documents(splits.encoded.documents)}{cfg.data.encoding}): "
                 f"{len(splits.train):,} train / {len(splits.val):,} val / {len(splits.test):,} test chars, "
                 f"{splits.vocab.size} ids{describe_unknown(splits.encoded)}",
-                f"model    {describe(dataclasses.asdict(cfg.model))}",
-                f"training {describe(training)}",
-                f"device   {cfg.profile.name}: {cfg.profile.notes}{' (the run keeps its profile)' if plan.resume_state else ''}",
+                *(f"{label:<9} {escape(text)}" for label, text in describe_run(cfg)),
+                f"device    {cfg.profile.name}: {cfg.profile.notes}{' (the run keeps its profile)' if plan.resume_state else ''}",
                 *_derived_from(cfg),
             ):
                 self.console.print(line)
@@ -315,11 +347,11 @@ def _derived_from(cfg: RunConfig) -> list[str]:
     """The plan's line for a run made from another: the teacher of a distilled run, the source of a pruned one."""
     if cfg.distill:
         return [
-            f"distill  {escape(describe({**dataclasses.asdict(cfg.distill), 'teacher': Path(cfg.distill.teacher).name}))}"
+            f"distill   {escape(describe({**dataclasses.asdict(cfg.distill), 'teacher': Path(cfg.distill.teacher).name}))}"
         ]
     if cfg.prune:
         return [
-            f"prune    {escape(describe({**dataclasses.asdict(cfg.prune), 'source': Path(cfg.prune.source).name}))}"
+            f"prune     {escape(describe({**dataclasses.asdict(cfg.prune), 'source': Path(cfg.prune.source).name}))}"
         ]
     return []
 
