@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from textgen import ui
+from textgen import tuneview, ui
 from textgen.results import (
     EpochLog,
     RunSummary,
@@ -131,7 +131,7 @@ def test_the_live_tune_table_shows_the_latest_trials_that_fit_and_the_whole_tabl
     ]
     out = io.StringIO()
     console = Console(file=out, width=120, height=12, force_terminal=True, color_system=None)
-    display = ui.TuneDisplay(console)
+    display = tuneview.TuneDisplay(console)
     display.trials = trials
     display.running = TrialSummary(30, TrialStatus.RUNNING, recipe, None, 0.0, "t30")
     display.status = "trial 30: epoch 1, batch 3/40"
@@ -158,7 +158,7 @@ def test_piped_tune_output_is_a_plain_line_per_trial_with_user_text_as_it_is() -
     from textgen.cli import console
 
     recipe = {"units": 64, "layers": 1, "embedding_dim": 16, "dropout": 0.1, "optimizer": "adam", "lr": 0.002}
-    display = ui.TuneDisplay(console)  # piped under pytest: no live view
+    display = tuneview.TuneDisplay(console)  # piped under pytest: no live view
     assert display.live is None
     with console.capture() as out:
         display.trial_end(
@@ -179,7 +179,7 @@ def test_the_running_trials_chars_per_second_leaves_out_a_mid_epoch_validation(m
     now = [100.0]
     monkeypatch.setattr(ui.time, "monotonic", lambda: now[0])
     recipe = {"units": 64, "layers": 1, "embedding_dim": 16, "dropout": 0.1, "optimizer": "adam", "lr": 0.002}
-    display = ui.TuneDisplay(console)
+    display = tuneview.TuneDisplay(console)
     line = display.trial_begin(TrialSummary(0, TrialStatus.RUNNING, recipe, None, 0.0, "t0"), budget=600.0)
     line.steps, line.chars_per_step = 10, 1000
     line.epoch_begin(0, first_batch=0)

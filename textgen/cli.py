@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from textgen import api, ui
+from textgen import api, tuneview, ui
 from textgen.artifact import ExportFormat, Quantize
 from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR
 from textgen.config import (
@@ -743,9 +743,9 @@ def tune(
                 **{flag(k): v for settings in (data, model, training) for k, v in settings.given().items()},
             }
             given = [name for name, value in searching.items() if value is not None]
-            ui.show_study(console, api.show_study(checkpoint_dir, study, corpus, searching=given), as_json)
+            tuneview.show_study(console, api.show_study(checkpoint_dir, study, corpus, searching=given), as_json)
             return
-        display = ui.TuneDisplay(console, as_json=as_json)
+        display = tuneview.TuneDisplay(console, as_json=as_json)
         result = api.tune(
             corpus,
             device=device,
@@ -760,7 +760,7 @@ def tune(
             training=training,
             progress=display,
         )
-        ui.show_study(console, result, as_json, shown_live=display.live is not None)
+        tuneview.show_study(console, result, as_json, shown_live=display.live is not None)
 
 
 RUNS_EXAMPLES = """
