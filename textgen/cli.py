@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.markup import escape
-from typer.core import TyperGroup
+from typer.core import TyperGroup, TyperOption
 
 from textgen import api, tuneview, ui
 from textgen.artifact import ExportFormat, Quantize
@@ -47,6 +47,28 @@ from textgen.repl import GREETING, Session
 
 console = Console(highlight=False, soft_wrap=True, emoji=False)  # user text is data: ":fire:" stays ":fire:"
 err_console = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
+
+
+# Typer 0.29's help gives a flag a value type (`--json <bool>`) and puts a default written as text in parentheses
+# (`[default: (the latest run)]`). It has no setting for either, so textgen's CLI adjusts its option class here.
+_typer_type = TyperOption.display_type_rich
+_typer_default = TyperOption._get_default_string
+
+
+def _shown_type(option: TyperOption, ctx: Any) -> str | None:
+    """An option's value type in ``--help``: none for a flag, which takes no value."""
+    return None if option.is_flag else _typer_type(option, ctx)
+
+
+def _shown_default(option: TyperOption, *, ctx: Any, show_default_is_str: bool, default_value: Any) -> str:
+    """An option's default in ``--help``: a default written as text, as it is written."""
+    if show_default_is_str:
+        return str(option.show_default)
+    return _typer_default(option, ctx=ctx, show_default_is_str=False, default_value=default_value)
+
+
+TyperOption.display_type_rich = _shown_type  # type: ignore[method-assign, assignment]
+TyperOption._get_default_string = _shown_default  # type: ignore[method-assign, assignment]
 
 
 class OneLineErrors(TyperGroup):
