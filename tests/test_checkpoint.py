@@ -183,6 +183,52 @@ def test_last_weights_are_the_weights_training_had_at_its_last_resume_point(tmp_
         np.testing.assert_array_equal(loaded, at_the_end)
 
 
+def _saved_arrays(path: Path) -> dict[str, int]:
+    """The arrays of a weights file: name -> number of values."""
+    import h5py
+
+    arrays: dict[str, int] = {}
+    with h5py.File(path, "r") as fh:
+        fh.visititems(lambda name, item: arrays.update({name: item.size}) if isinstance(item, h5py.Dataset) else None)
+    return arrays
+
+
+def _compiled_model(cfg, batch: int) -> keras.Model:
+    """A model with a built Adam attached, as training has it (its save_weights would write Adam's moments too)."""
+    model = build_model(cfg, batch)
+    optimizer = keras.optimizers.Adam()
+    model.compile(optimizer=optimizer)
+    optimizer.build(model.trainable_variables)
+    return model
+
+
+def test_best_and_last_weights_hold_the_model_only(trained_run, tmp_path: Path) -> None:
+    run = Run(trained_run.run.path)
+    model = _compiled_model(run.load_config().model, 2)
+    for path in (run.best_weights_path, run.weights_path("last")):
+        arrays = _saved_arrays(path)
+        assert not any(name.startswith("optimizer") for name in arrays), path.name
+        assert sum(arrays.values()) == model.count_params(), path.name
+    fresh = Run(tmp_path)
+    fresh.save_best(model, 1.25)  # an attached optimizer is left out, the loss kept
+    assert sum(_saved_arrays(fresh.best_weights_path).values()) == model.count_params()
+    assert fresh.best_weights_loss() == 1.25
+
+
+def test_weights_saved_with_the_optimizer_before_issue_41_still_load(recwarn: pytest.WarningsRecorder) -> None:
+    run = Run(Path(__file__).parent / "fixtures" / "legacy-run")
+    assert any(name.startswith("optimizer") for name in _saved_arrays(run.best_weights_path))
+    plain = build_model(run.load_config().model, 2)
+    run.load_weights(plain, "best")
+    training = _compiled_model(run.load_config().model, 2)  # as a pruned run loads its source's best
+    run.load_weights(training, "best")
+    for a, b in zip(plain.get_weights(), training.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert int(training.optimizer.iterations.numpy()) == 0  # the file's optimizer state is not taken
+    assert run.best_weights_loss() == pytest.approx(1.3261779308319093)
+    assert not [w for w in recwarn if "optimizer" in str(w.message)]
+
+
 # --- finding runs -------------------------------------------------------------------
 
 

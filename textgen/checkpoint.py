@@ -4,8 +4,8 @@ Layout of ``checkpoints/<run>/``::
 
     config.json        RunConfig (data, model, training, profile)
     vocab.json         the character vocabulary
-    best.weights.h5    weights with the lowest validation loss so far (the loss is stored in the file)
-    last-*.weights.h5  weights at the resume point named by state.json
+    best.weights.h5    model weights with the lowest validation loss so far (the loss is stored in the file)
+    last-*.weights.h5  model weights at the resume point named by state.json
     optimizer-*.npz    optimizer variables at that point
     state.json         the commit record: resume point, callback states, best loss, history
     history.csv        one row per epoch, rewritten from state.json after each commit
@@ -178,7 +178,7 @@ class Run:
         import h5py
 
         with self._saving("the best weights"), atomic_path(self.best_weights_path) as tmp:
-            model.save_weights(tmp)
+            _save_model_weights(model, tmp)
             with h5py.File(tmp, "a") as fh:
                 fh.attrs["textgen_val_loss"] = val_loss
 
@@ -211,7 +211,7 @@ class Run:
         )
         with self._saving("a resume point"):
             with atomic_path(self.path / state.last_weights) as tmp:
-                model.save_weights(tmp)
+                _save_model_weights(model, tmp)
             with atomic_path(self.path / state.optimizer) as tmp, open(tmp, "wb") as fh:
                 np.savez(fh, *[np.asarray(v) for v in optimizer.variables])
             if state.stream_states is not None:
@@ -352,7 +352,10 @@ class Run:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
-                model.load_weights(path)
+                # The model's variables only: the optimizer's are restored by load_optimizer, and files from
+                # before issue 41 carry a copy of them.
+                optimizer = getattr(model, "optimizer", None)
+                model.load_weights(path, **({"objects_to_skip": [optimizer]} if optimizer else {}))
             except Exception as exc:  # h5py and Keras raise many kinds for a damaged file
                 raise CheckpointError(
                     f"{path} is corrupt or from another model ({_one_line(exc)}); train again"
@@ -482,6 +485,14 @@ def discard_reserved(run: Run, lock: RunLock) -> None:
     lock.release()
     with contextlib.suppress(OSError):
         run.path.rmdir()  # only if nothing else was written there
+
+
+def _save_model_weights(model: keras.Model, path: Path) -> None:
+    """Save the model's variables only: Keras' ``save_weights`` adds the attached optimizer's (Adam's moments
+    are twice the model), which the resume point keeps in its own file."""
+    import keras
+
+    keras.saving.save_weights(model, path, objects_to_skip=[getattr(model, "optimizer", None)])
 
 
 def _one_line(exc: Exception, limit: int = 300) -> str:
