@@ -3,6 +3,8 @@ what a flag given a value or an unknown option says, and the names of the runs a
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 COMMANDS = ["train", "distill", "prune", "sample", "repl", "evaluate", "export", "tune", "runs"]
@@ -28,3 +30,22 @@ def test_help_shows_no_type_after_a_flag_and_defaults_one_way(command: list[str]
 def test_a_default_written_as_text_reads_as_written() -> None:
     text = help_text("train", columns=200)
     assert "[default: the device profile's]" in text and "[default: 0.1]" in text and "[default: on]" in text
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_holds_no_measurements(command: str) -> None:
+    """Measured numbers belong in docs/, which the help points to."""
+    measured = re.compile(r"\d\s*(nats/char|bits/char|chars/s)|\d\.\d+x\b")
+    assert not measured.search(help_text(command, columns=200))
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_examples_are_single_spaced_and_unwrapped_at_80_columns(command: str) -> None:
+    from typer.main import get_command
+
+    from textgen.cli import app
+
+    examples = [line.strip() for line in get_command(app).commands[command].epilog.splitlines() if line[:4] == "    "]
+    lines = [line.strip() for line in help_text(command).splitlines()]
+    first = lines.index(examples[0])
+    assert lines[first : first + len(examples)] == examples

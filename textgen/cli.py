@@ -183,8 +183,8 @@ def _option(help: str, panel: str, default: Any = None, *decls: str) -> Any:
 
 
 LAYER_NORM_HELP = (
-    "Layer-normalize each LSTM (Ba et al., 2016): 0.64-0.76x the chars/s on the cpu profile, better loss for the "
-    "time (docs/quality.md); on a GPU it runs Keras' generic loop, not cuDNN"
+    "Layer-normalize each LSTM (Ba et al., 2016): slower per character, a better loss for the time on long runs "
+    "(docs/performance.md, docs/quality.md); on a GPU it runs Keras' generic loop, not cuDNN"
 )
 
 SHIFT_WINDOWS_HELP = (
@@ -196,26 +196,16 @@ TRAIN_EXAMPLES = """
 **Examples**
 
     textgen train 2600-0.txt --device cpu             # War and Peace on the CPU
-
     textgen train 2600-0.txt --device cpu --resume    # continue the latest run
-
     textgen train 2600-0.txt --time-budget 12m        # a good model in minutes
-
-    textgen train my_book.txt --epochs 20 --time-budget 30m --units 768 --layers 2
-
-    textgen train corpora/tolstoy/ --max-vocab 120     # every .txt file of a directory
-
-    textgen train 'books/*.txt' a.txt --accumulate 4   # a glob and a file; 4 x --batch-size streams per update
-
+    textgen train my_book.txt --epochs 20 --units 768 --layers 2
+    textgen train corpora/tolstoy/ --max-vocab 120    # a directory's .txt files
+    textgen train 'books/*.txt' a.txt --accumulate 4  # a glob and a file
     textgen train 2600-0.txt --optimizer adamw --weight-decay 0.05 --lr 3e-3
-
-    textgen train my_book.txt --layers 2 --layer-norm --time-budget 2h   # layer-normalized LSTMs
-
-    textgen train my_book.txt --from-study my_book --time-budget 2h   # the best recipe textgen tune found
-
-    textgen train other.txt --config checkpoints/studies/my_book/best.json   # that recipe, another corpus
-
-    TF_CONFIG='{...}' textgen train books/ --strategy multiworker --run library --checkpoint-dir /shared/ck   # on each machine
+    textgen train my_book.txt --layers 2 --layer-norm --time-budget 2h
+    textgen train my_book.txt --from-study my_book    # tune's best recipe
+    textgen train other.txt --config checkpoints/studies/my_book/best.json
+    TF_CONFIG='{...}' textgen train books/ --strategy multiworker --run lib
 
 A name without a path is looked up in ./corpora and in $TEXTGEN_CORPUS_PATH.
 Ctrl-C stops at a clean point and saves; `--resume` continues from there.
@@ -412,8 +402,7 @@ DISTILL_EXAMPLES = """
 **Examples**
 
     textgen distill --teacher 2600-0 --units 128 --time-budget 20m
-
-    textgen distill --teacher 2600-0 --units 256 --layers 2 --epochs 6 --run wp-2x256
+    textgen distill --teacher 2600-0 --units 256 --layers 2 --run wp-2x256
 
 The student is an ordinary run: sample, evaluate, export it; `textgen train --resume --run NAME` continues it.
 """
@@ -467,11 +456,11 @@ def distill(
 PRUNE_EXAMPLES = """
 **Examples**
 
-    textgen prune --run 2600-0 --sparsity 0.8 --time-budget 40m --ramp 0.4   # ~0.01 nats/char on War and Peace
-
-    textgen export --run 2600-0-pruned80 --format litert --quantize int8   # then compress the file
+    textgen prune --run 2600-0 --sparsity 0.8 --time-budget 40m --ramp 0.4
+    textgen export --run 2600-0-pruned80 --format litert --quantize int8
 
 The pruned run is an ordinary run: sample, evaluate, export it; `textgen train --resume --run NAME` continues it.
+Its zeros compress: gzip the exported model.
 """
 
 
@@ -530,10 +519,8 @@ def _train_from_run(
 SAMPLE_EXAMPLES = """
 **Examples**
 
-    textgen sample --temp 0.8                        # latest run, 500 characters
-
-    textgen sample --run 2600-0 --prime "Prince Andrew" --length 2000 --num 8 --seed 7
-
+    textgen sample --temp 0.8                  # the latest run, 500 characters
+    textgen sample --run 2600-0 --prime "Prince Andrew" --num 8 --seed 7
     textgen sample --temp 0 --top-k 5 --top-p 0.9 --json
 """
 
@@ -563,8 +550,7 @@ def sample(
 REPL_EXAMPLES = """
 **Examples**
 
-    textgen repl                      # the latest run
-
+    textgen repl                               # the latest run
     textgen repl --run 2600-0 --temp 0.5 --length 300
 
 In the REPL, type :help for commands (:temp, :len, :topk, :topp, :seed, :num, :context, :quit).
@@ -596,13 +582,10 @@ def repl(
 EVALUATE_EXAMPLES = """
 **Examples**
 
-    textgen evaluate                          # latest run, its test split
-
+    textgen evaluate                         # the latest run, its test split
     textgen evaluate --run 2600-0 --split val --json
-
-    textgen evaluate other_book.txt           # any text file
-
-    textgen evaluate --run big-batch --streams 64   # runs of different --batch-size, scored alike
+    textgen evaluate other_book.txt          # any text file
+    textgen evaluate --run big --streams 64  # compare runs of any --batch-size
 """
 
 
@@ -619,8 +602,8 @@ def evaluate(
     streams: Annotated[
         int | None,
         typer.Option(
-            help="Read the text as this many parallel streams, each starting cold (fewer read it better: on War and "
-            "Peace's validation split 16 give 1.177 nats/char, 64 1.182, 256 1.206); compare runs at one value",
+            help="Read the text as this many parallel streams, each starting cold (fewer read it a little better; "
+            "docs/how-it-trains.md#evaluation); compare runs at one value",
             show_default="the run's batch size",
         ),
     ] = None,
@@ -637,11 +620,9 @@ def evaluate(
 EXPORT_EXAMPLES = """
 **Examples**
 
-    textgen export --format litert --quantize int8     # the latest run, for phones and browsers
-
+    textgen export --format litert --quantize int8     # for phones and browsers
     textgen export --run 2600-0 --format savedmodel -o serving/wp/1
-
-    textgen sample --model exports/2600-0-litert-int8 --temp 0.8   # no TensorFlow needed
+    textgen sample --model exports/2600-0-litert-int8  # no TensorFlow needed
 
 The directory holds the network and textgen.json (vocabulary, model config); nothing else from the run is needed.
 """
@@ -671,15 +652,11 @@ def export(
 TUNE_EXAMPLES = """
 **Examples**
 
-    textgen tune 2600-0.txt --time-budget 2h --trial-budget 10m    # ~12 recipes, up to 10 minutes each
-
-    textgen tune 2600-0.txt --time-budget 3h                        # continue it: 1 more hour
-
-    textgen tune --show                                             # the latest study's trials
-
-    textgen tune my_book.txt --units 256 --layers 1 --time-budget 1h   # search the rest
-
-    textgen train 2600-0.txt --from-study 2600-0 --time-budget 1h  # train the best recipe
+    textgen tune 2600-0.txt --time-budget 2h --trial-budget 10m  # ~12 recipes
+    textgen tune 2600-0.txt --time-budget 3h         # continue it: 1 more hour
+    textgen tune --show                              # the latest study's trials
+    textgen tune my_book.txt --units 256             # search all but --units
+    textgen train 2600-0.txt --from-study 2600-0     # train the best recipe
 
 The first trial is textgen train's default recipe; trials behind the others at the same training time are
 stopped early. Each trial is a run in CHECKPOINT_DIR/studies/STUDY/. Ctrl-C saves the running trial; the same
@@ -788,8 +765,7 @@ def tune(
 RUNS_EXAMPLES = """
 **Examples**
 
-    textgen runs                              # the runs in ./checkpoints
-
+    textgen runs                                     # the runs in ./checkpoints
     textgen runs --checkpoint-dir /data/runs --json
 """
 
