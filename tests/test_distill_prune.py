@@ -235,9 +235,8 @@ def test_the_schedule_starts_from_the_sparsity_the_weights_have() -> None:
 
 
 def test_prune_and_distill_commands(checkpoints: Path) -> None:
-    result = invoke(
-        "prune", "--run", TEACHER, "--sparsity", "0.6", "--epochs", "1", "--checkpoint-dir", str(checkpoints), "--json"
-    )
+    where = ["--checkpoint-dir", str(checkpoints), "--json"]
+    result = invoke("prune", "--source", TEACHER, "--sparsity", "0.6", "--epochs", "1", *where)
     assert result.exit_code == 0, result.output
     done = json.loads(result.output.strip().splitlines()[-1])
     assert done["run"] == f"{TEACHER}-pruned60"
@@ -254,11 +253,11 @@ def test_prune_and_distill_commands(checkpoints: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "fragments"),
     [
-        (["prune", "--run", "nope"], ["nope"]),
-        (["prune", "--run", TEACHER, "--sparsity", "1.5"], ["--sparsity", "between 0 and 1"]),
-        (["prune", "--run", TEACHER, "--lr", "0"], ["--lr must be a positive number"]),
-        (["prune", "--run", TEACHER, "--ramp", "1"], ["--ramp must be in (0, 0.99]"]),
-        (["prune", "--run", TEACHER, "--time-budget", "0"], ["--time-budget must be"]),
+        (["prune", "--source", "nope"], ["nope"]),
+        (["prune", "--source", TEACHER, "--sparsity", "1.5"], ["--sparsity", "between 0 and 1"]),
+        (["prune", "--source", TEACHER, "--lr", "0"], ["--lr must be a positive number"]),
+        (["prune", "--source", TEACHER, "--ramp", "1"], ["--ramp must be in (0, 0.99]"]),
+        (["prune", "--source", TEACHER, "--time-budget", "0"], ["--time-budget must be"]),
         (["distill", "--teacher", TEACHER, "--time-budget", "soon"], ["--time-budget must be a duration"]),
         (["distill", "--teacher", TEACHER, "--alpha", "2"], ["--alpha", "between 0 and 1"]),
         (["distill", "--teacher", TEACHER, "--temperature", "0"], ["--temperature"]),
@@ -268,10 +267,30 @@ def test_bad_input_gets_one_line(checkpoints: Path, args: list[str], fragments: 
     assert_one_line_error(invoke(*args, "--checkpoint-dir", str(checkpoints)), *fragments)
 
 
+def test_prune_reads_source_and_makes_run_as_distill_reads_teacher(checkpoints: Path) -> None:
+    """--source names the run read, --run the run made: naming the source itself as the new run is refused as an
+    existing run, before any training."""
+    where = ["--checkpoint-dir", str(checkpoints)]
+    assert_one_line_error(invoke("prune", "--source", TEACHER, "--run", TEACHER, *where), f"run {TEACHER!r} already")
+    missing = invoke("prune", "--run", TEACHER, *where)  # the old form without --name: --run is now the new run
+    assert missing.exit_code == 2
+    assert_one_line_error(
+        missing, f"missing option '--source', the run to prune: write textgen prune --source {TEACHER}"
+    )
+
+
+def test_prune_run_name_keeps_working_for_a_release_with_one_deprecation_line(checkpoints: Path) -> None:
+    result = invoke("prune", "--run", "nope", "--name", TEACHER, "--checkpoint-dir", str(checkpoints))
+    deprecation, error = result.stderr.splitlines()
+    assert deprecation == f"warning: --name is deprecated: write textgen prune --source nope --run {TEACHER}"
+    assert error.startswith("error: no run 'nope'")  # --run named the run to prune, as it did
+    assert result.exit_code == 1
+
+
 def test_a_run_without_best_weights_is_refused_before_a_run_is_made_from_it(trained_run, tmp_path: Path) -> None:
     checkpoints = tmp_path / "checkpoints"
     young = trained_run.copy_to(checkpoints, "young")
     young.best_weights_path.unlink()
-    for command in (["prune", "--run", "young"], ["distill", "--teacher", "young"]):
+    for command in (["prune", "--source", "young"], ["distill", "--teacher", "young"]):
         assert_one_line_error(invoke(*command, "--checkpoint-dir", str(checkpoints)), "best.weights.h5 is missing")
     assert sorted(p.name for p in checkpoints.iterdir() if not p.name.startswith(".")) == ["young"]

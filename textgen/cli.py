@@ -456,7 +456,7 @@ def distill(
 PRUNE_EXAMPLES = """
 **Examples**
 
-    textgen prune --run 2600-0 --sparsity 0.8 --time-budget 40m --ramp 0.4
+    textgen prune --source 2600-0 --sparsity 0.8 --time-budget 40m --ramp 0.4
     textgen export --run 2600-0-pruned80 --format litert --quantize int8
 
 The pruned run is an ordinary run: sample, evaluate, export it; `textgen train --resume --run NAME` continues it.
@@ -466,7 +466,11 @@ Its zeros compress: gzip the exported model.
 
 @app.command(epilog=PRUNE_EXAMPLES)
 def prune(
-    run: Annotated[str, typer.Option("--run", help="The run to prune (its best weights)", show_default=False)],
+    ctx: typer.Context,
+    # Not required by click: the old form, prune --run SOURCE --name NAME, names it with --run (see below).
+    source: Annotated[
+        str | None, typer.Option("--source", help="The run to prune (its best weights); required", show_default=False)
+    ] = None,
     sparsity: Annotated[
         float, _option("Fraction of each LSTM and output kernel set to zero in the end", "Pruning")
     ] = PruneConfig.sparsity,
@@ -479,13 +483,22 @@ def prune(
     time_budget: TimeBudgetOption = None,
     seed: TrainSeedOption = None,
     device: DeviceOption = Device.auto,
-    name: Annotated[str | None, _option("The pruned run's name", "Run", "RUN-prunedNN, NN = --sparsity in %")] = None,
+    run: Annotated[str | None, _option("The pruned run's name", "Run", "SOURCE-prunedNN, NN = --sparsity in %")] = None,
     checkpoint_dir: RunsDirOption = DEFAULT_CHECKPOINT_DIR,
     as_json: TrainJsonOption = False,
+    name: Annotated[str | None, typer.Option(hidden=True)] = None,
 ) -> None:
     """Prune a trained run to a sparsity, fine-tuning it as the smallest weights are masked to zero."""
+    if name is not None:  # the old form, prune --run SOURCE --name NAME: kept for one release
+        if source is not None or run is None:
+            ctx.fail(f"--name is deprecated: write textgen prune --source {source or 'SOURCE'} --run {name}")
+        ui.warn(err_console, f"--name is deprecated: write textgen prune --source {run} --run {name}")
+        source, run = run, name
+    if source is None:
+        instead = f": write textgen prune --source {run} (--run names the pruned run)" if run else ""
+        ctx.fail(f"missing option '--source', the run to prune{instead}")
     training = TrainSettings(lr=lr, epochs=epochs, seed=seed)
-    _train_from_run(device, checkpoint_dir, name, training, time_budget, as_json, PruneSettings(run, sparsity, ramp))
+    _train_from_run(device, checkpoint_dir, run, training, time_budget, as_json, PruneSettings(source, sparsity, ramp))
 
 
 def _train_from_run(
