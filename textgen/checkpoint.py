@@ -10,7 +10,8 @@ Layout of ``checkpoints/<run>/``::
     state.json         the commit record: resume point, callback states, best loss, history
     history.csv        one row per epoch, rewritten from state.json after each commit
     .lock              locked (flock) by the process training the run
-    loss_curve.txt     train and validation bits/char per epoch, as a text chart
+    loss_curve.txt     train and validation bits/char per epoch, as a text chart (a table for a short run)
+    loss_curve.svg     the same curves as an image
     tensorboard/       TensorBoard logs
 
 ``state.json`` is the commit: replaced in one rename after the files it names, so a crash
@@ -156,6 +157,7 @@ class Run:
     state_path = property(lambda self: self.path / "state.json")
     history_path = property(lambda self: self.path / "history.csv")
     loss_curve_path = property(lambda self: self.path / "loss_curve.txt")
+    loss_svg_path = property(lambda self: self.path / "loss_curve.svg")
     tensorboard_dir = property(lambda self: self.path / "tensorboard")
 
     # --- writing -----------------------------------------------------------
@@ -224,7 +226,13 @@ class Run:
     def start_over(self) -> None:
         """Remove what an attempt that never committed a resume point left, keeping config and vocabulary."""
         with self._saving("the run"):
-            for path in (self.best_weights_path, self.history_path, self.loss_curve_path, self.state_path):
+            for path in (
+                self.best_weights_path,
+                self.history_path,
+                self.loss_curve_path,
+                self.loss_svg_path,
+                self.state_path,
+            ):
                 path.unlink(missing_ok=True)
             self._remove_unreferenced(None)
 

@@ -1,44 +1,202 @@
-"""A plain-text line chart of the training history, written next to history.csv."""
+"""The end-of-run pictures of a run's history.csv: a text chart (a table for a short run) and an SVG image."""
 
 from __future__ import annotations
 
 import csv
 import math
 from pathlib import Path
+from xml.sax.saxutils import escape
+
+from textgen.config import format_seconds
+from textgen.files import atomic_write_text
 
 MARKS = {"bpc": "o", "val_bpc": "*"}
 LABELS = {"bpc": "train bits/char", "val_bpc": "validation bits/char"}
+COLOURS = {"bpc": "#1f77b4", "val_bpc": "#d62728"}
+TABLE_UPTO = 3  # epochs shown as a table of numbers: a chart of so few points says less
 
 
 def read_history(path: Path) -> dict[str, list[float]]:
-    """Columns of a history.csv as floats (empty if the file is missing)."""
+    """Columns of a history.csv as floats (empty if the file is missing; an empty cell is NaN)."""
     if not Path(path).is_file():
         return {}
     with open(path, newline="") as fh:
         rows = list(csv.DictReader(fh))
-    return {key: [float(row[key]) for row in rows] for key in (rows[0] if rows else {})}
+    return {key: [float(row[key] or "nan") for row in rows] for key in (rows[0] if rows else {})}
+
+
+def write_loss_charts(history_path: Path, text_path: Path, svg_path: Path) -> None:
+    """Write the text chart and the SVG image of a run's history.csv, titled with the run's name."""
+    history = read_history(history_path)
+    atomic_write_text(text_path, loss_chart(history))
+    atomic_write_text(svg_path, loss_svg(history, title=Path(history_path).parent.name))
 
 
 def loss_chart(history: dict[str, list[float]], height: int = 12, width: int = 60) -> str:
-    """Train and validation bits/char per epoch as a text chart ('o' train, '*' validation)."""
-    series = {k: history[k] for k in MARKS if history.get(k)}
-    if not series:
+    """Train and validation bits/char per epoch: a table up to ``TABLE_UPTO`` epochs, then a text chart ('o' train,
+    '*' validation, drawn over 'o' where they meet) of at most ``width`` columns, each the mean of the epochs it
+    covers; a summary line last."""
+    if not any(history.get(key) for key in MARKS):
         return "no epochs yet\n"
-    values = [v for s in series.values() for v in s if math.isfinite(v)]
+    epochs = _epochs(history)
+    lines = _table(history, epochs) if len(epochs) <= TABLE_UPTO else _chart(history, epochs, height, width)
+    return "\n".join([*lines, summary(history)]) + "\n"
+
+
+def summary(history: dict[str, list[float]]) -> str:
+    """One line: the best validation bits/char and its epoch, the epochs and time trained, a cut-short last epoch."""
+    epochs = _epochs(history)
+    parts = []
+    val = [(v, e) for v, e in zip(history.get("val_bpc", []), epochs, strict=False) if math.isfinite(v)]
+    if val:
+        best, at = min(val)
+        parts.append(f"best validation {best:.3f} bits/char at epoch {at}")
+    seconds = history.get("seconds", [])
+    trained = f" in {format_seconds(seconds[-1])}" if seconds and math.isfinite(seconds[-1]) else ""
+    parts.append(f"{len(epochs)} epoch{'s' * (len(epochs) != 1)}{trained}")
+    batches = [b for b in history.get("batches", []) if math.isfinite(b)]
+    if len(batches) > 1 and batches[-1] < max(batches):  # a budget or a stop cut the last epoch short
+        parts.append(f"the last cut short at {batches[-1]:.0f} of {max(batches):.0f} batches")
+    return "; ".join(parts)
+
+
+def loss_svg(history: dict[str, list[float]], title: str = "", width: int = 640, height: int = 400) -> str:
+    """Train and validation bits/char per epoch as an SVG line chart: a point per epoch, a gap at a value that is
+    not finite. ``title`` (the run's name) is shown as text."""
+    left, right, top, bottom = 64, width - 16, 56, height - 48
+    epochs = _epochs(history)
+    series = {key: list(zip(epochs, history[key], strict=False)) for key in MARKS if history.get(key)}
+    values = [v for points in series.values() for _, v in points if math.isfinite(v)]
+    first, last = (epochs[0], epochs[-1]) if epochs else (1, 1)
+    x0, x1 = (first, last) if last > first else (first - 0.5, last + 0.5)  # one epoch: in the middle
+    x_step = max(1, round(_step(x1 - x0, 6)))
+    x_ticks = range(math.ceil(x0 / x_step) * x_step, math.floor(x1) + 1, x_step)
+    low, high = (min(values), max(values)) if values else (0.0, 1.0)
+    y_step = _step(high - low or abs(high) or 1.0, 6)
+    bottom_tick = math.floor(low / y_step + 1e-9)
+    top_tick = max(math.ceil(high / y_step - 1e-9), bottom_tick + 1)
+    y_ticks = [k * y_step for k in range(bottom_tick, top_tick + 1)]
+    y0, y1 = y_ticks[0], y_ticks[-1]
+
+    def x(epoch: float) -> float:
+        return left + (epoch - x0) / (x1 - x0) * (right - left)
+
+    def y(value: float) -> float:
+        return bottom - (value - y0) / (y1 - y0) * (bottom - top)
+
+    decimals = max(0, -math.floor(math.log10(y_step)))
+    heading = f"{title}: bits per character" if title else "bits per character"
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+        'font-family="sans-serif" font-size="12">',
+        '<rect width="100%" height="100%" fill="white"/>',
+        f'<text x="{left}" y="20" font-size="15">{_xml_text(heading)}</text>',
+        f'<text x="{left}" y="38" fill="#555">{_xml_text(summary(history) if series else "no epochs yet")}</text>',
+    ]
+    for tick in y_ticks:
+        out.append(f'<line x1="{left}" y1="{y(tick):.1f}" x2="{right}" y2="{y(tick):.1f}" stroke="#e4e4e4"/>')
+        out.append(f'<text x="{left - 6}" y="{y(tick) + 4:.1f}" text-anchor="end">{tick:.{decimals}f}</text>')
+    for tick in x_ticks:
+        out.append(f'<line x1="{x(tick):.1f}" y1="{bottom}" x2="{x(tick):.1f}" y2="{bottom + 5}" stroke="black"/>')
+        out.append(f'<text x="{x(tick):.1f}" y="{bottom + 18}" text-anchor="middle">{tick}</text>')
+    out.append(f'<path d="M{left},{top} V{bottom} H{right}" fill="none" stroke="black"/>')
+    out.append(f'<text x="{(left + right) / 2:.0f}" y="{height - 10}" text-anchor="middle">epoch</text>')
+    for key, points in series.items():
+        colour = COLOURS[key]
+        runs: list[list[tuple[int, float]]] = [[]]  # a value that is not finite breaks the line
+        for epoch, value in points:
+            if math.isfinite(value):
+                runs[-1].append((epoch, value))
+            elif runs[-1]:
+                runs.append([])
+        for run in filter(None, runs):
+            coords = " ".join(f"{x(e):.1f},{y(v):.1f}" for e, v in run)
+            out.append(f'<polyline class="{key}" points="{coords}" fill="none" stroke="{colour}" stroke-width="2"/>')
+        if len(points) <= 60:  # dots while they stay apart: one epoch is a dot, not an invisible line
+            dots = [(e, v) for e, v in points if math.isfinite(v)]
+            out += [f'<circle class="{key}" cx="{x(e):.1f}" cy="{y(v):.1f}" r="3" fill="{colour}"/>' for e, v in dots]
+    for i, key in enumerate(series):
+        row = top + 12 + 18 * i
+        out.append(
+            f'<line x1="{right - 150}" y1="{row}" x2="{right - 130}" y2="{row}" stroke="{COLOURS[key]}" stroke-width="2"/>'
+        )
+        out.append(f'<text x="{right - 124}" y="{row + 4}">{LABELS[key]}</text>')
+    return "\n".join([*out, "</svg>"]) + "\n"
+
+
+def _epochs(history: dict[str, list[float]]) -> list[int]:
+    """The 1-based epoch of each row (history.csv counts from 0)."""
+    if history.get("epoch"):
+        return [int(e) + 1 for e in history["epoch"]]
+    return list(range(1, max((len(history.get(key, [])) for key in MARKS), default=0) + 1))
+
+
+def _table(history: dict[str, list[float]], epochs: list[int]) -> list[str]:
+    def cell(key: str, i: int) -> str:
+        column = history.get(key, [])
+        return f"{column[i]:.3f}" if i < len(column) else "-"
+
+    lines = [f"{'epoch':>5}  {LABELS['bpc']:>15}  {LABELS['val_bpc']:>20}  {'trained':>7}"]
+    for i, epoch in enumerate(epochs):
+        seconds = history.get("seconds", [])
+        trained = format_seconds(seconds[i]) if i < len(seconds) and math.isfinite(seconds[i]) else "-"
+        lines.append(f"{epoch:>5}  {cell('bpc', i):>15}  {cell('val_bpc', i):>20}  {trained:>7}")
+    return lines
+
+
+def _chart(history: dict[str, list[float]], epochs: list[int], height: int, width: int) -> list[str]:
+    count = len(epochs)
+    columns = min(width, max(4 * (count - 1) + 1, 16))  # room between the epochs of a short run
+
+    def column(i: int) -> int:
+        return round(i * (columns - 1) / (count - 1))
+
+    means: dict[str, dict[int, float]] = {}
+    for key in MARKS:
+        buckets: dict[int, list[float]] = {}
+        for i, value in enumerate(history.get(key, [])):
+            if math.isfinite(value):
+                buckets.setdefault(column(i), []).append(value)
+        means[key] = {c: sum(vs) / len(vs) for c, vs in buckets.items()}
+    values = [v for by_column in means.values() for v in by_column.values()]
+    if not values:
+        return ["no finite losses to chart"]
     low, high = min(values), max(values)
     span = (high - low) or 1.0
-    epochs = max(len(s) for s in series.values())
-    columns = min(width, max(4 * (epochs - 1) + 1, 16))  # room between epochs
     grid = [[" "] * columns for _ in range(height)]
-    for key, points in series.items():
-        for i, value in enumerate(points):
-            if not math.isfinite(value):
-                continue
-            col = round(i * (columns - 1) / max(epochs - 1, 1))
-            row = round((high - value) / span * (height - 1))
-            grid[row][col] = MARKS[key]
-    lines = [f"{high - r * span / (height - 1):6.3f} |{''.join(cells)}" for r, cells in enumerate(grid)]
-    lines.append(" " * 7 + "+" + "-" * columns)
-    lines.append(" " * 8 + f"epoch 1{'':>{max(columns - 14, 1)}}epoch {epochs}")
-    lines.append("        " + "   ".join(f"{MARKS[k]} {LABELS[k]}" for k in series))
-    return "\n".join(lines) + "\n"
+    for key, by_column in means.items():
+        for c, value in by_column.items():
+            grid[round((high - value) / span * (height - 1))][c] = MARKS[key]
+    labels = [f"{high - r * span / (height - 1):.3f}" for r in range(height)]
+    pad = max(map(len, labels))
+    lines = [f"{label:>{pad}} |{''.join(cells)}" for label, cells in zip(labels, grid, strict=True)]
+    lines.append(" " * pad + " +" + "-" * columns)
+    # Epoch labels under their columns: the first and the last, then round ones where they clear the others, at
+    # most about six of them.
+    room = (len(str(epochs[-1])) + 1) * (count - 1) / (columns - 1)  # epochs a label and a space span
+    step = max(1, round(_step(max(room, (epochs[-1] - epochs[0]) / 6), 1)))
+    row, taken = [" "] * columns, [False] * (columns + 1)
+    for i in [0, count - 1, *(i for i, e in enumerate(epochs) if e % step == 0)]:
+        text = str(epochs[i])
+        start = min(max(column(i) - len(text) // 2, 0), columns - len(text))
+        if not any(taken[max(start - 1, 0) : start + len(text) + 1]):
+            row[start : start + len(text)] = text
+            taken[start : start + len(text)] = [True] * len(text)
+    lines.append(" " * (pad + 2) + "".join(row) + "  epoch")
+    legend = "   ".join(f"{MARKS[k]} {LABELS[k]}" for k in MARKS if means[k])
+    if count > columns:
+        legend += f"   (a column: the mean of up to {math.ceil(count / columns)} epochs)"
+    lines.append(" " * (pad + 2) + legend)
+    return lines
+
+
+def _step(span: float, most: int) -> float:
+    """A round step, 1, 2 or 5 x 10^k, that cuts ``span`` into at most about ``most`` parts."""
+    raw = span / most
+    power = 10.0 ** math.floor(math.log10(raw))
+    return next(m * power for m in (1, 2, 5, 10) if m * power >= raw * (1 - 1e-9))
+
+
+def _xml_text(text: str) -> str:
+    """``text`` as XML character data: escaped, and without the control characters XML 1.0 cannot hold."""
+    return escape("".join(ch for ch in text if ch.isprintable()))
