@@ -22,6 +22,9 @@ class BatchClock(NoProgress):
         fake = types.SimpleNamespace(monotonic=self.now)
         for module in (textgen.training.loop, textgen.training.resume_point, textgen.training.stopping):
             monkeypatch.setattr(module, "time", fake)
+        # Nothing but batches takes time here: a budget holds nothing back for the run's end.
+        monkeypatch.setattr(textgen.training.loop, "estimate_end", lambda val_chars, rate: 0.0)
+        monkeypatch.setattr(textgen.training.loop, "EXIT_SECONDS", 0.0)
 
     def now(self) -> float:
         return self.batches * self.seconds_per_batch

@@ -625,6 +625,7 @@ def test_the_time_budget_is_the_runs_and_a_resumed_run_trains_for_what_is_left(
     assert before == (spe + 1) / 64  # an epoch and the batch Ctrl-C came in
     assert len(read_history(plan.run.path)) == 1
     assert resume_plan(tmp_path).config.training.time_budget == 600.0  # without the flag: the run's budget
+    assert resume_plan(tmp_path, more_time=60.0).config.training.time_budget == before + 60.0  # +1m
     config_before = plan.run.config_path.read_text()
     with pytest.raises(
         ConfigError, match=r"has done [\dhms.]+ of training, more than the --time-budget [\dhms.]+ given; add"
@@ -645,10 +646,11 @@ def test_the_time_budget_is_the_runs_and_a_resumed_run_trains_for_what_is_left(
     config_before = plan.run.config_path.read_text()
     with pytest.raises(
         ConfigError,
-        match=r"has done [\dhms.]+ of training, its --time-budget [\dhms.]+; add --time-budget \d+m00s \(the run's in all\)",
+        match=r"has done [\dhms.]+ of training, its --time-budget [\dhms.]+; add --time-budget \+30m \(that much more\)",
     ):
         resume_plan(tmp_path)
     assert plan.run.config_path.read_text() == config_before  # a refused resume changes nothing
+    assert resume_plan(tmp_path, more_time=1800.0).config.training.time_budget == budget + 1800.0  # as suggested
 
 
 def test_a_run_killed_past_its_budget_before_validating_resumes_only_to_validate(tmp_path: Path) -> None:

@@ -51,6 +51,7 @@ def test_json_is_every_field_of_the_result(tmp_path: Path) -> None:
         "seconds": 12.0,
         "chars_per_sec": 900.0,
         "max_epochs": 30,
+        "session_seconds": 0.0,
         "documents": 1,
         "unknown_chars": 0,
         "chief": True,
@@ -87,10 +88,11 @@ def test_train_and_runs_show_a_stop_reason_with_the_same_label(tmp_path: Path, r
 @pytest.mark.parametrize(
     ("epochs", "reason", "flags"),
     [
-        (30, StopReason.EPOCHS, " --epochs 40"),
-        (12, StopReason.TIME_BUDGET, " --time-budget 31m00s"),
-        (30, StopReason.TIME_BUDGET, " --epochs 40 --time-budget 31m00s"),  # both limits reached in the last epoch
-        (12, StopReason.EARLY_STOPPING, ""),
+        (30, StopReason.EPOCHS, "train 10 more epochs: * --epochs 40"),
+        (12, StopReason.TIME_BUDGET, "train 30 more minutes: * --time-budget +30m"),
+        # both limits reached in the last epoch
+        (30, StopReason.TIME_BUDGET, "train 10 more epochs and 30 more minutes: * --epochs 40 --time-budget +30m"),
+        (12, StopReason.EARLY_STOPPING, "continue with: * "),
     ],
 )
 def test_a_finished_run_is_told_every_flag_it_needs_to_train_further(
@@ -101,7 +103,9 @@ def test_a_finished_run_is_told_every_flag_it_needs_to_train_further(
     out = io.StringIO()
     result = TrainResult("r", tmp_path / "r", epochs, 1.5, reason, 12.0, 900.0, 30)
     ui.show_train_result(Console(file=out, width=300), result, as_json=False)
-    assert out.getvalue().rstrip().endswith(f"--run r --checkpoint-dir {tmp_path}{flags}")
+    words, flags = flags.split(" * ")
+    command = f"textgen train --resume --run r --checkpoint-dir {tmp_path}"
+    assert out.getvalue().rstrip().endswith(f"{words} {command}{' ' + flags if flags else ''}")
 
 
 def test_emoji_codes_in_user_text_are_printed_as_they_are() -> None:
@@ -223,7 +227,7 @@ def test_the_start_up_summary_is_a_readable_block() -> None:
 
     data, model = DataConfig(corpus="c.txt"), ModelConfig(vocab_size=100)
     lines = dict(ui.describe_run(RunConfig(data, model, TrainConfig(time_budget=600.0), CPU)))
-    assert list(lines) == ["model", "batches", "optimizer", "stops", "saves"]
+    assert list(lines) == ["model", "batches", "optimizer", "stops", "saves", "samples"]
     # 100 x 64 embedding + 4 x 512 x (64 + 512 + 1) LSTM + (512 + 1) x 100 output
     assert lines["model"] == "1 x 512 LSTM, embedding 64, dropout 0.1 (1,239,396 parameters)"
     assert lines["batches"] == "64 streams x 100 characters, windows shifted each epoch"
@@ -231,9 +235,15 @@ def test_the_start_up_summary_is_a_readable_block() -> None:
         "adam, learning rate 0.002 held, then annealed to 0 over the last 20% of the run; clipped at global norm 5"
     )
     assert lines["stops"] == (
-        "after 30 epochs or 10m00s of training, whichever comes first, or after 3 epochs without a better validation loss"
+        "after 30 epochs or 10m00s (the time budget, start-up and validation included), whichever comes first, "
+        "or after 3 epochs without a better validation loss"
     )
     assert lines["saves"] == "a resume point at each epoch end and every 5m00s within one"
+    assert lines["samples"] == "160 characters after each epoch and every 5m00s within one (~0.7 s each)"
+    # Given a budget and no --epochs, the budget ends the run: no default epoch cap.
+    budget_only = dict(ui.describe_run(RunConfig(data, model, TrainConfig.of(time_budget=600.0, sample_every=0), CPU)))
+    assert budget_only["stops"].startswith("after 10m00s (the time budget, start-up and validation included), or after")
+    assert budget_only["samples"] == "none (--sample-every 0)"
 
     training = TrainConfig.of(optimizer="sgd", lr_schedule="plateau", accumulate=2, epochs=1)
     pruned = dict(ui.describe_run(RunConfig(data, model, training, CPU, prune=PruneConfig(source="r"))))

@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import shutil
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -81,6 +82,7 @@ def train(
     ``recipe`` (a recipe file or a run's config.json) or ``from_study`` (a ``textgen tune`` study's best recipe)
     supplies the settings not given.
     """
+    started = time.monotonic()  # a time budget is wall-clock: TensorFlow's import and the planning count
     data, model, training = data or DataSettings(), model or ModelSettings(), training or TrainSettings()
     if recipe is not None or from_study is not None:
         data, model, training = _with_recipe(checkpoint_dir, resume, data, model, training, recipe, from_study)
@@ -112,7 +114,7 @@ def train(
             if resume:  # the chief's resume point, read before any worker trains (and the chief writes)
                 copy_run(find_run(checkpoint_dir, run_name).path, scratch)
             plan = plan_run(checkpoint_dir=scratch, cache_dir=cache_root(checkpoint_dir))
-        plan.chief = role.chief
+        plan.chief, plan.started = role.chief, started
         return train_plan(plan, progress, strategy)
     raise AssertionError("unreachable")  # for the type checker: the with block returns or raises
 

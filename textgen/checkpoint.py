@@ -562,9 +562,10 @@ def check_corpus_unchanged(run: Run, data: DataConfig) -> None:
     )
 
 
-def resume_hint(run: Run, more: str = "") -> str:
-    """How to continue ``run`` from the command line; ``more``: the flags a finished run needs to train further."""
-    return f"continue with: textgen train --resume --run {run.name}{checkpoint_dir_flag(run.path.parent)}{more}"
+def resume_hint(run: Run, more: str = "", what: str = "continue with") -> str:
+    """How to continue ``run`` from the command line; ``more``: the flags a finished run needs to train further,
+    ``what``: what they do (``train 30 more minutes``)."""
+    return f"{what}: textgen train --resume --run {run.name}{checkpoint_dir_flag(run.path.parent)}{more}"
 
 
 def checkpoint_dir_flag(checkpoint_dir: Path) -> str:

@@ -208,7 +208,7 @@ SPLITS = tuple(s.value for s in Split)
 class TrainConfig:
     """Optimiser, schedule and stopping rules."""
 
-    epochs: int = 30
+    epochs: int | None = 30  # None: no cap, the time budget ends the run (the default when only a budget is given)
     lr: float = 2e-3
     clip_norm: float = 5.0
     seed: int = 0
@@ -219,6 +219,7 @@ class TrainConfig:
     lr_schedule: LRSchedule = LRSchedule.hold
     anneal: float = 0.2  # hold: the part of the run, at its end, over which the rate anneals (the last fifth)
     save_every: float = 300.0  # seconds of training between mid-epoch resume points
+    sample_every: float = 300.0  # seconds between samples shown within an epoch (one after each epoch too); 0: none
     accumulate: int = 1  # batches of streams whose gradients are summed into one update
     strategy: Strategy = Strategy.none  # how training is spread over devices and machines
     optimizer: Optimizer = Optimizer.adam
@@ -229,11 +230,14 @@ class TrainConfig:
     def of(cls, **given: Any) -> TrainConfig:
         """The config of the settings given, with the optimizer's own defaults for the rest (OPTIMIZER_DEFAULTS)."""
         given = settings_given(given)
+        if "time_budget" in given and "epochs" not in given:  # the budget decides, not the default epoch cap
+            given["epochs"] = None
         optimizer = Optimizer.parse(given.get("optimizer", cls.optimizer), "optimizer")
         return cls(**{**OPTIMIZER_DEFAULTS.get(optimizer, {}), **given})
 
     def __post_init__(self) -> None:
-        _positive_int(self, "epochs")
+        if self.epochs is not None or self.time_budget is None:
+            _positive_int(self, "epochs")
         for name, kind in (("optimizer", Optimizer), ("strategy", Strategy), ("lr_schedule", LRSchedule)):
             object.__setattr__(self, name, kind.parse(getattr(self, name), name))  # a string when read from JSON
         decay_ok = _finite(self.weight_decay) and 0.0 <= self.weight_decay < 1.0
@@ -263,6 +267,8 @@ class TrainConfig:
             "a positive duration like 5m",
             self.save_every,
         )
+        sample_ok = _finite(self.sample_every) and self.sample_every >= 0
+        _require(sample_ok, "sample_every", "a duration like 5m, or 0 for no samples", self.sample_every)
         _require(self.patience > 0, "patience", "a positive integer", self.patience)
         _require(self.lr_patience > 0, "lr_patience", "a positive integer", self.lr_patience)
         _require(0 < self.lr_factor < 1, "lr_factor", "between 0 and 1", self.lr_factor)
@@ -307,12 +313,14 @@ class TrainSettings(Settings):
     clip_norm: float | None = None
     seed: int | None = None
     time_budget: float | None = None
+    more_time: float | None = None  # a budget of this much more than the run has trained (``--time-budget +30m``)
     patience: int | None = None
     lr_patience: int | None = None
     lr_factor: float | None = None
     lr_schedule: LRSchedule | None = None
     anneal: float | None = None
     save_every: float | None = None
+    sample_every: float | None = None
     accumulate: int | None = None
     strategy: Strategy | None = None
     optimizer: Optimizer | None = None
@@ -377,6 +385,13 @@ def parse_duration(text: str, flag_name: str = "--time-budget") -> float:
     return total
 
 
+def parse_budget(text: str) -> TrainSettings:
+    """``--time-budget``: ``30m``, a run's whole budget, or ``+30m``, that much more than the run has trained."""
+    more = text.strip().startswith("+")
+    seconds = parse_duration(text.strip().removeprefix("+"))
+    return TrainSettings(more_time=seconds) if more else TrainSettings(time_budget=seconds)
+
+
 def format_seconds(seconds: float) -> str:
     """``3h02m``, ``4m05s`` or ``12.3s``: a duration ``parse_duration`` reads back."""
     if seconds >= 3600:
@@ -386,9 +401,7 @@ def format_seconds(seconds: float) -> str:
     return f"{seconds:.1f}s"
 
 
-def longer_budget(trained: float) -> str:
-    """A ``--time-budget`` to suggest for training a run further: half an hour more, in whole minutes."""
-    return format_seconds(math.ceil((trained + 1800) / 60) * 60)
+MORE_TIME = "+30m"  # the --time-budget suggested for training a run further
 
 
 @dataclasses.dataclass(frozen=True)

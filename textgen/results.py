@@ -99,6 +99,7 @@ class EpochLog:
     seconds: float  # trained so far by the run, all invocations
     improved: bool  # the best validation loss so far
     partial: bool  # cut short by a time budget
+    sample: str | None = None  # what the model wrote after the epoch (``--sample-every 0``: None)
 
     def metrics(self) -> dict[str, Any]:
         """The numbers Keras' callbacks log (history.csv, TensorBoard, early stopping)."""
@@ -117,9 +118,10 @@ class TrainResult:
     epochs: int  # epochs trained so far, all invocations
     best_val_loss: float
     stop_reason: StopReason
-    seconds: float
+    seconds: float  # trained by the run, all invocations
     chars_per_sec: float  # training speed of the last epoch
-    max_epochs: int  # the run's --epochs
+    max_epochs: int | None  # the run's --epochs (None: its time budget ends it)
+    session_seconds: float = 0.0  # this invocation's wall clock, start-up included
     documents: int = 1  # files in the corpus
     unknown_chars: int = 0  # characters of the corpus --max-vocab mapped to the unknown id
     chief: bool = True  # whether this process wrote the run (the other workers of a cluster do not)

@@ -467,6 +467,7 @@ def _train_trial(
             time_budget=float(settings["trial_budget"]),  # the run's: a resumed trial trains for what is left
             epochs=TRIAL_EPOCHS,
             seed=settings["seed"],
+            sample_every=0.0,  # nobody reads a trial's samples
         ),
         cache_dir=cache_root(checkpoint_dir),
     )

@@ -116,6 +116,8 @@ class TrialLine:
             f"{self.rate:,.0f} chars/s"
         )
 
+    def sample(self, text: str) -> None: ...  # trials do not sample
+
     def validating(self) -> None:
         self.window = None  # the rate counts training only: it starts again after the validation
         self._show(f"epoch {self.epoch + 1}: validating")

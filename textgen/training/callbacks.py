@@ -3,6 +3,7 @@ schedules, early stopping, TensorBoard logs, and the run's checkpoint."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 
 import keras
@@ -30,7 +31,7 @@ def build_callbacks(
     progress = schedule_progress(tcfg, steps, elapsed)
     # A pruned run's loss rises by design while its sparsity ramps up: it does not stop early, and its best
     # weights are the best at the full sparsity.
-    patience = tcfg.epochs if prune else tcfg.patience
+    patience = sys.maxsize if prune else tcfg.patience
     anneal = annealed_part(tcfg)
     # Not restore_best_weights: best.weights.h5 already holds them, and restoring them in memory at the end of
     # training would put them under a save made after it (a lost worker's), as if training had got there.

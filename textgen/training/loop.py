@@ -20,6 +20,7 @@ Every reason to stop goes through one ``Stopper`` (``textgen.training.stopping``
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -41,6 +42,7 @@ from textgen.results import EpochLog, StopReason, TrainResult, bits
 from textgen.scoring import score
 from textgen.training.callbacks import build_callbacks
 from textgen.training.plan import TrainPlan, keep_extension, training_layout
+from textgen.training.preview import SAMPLE_SECONDS, write_sample
 from textgen.training.progress import CurveJudge, NoProgress, TrainingProgress
 from textgen.training.resume_point import RunCheckpoint
 from textgen.training.step import Trainer, build_trainer
@@ -101,12 +103,16 @@ def _train(
         run.load_optimizer(trainer.optimizer)
     elif cfg.prune:  # a pruned run starts from the run it prunes
         Run(Path(cfg.prune.source)).load_weights(trainer.model, "best")
+    started = plan.started if plan.started is not None else time.monotonic()
     clock = Clock(before=resume.seconds if resume else 0.0, budget=cfg.training.time_budget,
-                  agree=compile_agreement(strategy))  # fmt: skip
+                  agree=compile_agreement(strategy), started=started)  # fmt: skip
     steps = training_layout(plan, resume.epoch if resume else 0).batches  # every epoch's, shifted or not
     with stop_signals() as signals:
         stopper = Stopper(clock, signals)
-        checkpoint, callbacks = build_callbacks(plan, trainer, steps, clock.elapsed, stopper.request, unsaved)
+        # The schedules end where training does: at the budget less what its end holds back.
+        checkpoint, callbacks = build_callbacks(
+            plan, trainer, steps, lambda: clock.elapsed() + clock.reserve, stopper.request, unsaved
+        )
         session = _Session(plan, trainer, progress, judge, stopper, checkpoint, callbacks, steps)
         with _end_on_error(callbacks, progress):
             reason, last = session.run_epochs()
@@ -123,6 +129,7 @@ def _train(
         seconds=clock.elapsed(),
         chars_per_sec=last.chars_per_sec if last else 0.0,
         max_epochs=cfg.training.epochs,
+        session_seconds=time.monotonic() - started,
         documents=plan.splits.encoded.documents,
         chief=plan.chief,
         unknown_chars=plan.splits.encoded.unknown,
@@ -144,6 +151,10 @@ class _Session:
     steps: int  # batches in every epoch
     epochs_done: int = 0
     clock: Clock = field(init=False)
+    batches_done: int = 0  # by this invocation
+    first_batch_at: float | None = None  # this invocation's agreed seconds when its first batch ended
+    end_seconds: float | None = None  # the last epoch end's save, validation and sample took, agreed by the workers
+    sampled_at: float = 0.0  # this invocation's seconds at the last sample
 
     def __post_init__(self) -> None:
         self.clock = self.stopper.clock
@@ -157,7 +168,8 @@ class _Session:
         self.callbacks.on_train_begin()
         self.checkpoint.restore(resume)
         last: EpochLog | None = None
-        for epoch in range(first, cfg.training.epochs):
+        epochs = itertools.count(first) if cfg.training.epochs is None else range(first, cfg.training.epochs)
+        for epoch in epochs:
             start, carried = EpochProgress(), None
             if resume and epoch == first:
                 start = resume.epoch_progress or EpochProgress(batch=resume.batch)
@@ -199,12 +211,37 @@ class _Session:
             self.checkpoint.after_batch(epoch, done, self.clock.elapsed)
             self.callbacks.on_train_batch_end(batch, {"loss": done.loss, "bpc": bits(done.loss)})
             self.progress.batch_end(batch, done.loss)
+            self.batches_done += 1
+            self.clock.reserve = self.end_reserve()
             reason = self.stopper.check(MID_EPOCH)
+            if self.first_batch_at is None:
+                self.first_batch_at = self.clock.agreed
             if reason is None and batch + 1 < layout.batches:
                 reason = self.validate_mid_epoch()
+            if reason is None and batch + 1 < layout.batches and self.sample_due():
+                self.progress.sample(self.write_sample())
             if reason is not None:
                 return done, reason
         return done, None
+
+    def end_reserve(self) -> float:
+        """Seconds to hold back from the budget for the run's end: what the last epoch end took, or before one, an
+        estimate from the training speed (from agreed times only: every worker must stop at the same batch)."""
+        if self.end_seconds is not None:
+            return self.end_seconds + EXIT_SECONDS
+        if self.first_batch_at is None:
+            return estimate_end(len(self.plan.splits.val), None)
+        seconds = self.clock.agreed - self.first_batch_at
+        chars = (self.batches_done - 1) * self.plan.config.train_streams * self.plan.config.data.seq_len
+        return estimate_end(len(self.plan.splits.val), chars / seconds if seconds > 0 and chars else None)
+
+    def sample_due(self) -> bool:
+        every = self.plan.config.training.sample_every
+        return bool(every) and self.plan.chief and self.clock.agreed - self.sampled_at >= every
+
+    def write_sample(self) -> str:
+        self.sampled_at = self.clock.agreed
+        return write_sample(self.trainer, self.plan.config, self.plan.splits.vocab)
 
     def validate_mid_epoch(self) -> StopReason | None:
         """Validate if the judge asks, put the training streams' states back, and let the judge end the run; a stop
@@ -244,7 +281,8 @@ class _Session:
         self.progress.epoch_end(log)
         if self.judge is not None and self.judge.should_stop(log.seconds, log.val_loss):
             self.stopper.request(StopReason.PRUNED)
-        if epoch + 1 >= self.plan.config.training.epochs:
+        epochs = self.plan.config.training.epochs
+        if epochs is not None and epoch + 1 >= epochs:
             self.stopper.request(StopReason.EPOCHS)
         reason = self.stopper.check(EPOCH_END)
         if reason is StopReason.INTERRUPTED:  # a stop during validation: the epoch is saved
@@ -253,9 +291,11 @@ class _Session:
 
     def validated_log(self, epoch: int, done: EpochProgress) -> EpochLog:
         """Validate the epoch and make its log; a validation loss that is not finite ends the run."""
-        trainer = self.trainer
+        trainer, began = self.trainer, self.clock.agreed  # agreed at the epoch's last batch
         val_loss = validate(trainer, self.plan.splits.val, self.plan.config.data, self.callbacks, self.progress)
+        sample = self.write_sample() if self.plan.config.training.sample_every and self.plan.chief else None
         self.clock.synchronise(self.stopper.signals)  # every worker logs and decides the same from here on
+        self.end_seconds = self.clock.agreed - began
         if not math.isfinite(val_loss):
             raise TrainingDiverged(
                 f"training diverged: the validation loss of epoch {epoch + 1} is {val_loss}; nothing of it was "
@@ -274,12 +314,29 @@ class _Session:
             seconds=self.clock.elapsed(),
             improved=val_loss < self.checkpoint.best_val_loss and self.checkpoint.eligible(),
             partial=done.batch < self.steps,
+            sample=sample if math.isfinite(val_loss) else None,
         )
 
     def interrupted(self, where: str) -> TrainingInterrupted:
         return TrainingInterrupted(
             f"{where} ({self.stopper.signal_name}); {self.plan.saved_note()}", exit_code=self.stopper.exit_code
         )
+
+
+# What a run's end takes beyond its last validation: the final save, the loss charts, and the process's exit
+# (TensorFlow's teardown). Measured: ~X s.
+EXIT_SECONDS = 3.0
+# Validation reads characters ~N times faster than training (forward only); its first call also traces the
+# evaluation step.
+VALIDATION_SPEEDUP = 3.0
+VALIDATION_TRACE_SECONDS = 2.0
+
+
+def estimate_end(val_chars: int, train_chars_per_sec: float | None) -> float:
+    """Seconds the run's end will take before any epoch end measured it: the last validation at the training speed
+    (``None``: not measured yet), plus a sample and the exit."""
+    validation = val_chars / (train_chars_per_sec * VALIDATION_SPEEDUP) if train_chars_per_sec else 0.0
+    return validation + VALIDATION_TRACE_SECONDS + SAMPLE_SECONDS + EXIT_SECONDS
 
 
 def validate(

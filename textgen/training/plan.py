@@ -25,6 +25,7 @@ from textgen.checkpoint import (
     resume_hint,
 )
 from textgen.config import (
+    MORE_TIME,
     DataConfig,
     DataSettings,
     DeviceProfile,
@@ -39,13 +40,13 @@ from textgen.config import (
     TrainSettings,
     check_fits_in_memory,
     format_seconds,
-    longer_budget,
 )
 from textgen.corpus import corpus_fingerprint, corpus_stem, resolve_corpora, resolve_encoding, same_codec
 from textgen.data import Splits, load_splits
 from textgen.errors import ConfigError
 from textgen.idcache import cache_root
 from textgen.layout import StreamLayout
+from textgen.results import StopReason
 
 
 @dataclass
@@ -58,6 +59,9 @@ class TrainPlan:
     resume_state: ResumeState | None = None  # None: the run starts from its first batch
     lock: RunLock | None = None  # held from planning until ``train`` returns: one writer per run
     chief: bool = True  # False for the other workers of a multi-worker run: their run is a scratch copy
+    # When this invocation started (time.monotonic()), if before ``train``: its start-up counts toward the time
+    # budget, which is wall-clock. ``textgen.api.train`` sets it to its own start, before TensorFlow's import.
+    started: float | None = None
 
     def saved_note(self) -> str:
         """Where the run was saved and how to continue it, for messages."""
@@ -94,12 +98,17 @@ def plan_training(
     cache_dir = cache_dir or cache_root(checkpoint_dir)
     names = [corpus] if isinstance(corpus, str) else list(corpus or [])
     data_given, model_given, training_given = (s.given() if s else {} for s in (data, model, training))
+    more_time = training_given.pop("more_time", None)
+    if more_time is not None and not resume:  # a new run has trained nothing: +30m is 30m
+        training_given["time_budget"] = more_time
     ensure_writable(checkpoint_dir)
     if resume:
         run = find_run(checkpoint_dir, run_name)
         lock = run.lock()  # before anything is read: a second trainer of the run stops here, at once
         try:
-            return _plan_resume(run, lock, names, encoding, {**data_given, **model_given}, training_given, cache_dir)
+            return _plan_resume(
+                run, lock, names, encoding, {**data_given, **model_given}, training_given, more_time, cache_dir
+            )
         except BaseException:
             lock.release()
             raise
@@ -200,7 +209,7 @@ def _accumulate(training: dict[str, Any]) -> int:
     return int(training.get("accumulate", TrainConfig.accumulate))
 
 
-RESUMABLE_CHANGES = {"epochs", "time_budget", "save_every", "strategy"}
+RESUMABLE_CHANGES = {"epochs", "time_budget", "save_every", "sample_every", "strategy"}
 
 
 def _plan_resume(
@@ -210,9 +219,11 @@ def _plan_resume(
     encoding: str,
     given: dict[str, Any],
     training: dict[str, Any],
+    more_time: float | None,
     cache_dir: Path,
 ) -> TrainPlan:
-    """Reload a locked run to continue it; only its epochs, time budget, save interval and strategy may change.
+    """Reload a locked run to continue it; only its epochs, time budget, save and sample intervals and strategy may
+    change. ``more_time`` sets a time budget that much beyond what the run has trained.
 
     A run with no state.json (killed before its first save) starts again from scratch; a damaged one is
     reported.
@@ -242,15 +253,18 @@ def _plan_resume(
             f"{flags} cannot change when resuming run {run.name!r} (it has {was}); drop them or start a new run"
         )
     check_corpus_unchanged(run, saved.data)
-    config = dataclasses.replace(saved, training=cfgmod.replace(saved.training, **training))
-    splits = load_splits(config.data, cache_dir, run.load_vocab(), train_streams=config.train_streams)
     state = None
     if run.has_state():
         run.check_usable()  # a damaged resume point is reported, never silently replaced
         state = run.load_state()
-        _check_room_to_train(run.name, config.training, state, saved.training.time_budget)
     else:  # stopped before its first save: start it cleanly
         run.start_over()
+    if more_time is not None:
+        training = {**training, "time_budget": (state.seconds if state else 0.0) + more_time}
+    config = dataclasses.replace(saved, training=cfgmod.replace(saved.training, **training))
+    if state:
+        _check_room_to_train(run.name, config.training, state, saved.training.time_budget)
+    splits = load_splits(config.data, cache_dir, run.load_vocab(), train_streams=config.train_streams)
     return TrainPlan(run, config, splits, state, lock)
 
 
@@ -260,16 +274,19 @@ def _check_room_to_train(name: str, training: TrainConfig, state: ResumeState, s
     budget given now that the run has already spent is refused, not saved."""
     trained, budget = state.seconds, training.time_budget
     what, add = [], []
-    if state.epoch >= training.epochs:
+    if training.epochs is not None and state.epoch >= training.epochs:
         what.append(f"all {training.epochs} epochs")
         add.append(f"--epochs {state.epoch + 10} (or more)")
-    if budget is not None and trained >= budget and (state.finished is not None or budget != saved_budget):
+    # A run its budget stopped has trained up to the budget less what it held back for its last validation.
+    stopped_by_it = state.finished is StopReason.TIME_BUDGET and budget == saved_budget
+    spent = budget is not None and (trained >= budget or stopped_by_it)
+    if budget is not None and spent and (state.finished is not None or budget != saved_budget):
         limit = f"--time-budget {format_seconds(budget)}"
         what.append(
             f"{format_seconds(trained)} of training, "
             + (f"its {limit}" if budget == saved_budget else f"more than the {limit} given")
         )
-        add.append(f"--time-budget {longer_budget(trained)} (the run's in all)")
+        add.append(f"--time-budget {MORE_TIME} (that much more)")
     if what:
         raise ConfigError(f"run {name!r} has done {' and '.join(what)}; add {' and '.join(add)} to train it further")
 

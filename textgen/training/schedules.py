@@ -17,7 +17,7 @@ def schedule_progress(tcfg: TrainConfig, steps: int, elapsed: Callable[[], float
     that is further on, so the schedules end with whichever limit stops the run first."""
 
     def progress(epoch: int, batch: int) -> float:
-        by_batches = (epoch * steps + batch) / (tcfg.epochs * steps)
+        by_batches = (epoch * steps + batch) / (tcfg.epochs * steps) if tcfg.epochs else 0.0
         if tcfg.time_budget:
             return max(by_batches, elapsed() / tcfg.time_budget)
         return by_batches

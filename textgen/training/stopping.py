@@ -73,6 +73,9 @@ class Clock:
     started: float = field(default_factory=lambda: time.monotonic())  # looked up when called: tests fake it
     agreed: float = 0.0  # this invocation's seconds at the last synchronise
     stopping: bool = False  # whether some worker had been asked to stop at the last synchronise
+    # Seconds held back from the budget for the run's end (its last validation, sample and save), so that the run
+    # ends by its budget; set by the loop from what every worker agreed, so they all stop at the same batch.
+    reserve: float = 0.0
 
     def synchronise(self, stop: StopSignals) -> None:
         requested = stop.requested  # read once: the signal handler may set it at any moment
@@ -84,7 +87,8 @@ class Clock:
         return self.before + self.agreed
 
     def expired(self) -> bool:
-        return self.budget is not None and self.elapsed() >= self.budget
+        """Whether the budget has no room for more training before the run's end."""
+        return self.budget is not None and self.elapsed() + self.reserve >= self.budget
 
 
 def compile_agreement(strategy: tf.distribute.Strategy) -> Callable[[bool, float], tuple[bool, float]]:
