@@ -6,16 +6,37 @@ from __future__ import annotations
 import re
 
 import pytest
+from helpers import assert_one_line_error
 
 COMMANDS = ["train", "distill", "prune", "sample", "repl", "evaluate", "export", "tune", "runs"]
 
 
-def help_text(*command: str, columns: int = 80) -> str:
+def flags() -> list[tuple[str, str]]:
+    """Every (command, flag) pair: the options that take no value."""
+    from typer.main import get_command
+
+    from textgen.cli import app
+
+    return [
+        (name, flag)
+        for name, command in get_command(app).commands.items()
+        for option in command.params
+        if getattr(option, "is_flag", False) and not option.hidden
+        for flag in (*option.opts, *option.secondary_opts)
+    ]
+
+
+def invoke(*args: str, columns: int = 80):
+    """The CLI run in-process, as ``textgen`` in a terminal this wide."""
     from typer.testing import CliRunner
 
     from textgen.cli import app
 
-    result = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": str(columns)})
+    return CliRunner().invoke(app, list(args), env={"COLUMNS": str(columns)}, prog_name="textgen")
+
+
+def help_text(*command: str, columns: int = 80) -> str:
+    result = invoke(*command, "--help", columns=columns)
     assert result.exit_code == 0, result.output
     return result.stdout
 
@@ -49,3 +70,54 @@ def test_examples_are_single_spaced_and_unwrapped_at_80_columns(command: str) ->
     lines = [line.strip() for line in help_text(command).splitlines()]
     first = lines.index(examples[0])
     assert lines[first : first + len(examples)] == examples
+
+
+@pytest.mark.parametrize(("command", "flag"), flags())
+def test_a_flag_given_a_value_is_one_line_saying_how_to_write_it(command: str, flag: str) -> None:
+    for word in ("true", "No", "1"):
+        result = invoke(command, flag, word)
+        line = assert_one_line_error(result, f"error: {flag} is a flag and takes no value: ")
+        assert result.exit_code == 2 and line.endswith(f"; see textgen {command} --help")
+
+
+@pytest.mark.parametrize(
+    ("args", "instead"),
+    [
+        (["runs", "--json", "true"], "--json is a flag and takes no value: write textgen runs --json"),
+        (["runs", "--json", "false"], "--json is a flag and takes no value: leave it out for off"),
+        (
+            ["train", "x.txt", "--layer-norm", "no"],
+            "--layer-norm is a flag and takes no value: write textgen train --no-layer-norm",
+        ),
+        (
+            ["train", "x.txt", "--no-shift-windows", "yes"],
+            "--no-shift-windows is a flag and takes no value: write textgen train --no-shift-windows",
+        ),
+        (["tune", "--show", "on", "--json"], "--show is a flag and takes no value: write textgen tune --show"),
+    ],
+)
+def test_a_flag_given_a_value_says_what_to_write_instead(args: list[str], instead: str) -> None:
+    assert assert_one_line_error(invoke(*args)) == f"error: {instead}; see textgen {args[0]} --help"
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (
+            ["train", "x.txt", "--temp", "0.8"],
+            "no such option --temp for train (it is an option of textgen sample and textgen repl); "
+            "see textgen train --help",
+        ),
+        (["sample", "--tmp", "1"], "no such option --tmp for sample (did you mean --temp?); see textgen sample --help"),
+        (["train", "--seq", "8"], "no such option --seq for train (did you mean --seq-len?); see textgen train --help"),
+        (["sample", "--bogus"], "no such option --bogus for sample; see textgen sample --help"),
+        (
+            ["--temp", "1"],
+            "no such option --temp (it is an option of textgen sample and textgen repl); see textgen --help",
+        ),
+    ],
+)
+def test_an_unknown_option_is_told_where_it_belongs_or_what_is_near(args: list[str], line: str) -> None:
+    result = invoke(*args)
+    assert assert_one_line_error(result) == f"error: {line}"
+    assert result.exit_code == 2

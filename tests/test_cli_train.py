@@ -116,7 +116,7 @@ def test_bad_flag_values(workdir: Path, flags: list[str], fragment: str) -> None
         (["train", "x.txt", "--lr-schedule", "step"], "invalid value for '--lr-schedule': 'step' is not one of"),
         (["train", "x.txt", "--units", "many"], "invalid value for '--units'"),
         (["evaluate", "--split", "train"], "invalid value for '--split': 'train' is not one of 'test', 'val'"),
-        (["sample", "--bogus"], "no such option: --bogus"),
+        (["sample", "--bogus"], "no such option --bogus for sample"),
         (["trian"], "no such command 'trian'"),
         (["export"], "missing option '--format'. Choose from: litert, savedmodel"),
     ],

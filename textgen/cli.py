@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
+import itertools
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -16,6 +18,8 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer._click import Command, Context  # typer 0.29 vendors click privately (see pyproject.toml)
+from typer._click.exceptions import NoSuchOption
 from typer.core import TyperGroup, TyperOption
 
 from textgen import api, tuneview, ui
@@ -71,9 +75,14 @@ TyperOption.display_type_rich = _shown_type  # type: ignore[method-assign, assig
 TyperOption._get_default_string = _shown_default  # type: ignore[method-assign, assignment]
 
 
+# What people write after a flag that takes no value (`--json true`), and the setting they mean.
+FLAG_WORDS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
+
+
 class OneLineErrors(TyperGroup):
     """Typer's command group, with click's usage errors (a bad choice, a missing value) on one line
-    like textgen's own, instead of a usage block and an error panel."""
+    like textgen's own, instead of a usage block and an error panel; an unknown option is told where it belongs,
+    and a flag given a value how to write it."""
 
     def main(
         self,
@@ -91,10 +100,60 @@ class OneLineErrors(TyperGroup):
             code = super().main(**call, standalone_mode=False, windows_expand_args=windows_expand_args)  # Exit's code
         except typer.TyperException as exc:  # click's usage errors (click is typer 0.29's, vendored privately)
             message = getattr(exc, "format_message", exc.__str__)()
+            if isinstance(exc, NoSuchOption) and exc.ctx is not None:
+                message = self.no_such_option(exc.option_name, exc.ctx)
             if message.strip():  # no arguments: the message is the help, which Typer's rich help has printed
                 ui.show_usage_error(err_console, message, getattr(exc, "ctx", None))
             sys.exit(exc.exit_code)
         sys.exit(code if isinstance(code, int) else 0)
+
+    def resolve_command(self, ctx: Context, args: list[str]) -> tuple[str | None, Command | None, list[str]]:
+        """The command to run, refusing a value after one of its flags (`--json true`), which click would take
+        as an argument of its own (a corpus named "true") or refuse as an extra one."""
+        name, command, rest = super().resolve_command(ctx, args)
+        if command is not None:
+            flags = {opt: option for option in _options(command) if option.is_flag for opt in _names(option)}
+            for given, word in itertools.pairwise(rest):
+                if given in flags and word.lower() in FLAG_WORDS:
+                    command_ctx = command.context_class(command, info_name=name, parent=ctx)
+                    command_ctx.fail(_flag_given_a_value(given, FLAG_WORDS[word.lower()], flags[given], command_ctx))
+        return name, command, rest
+
+    def no_such_option(self, option: str, ctx: Context) -> str:
+        """click's "no such option", naming the commands that have it, or else the command's nearest option."""
+        where = f" for {ctx.info_name}" if ctx.command is not self else ""
+        owners = [
+            f"textgen {name}"
+            for name, command in self.commands.items()
+            if command is not ctx.command and any(option in _names(o) for o in _options(command))
+        ]
+        if owners:
+            return f"no such option {option}{where} (it is an option of {_and(owners)})"
+        names = [name for o in _options(ctx.command) for name in _names(o)]
+        longer = [name for name in names if name.startswith(option)]  # --seq for --seq-len, before --seed
+        near = longer if len(longer) == 1 else difflib.get_close_matches(option, names, 1)
+        return f"no such option {option}{where}{f' (did you mean {near[0]}?)' if near else ''}"
+
+
+def _options(command: Command) -> list[TyperOption]:
+    """The options a command shows (``--help`` aside)."""
+    return [p for p in command.params if isinstance(p, TyperOption) and not p.hidden]
+
+
+def _names(option: TyperOption) -> list[str]:
+    return [*option.opts, *option.secondary_opts]
+
+
+def _flag_given_a_value(flag: str, on: bool, option: TyperOption, ctx: Context) -> str:
+    """What to write instead of a flag followed by a word such as true or no: the flag, its --no- form, or nothing."""
+    wanted = option.opts if on == (flag in option.opts) else option.secondary_opts
+    instead = f"write {ctx.command_path} {wanted[0]}" if wanted else "leave it out for off"
+    return f"{flag} is a flag and takes no value: {instead}"
+
+
+def _and(names: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
 
 
 app = typer.Typer(  # no help=: it would hide the callback's docstring, quick start included
