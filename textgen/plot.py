@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import math
+import textwrap
 from pathlib import Path
 from xml.sax.saxutils import escape
 
@@ -63,7 +64,7 @@ def summary(history: dict[str, list[float]]) -> str:
 def loss_svg(history: dict[str, list[float]], title: str = "", width: int = 640, height: int = 400) -> str:
     """Train and validation bits/char per epoch as an SVG line chart: a point per epoch, a gap at a value that is
     not finite. ``title`` (the run's name) is shown as text."""
-    left, right, top, bottom = 64, width - 16, 56, height - 48
+    left, right, top, bottom = 64, width - 16, 72, height - 48
     epochs = _epochs(history)
     series = {key: list(zip(epochs, history[key], strict=False)) for key in MARKS if history.get(key)}
     values = [v for points in series.values() for _, v in points if math.isfinite(v)]
@@ -91,8 +92,10 @@ def loss_svg(history: dict[str, list[float]], title: str = "", width: int = 640,
         'font-family="sans-serif" font-size="12">',
         '<rect width="100%" height="100%" fill="white"/>',
         f'<text x="{left}" y="20" font-size="15">{_xml_text(heading)}</text>',
-        f'<text x="{left}" y="38" fill="#555">{_xml_text(summary(history) if series else "no epochs yet")}</text>',
     ]
+    # The summary under the heading, on two lines if it needs them (a 640-pixel image holds about 80 characters).
+    for i, line in enumerate(textwrap.wrap(summary(history) if series else "no epochs yet", 80)):
+        out.append(f'<text x="{left}" y="{38 + 15 * i}" fill="#555">{_xml_text(line)}</text>')
     for tick in y_ticks:
         out.append(f'<line x1="{left}" y1="{y(tick):.1f}" x2="{right}" y2="{y(tick):.1f}" stroke="#e4e4e4"/>')
         out.append(f'<text x="{left - 6}" y="{y(tick) + 4:.1f}" text-anchor="end">{tick:.{decimals}f}</text>')
