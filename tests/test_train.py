@@ -81,6 +81,7 @@ def test_run_directory_contents(trained_run) -> None:
         "state.json",
         "history.csv",
         "loss_curve.txt",
+        "loss_curve.svg",
         "tensorboard",
         ".lock",
     }

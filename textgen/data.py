@@ -7,6 +7,8 @@ the same rows, so each replica's rows continue its own.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -19,7 +21,7 @@ from textgen.config import DataConfig
 from textgen.corpus import fingerprint, resolve_encoding
 from textgen.errors import CorpusError
 from textgen.idcache import CorpusSource, EncodedCorpus, encoded_corpus
-from textgen.layout import StreamLayout, fills_one_batch
+from textgen.layout import MIN_SEQ_LEN, MIN_STREAMS, StreamLayout, fills_one_batch, fitting_layout
 from textgen.vocab import Vocabulary
 
 if TYPE_CHECKING:
@@ -67,6 +69,43 @@ def load_splits(
     for name, part, streams in (("training", splits.train, train_streams), ("validation", splits.val, None)):
         check_layout_fits(part, streams or cfg.batch_size, cfg.seq_len, name, encoded.chars, cfg.batch_size)
     return splits
+
+
+def fit_small_corpus(
+    cfg: DataConfig, cache_dir: Path, accumulate: int, given: set[str]
+) -> tuple[DataConfig, str | None]:
+    """``cfg`` with a batch layout its corpus fills, and a line saying why when it is not the default: for a text
+    too small for the default layout, the biggest that fits (``textgen.layout.fitting_layout``) among the settings
+    not ``given``. A layout the user gave is left for ``load_splits`` to refuse, with the flags to change."""
+    keep_streams, keep_seq_len = "batch_size" in given, "seq_len" in given
+    encoded = encoded_corpus(corpus_source(cfg), cache_dir)
+    train, val = len(encoded.ids("train")), len(encoded.ids("val"))
+    streams, seq_len = cfg.batch_size, cfg.seq_len
+    if (keep_streams and keep_seq_len) or (
+        fills_one_batch(val, streams, seq_len) and fills_one_batch(train, streams * accumulate, seq_len)
+    ):
+        return cfg, None
+    fitted = fitting_layout(train, val, streams, seq_len, accumulate, keep_streams=keep_streams,
+                            keep_seq_len=keep_seq_len)  # fmt: skip
+    if fitted is None:
+        least_streams = streams if keep_streams else MIN_STREAMS
+        least_len = seq_len if keep_seq_len else MIN_SEQ_LEN
+        need = least_streams * least_len + 1
+        smallest = max(
+            need / cfg.val_fraction,
+            (least_streams * accumulate * least_len + 1) / (1 - cfg.val_fraction - cfg.test_fraction),
+        )
+        raise CorpusError(
+            f"corpus too short: {encoded.chars:,} characters, and even a batch of {least_streams} streams x "
+            f"{least_len} characters needs {need:,} in its validation split ({cfg.val_fraction:.0%} of the text); "
+            f"give a text of at least {math.ceil(smallest / 100) * 100:,} characters"
+        )
+    batch_size, seq_len = fitted
+    note = (
+        f"a small text ({encoded.chars:,} characters): batches of {batch_size} streams x {seq_len} characters, not "
+        f"{cfg.batch_size} x {cfg.seq_len}, so that its {val:,}-character validation split fills one"
+    )
+    return dataclasses.replace(cfg, batch_size=batch_size, seq_len=seq_len), note
 
 
 def check_layout_fits(

@@ -26,6 +26,29 @@ def fills_one_batch(n: int, streams: int, seq_len: int) -> bool:
     return n >= streams * seq_len + 1
 
 
+# The smallest batch layout a small text is given when the default one does not fit it: fewer streams than 4 make
+# too noisy a gradient, and sequences shorter than 32 characters cut backpropagation through time within words.
+MIN_STREAMS, MIN_SEQ_LEN = 4, 32
+
+
+def fitting_layout(
+    train: int, val: int, streams: int, seq_len: int, accumulate: int = 1, *, keep_streams: bool, keep_seq_len: bool
+) -> tuple[int, int] | None:
+    """The biggest batch layout of at most ``streams`` x ``seq_len`` (halving the streams down to ``MIN_STREAMS``,
+    the sequence down to ``MIN_SEQ_LEN``; longer sequences first when two hold as many characters) whose batch the
+    validation split (``val`` ids) fills and whose ``accumulate`` batches the training split fills; None if none
+    does. A ``keep_`` setting stays as given."""
+    stream_options = [streams] if keep_streams else [streams >> k for k in range(8) if streams >> k >= MIN_STREAMS]
+    length_options = [seq_len] if keep_seq_len else sorted({seq_len, max(seq_len // 2, MIN_SEQ_LEN), MIN_SEQ_LEN})
+    fits = [
+        (b, n)
+        for b in stream_options or [streams]
+        for n in length_options
+        if n <= seq_len and fills_one_batch(val, b, n) and fills_one_batch(train, b * accumulate, n)
+    ]
+    return max(fits, key=lambda layout: (layout[0] * layout[1], layout[1]), default=None)
+
+
 @dataclass(frozen=True)
 class StreamLayout:
     """``streams`` contiguous streams of ``batches * seq_len + tail`` characters each, read ``seq_len`` at a time,

@@ -222,6 +222,7 @@ class TrainingDisplay:
                 f"{len(splits.train):,} train / {len(splits.val):,} val / {len(splits.test):,} test chars, "
                 f"{splits.vocab.size} ids{describe_unknown(splits.encoded)}",
                 *(f"{label:<9} {escape(text)}" for label, text in describe_run(cfg)),
+                *([f"layout    {escape(plan.layout_note)}"] if plan.layout_note else []),
                 f"device    {cfg.profile.name}: {cfg.profile.notes}{' (the run keeps its profile)' if plan.resume_state else ''}",
                 *_derived_from(cfg),
             ):
@@ -350,6 +351,7 @@ def show_train_result(console: Console, result: TrainResult, as_json: bool) -> N
         highlight=False,
     )
     console.print(run.loss_curve_path.read_text(encoding="utf-8"), markup=False, end="")
+    console.print(f"loss curves: {run.loss_svg_path}", markup=False)
     console.print(f"saved to {run.path}; {further(run, result)}", markup=False)
 
 

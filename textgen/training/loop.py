@@ -35,9 +35,8 @@ from textgen.checkpoint import EpochProgress, Run
 from textgen.config import DataConfig
 from textgen.data import distributed_batches
 from textgen.errors import ConfigError, TrainingDiverged, TrainingInterrupted
-from textgen.files import atomic_write_text
 from textgen.layout import StreamLayout
-from textgen.plot import loss_chart, read_history
+from textgen.plot import write_loss_charts
 from textgen.results import EpochLog, StopReason, TrainResult, bits
 from textgen.scoring import score
 from textgen.training.callbacks import build_callbacks
@@ -119,7 +118,7 @@ def _train(
     callbacks.on_train_end(last.metrics() if last else {})
     progress.end()
     checkpoint.mark_finished(reason)
-    atomic_write_text(run.loss_curve_path, loss_chart(read_history(run.history_path)))
+    write_loss_charts(run.history_path, run.loss_curve_path, run.loss_svg_path)
     return TrainResult(
         run=run.name,
         path=run.path,

@@ -42,7 +42,7 @@ from textgen.config import (
     format_seconds,
 )
 from textgen.corpus import corpus_fingerprint, corpus_stem, resolve_corpora, resolve_encoding, same_codec
-from textgen.data import Splits, load_splits
+from textgen.data import Splits, fit_small_corpus, load_splits
 from textgen.errors import ConfigError
 from textgen.idcache import cache_root
 from textgen.layout import StreamLayout
@@ -62,6 +62,7 @@ class TrainPlan:
     # When this invocation started (time.monotonic()), if before ``train``: its start-up counts toward the time
     # budget, which is wall-clock. ``textgen.api.train`` sets it to its own start, before TensorFlow's import.
     started: float | None = None
+    layout_note: str | None = None  # why a small text got a smaller batch layout than the default
 
     def saved_note(self) -> str:
         """Where the run was saved and how to continue it, for messages."""
@@ -126,6 +127,7 @@ def plan_training(
         data_cfg = new_data_config(
             names, files, keep_boilerplate, encoding, **{"batch_size": profile.batch_size, **data_given}
         )
+        data_cfg, layout_note = fit_small_corpus(data_cfg, cache_dir, _accumulate(training_given), set(data_given))
         splits = load_splits(data_cfg, cache_dir, train_streams=data_cfg.batch_size * _accumulate(training_given))
         model_cfg = ModelConfig(vocab_size=splits.vocab.size, **model_given)
         check_fits_in_memory(model_cfg)
@@ -134,7 +136,7 @@ def plan_training(
     except BaseException:
         discard_reserved(run, lock)
         raise
-    return TrainPlan(run, config, splits, lock=lock)
+    return TrainPlan(run, config, splits, lock=lock, layout_note=layout_note)
 
 
 def new_data_config(
