@@ -85,6 +85,29 @@ def test_train_and_runs_show_a_stop_reason_with_the_same_label(tmp_path: Path, r
     assert len({r.label for r in StopReason}) == len(StopReason)
 
 
+def test_piped_runs_are_a_header_and_a_line_per_run_and_a_table_on_a_terminal() -> None:
+    runs = [
+        RunSummary(
+            "wp-pruned80", "/a/long/path/to/the/corpora/2600-0.txt", "1x512", 3, 0, 30, 2.1, 60.0,
+            StopReason.TIME_BUDGET, True, "cpu", {}, "pruned to 80% from wp",
+        ),
+        RunSummary("broken", problem="config.json is not JSON"),
+    ]  # fmt: skip
+    piped = io.StringIO()
+    ui.show_runs(Console(file=piped, width=80), runs, Path("ck"), as_json=False)
+    lines = piped.getvalue().splitlines()
+    assert lines[0].split() == ["run", "corpus", "model", "epochs", "best_val_bpc", "trained", "status", "note"]
+    assert len(lines) == 3 and len(lines[1]) > 80  # one line per run, however long: not wrapped at 80 columns
+    assert lines[1].startswith("wp-pruned80  /a/long/path") and lines[1].endswith("  pruned to 80% from wp")
+    assert lines[0].index("status") == lines[1].index("time budget spent") == lines[2].index("damaged")
+    assert lines[2].startswith("broken ") and lines[2].endswith("  config.json is not JSON")
+    assert not set("─━│┃┏┡") & set(piped.getvalue())
+
+    terminal = io.StringIO()
+    ui.show_runs(Console(file=terminal, width=80, force_terminal=True), runs, Path("ck"), as_json=False)
+    assert "─" in terminal.getvalue() and "wp-pruned80: pruned to 80% from wp" in terminal.getvalue()
+
+
 @pytest.mark.parametrize(
     ("epochs", "reason", "flags"),
     [

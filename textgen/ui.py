@@ -471,12 +471,35 @@ def _size(n: int) -> str:
 
 
 def show_runs(console: Console, runs: list[RunSummary], checkpoint_dir: Path, as_json: bool) -> None:
+    """The runs as a table on a terminal; piped, a header and one line per run (no box, no wrapping), for grep,
+    sort and cut; or one JSON line each."""
     if as_json:
         for summary in runs:
             print(json_line(summary))
         return
     if not runs:
         console.print(f"no runs in {checkpoint_dir}/; train one: textgen train 2600-0.txt --device cpu", markup=False)
+        return
+    rows = [
+        (
+            r.run,
+            r.corpus,
+            r.model,
+            epochs_cell(r.epochs, r.batches_into_epoch, r.steps),
+            f"{r.best_val_bpc:.3f}" if r.best_val_bpc is not None else "-",
+            f"{r.seconds / 60:.1f} min",
+            r.status,
+        )
+        for r in runs
+    ]
+    if not console.is_terminal:  # what a run was made from, or why it is damaged, ends its own line
+        lines = [
+            ("run", "corpus", "model", "epochs", "best_val_bpc", "trained", "status", "note"),
+            *((*row, r.problem or r.made_from) for row, r in zip(rows, runs, strict=True)),
+        ]
+        widths = [max(map(len, column)) for column in zip(*lines, strict=True)]
+        for line in lines:
+            console.out("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip())
         return
     table = Table(
         "run",
@@ -490,16 +513,8 @@ def show_runs(console: Console, runs: list[RunSummary], checkpoint_dir: Path, as
         show_edge=False,
         pad_edge=False,
     )
-    for r in runs:
-        table.add_row(
-            escape(r.run),
-            escape(r.corpus),
-            r.model,
-            epochs_cell(r.epochs, r.batches_into_epoch, r.steps),
-            f"{r.best_val_bpc:.3f}" if r.best_val_bpc is not None else "-",
-            f"{r.seconds / 60:.1f} min",
-            r.status,
-        )
+    for row in rows:
+        table.add_row(*map(escape, row))
     console.print(table)
     for r in runs:
         if r.problem or r.made_from:
