@@ -9,7 +9,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from textgen.errors import CorpusError
-from textgen.layout import MASKED, StreamLayout, scoring_layout
+from textgen.layout import (
+    MASKED,
+    MIN_SEQ_LEN,
+    MIN_STREAMS,
+    StreamLayout,
+    fills_one_batch,
+    fitting_layout,
+    scoring_layout,
+)
 
 
 @given(layouts())
@@ -173,3 +181,38 @@ def test_a_text_too_short_for_the_batch_is_scored_in_fewer_or_shorter_streams(
     assert (layout.streams, layout.seq_len, layout.scored) == shape
     with pytest.raises(CorpusError, match="a text has 1 characters; at least 2 are needed"):
         scoring_layout(1, 8, 32, "a text")
+
+
+@given(
+    train=st.integers(0, 200_000),
+    val=st.integers(0, 20_000),
+    accumulate=st.sampled_from([1, 2, 4]),
+    keep_streams=st.booleans(),
+    keep_seq_len=st.booleans(),
+)
+def test_a_small_text_gets_the_biggest_layout_that_both_splits_fill(
+    train: int, val: int, accumulate: int, keep_streams: bool, keep_seq_len: bool
+) -> None:
+    chosen = fitting_layout(train, val, 64, 100, accumulate, keep_streams=keep_streams, keep_seq_len=keep_seq_len)
+    streams = [64] if keep_streams else [64, 32, 16, 8, 4]
+    lengths = [100] if keep_seq_len else [100, 50, 32]
+    fitting = [
+        (b, n)
+        for b in streams
+        for n in lengths
+        if fills_one_batch(val, b, n) and fills_one_batch(train, b * accumulate, n)
+    ]
+    if not fitting:
+        assert chosen is None
+        return
+    assert chosen in fitting
+    assert chosen[0] * chosen[1] == max(b * n for b, n in fitting)  # no fitting layout holds more characters
+    assert chosen[0] >= MIN_STREAMS and chosen[1] >= MIN_SEQ_LEN
+
+
+def test_a_19566_character_book_gets_8_streams_of_100() -> None:
+    """The issue's book: 978 validation characters, which 64 x 100 (6,401) does not fill."""
+    assert fitting_layout(17_610, 978, 64, 100, keep_streams=False, keep_seq_len=False) == (8, 100)
+    assert fitting_layout(17_610, 978, 64, 100, keep_streams=True, keep_seq_len=False) is None  # --batch-size 64
+    assert fitting_layout(17_610, 978, 64, 100, keep_streams=False, keep_seq_len=True) == (8, 100)
+    assert fitting_layout(17_610, 200, 64, 100, keep_streams=False, keep_seq_len=False) == (4, 32)

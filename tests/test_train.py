@@ -812,3 +812,108 @@ def test_the_stopper_gives_one_reason_in_each_places_order() -> None:
     assert last.check(EPOCH_END) is StopReason.INTERRUPTED
     last.request(StopReason.EPOCHS)
     assert last.check(EPOCH_END) is StopReason.EPOCHS
+
+
+def test_a_small_text_gets_a_layout_that_fits_it_said_and_saved(tmp_path: Path) -> None:
+    from helpers import make_text
+
+    from textgen.errors import CorpusError
+
+    (tmp_path / "book.txt").write_text(make_text(6000)[:19_566], encoding="utf-8")
+    plan = plan_training(str(tmp_path / "book.txt"), CPU, checkpoint_dir=tmp_path / "ck")  # 64 x 100 by default
+    assert (plan.config.data.batch_size, plan.config.data.seq_len) == (8, 100)
+    assert plan.layout_note and "8 streams x 100 characters, not 64 x 100" in plan.layout_note
+    assert plan.run.load_config().data.batch_size == 8  # saved: a resume reads the same layout
+    plan.lock.release()
+
+    (tmp_path / "scrap.txt").write_text(make_text(100)[:400], encoding="utf-8")
+    with pytest.raises(CorpusError, match=r"give a text of at least ([\d,]+) characters") as refused:
+        plan_training(str(tmp_path / "scrap.txt"), CPU, checkpoint_dir=tmp_path / "ck")
+    least = int(refused.value.args[0].rsplit("at least ", 1)[1].split()[0].replace(",", ""))
+    (tmp_path / "enough.txt").write_text(make_text(2 * least)[:least], encoding="utf-8")
+    enough = plan_training(str(tmp_path / "enough.txt"), CPU, checkpoint_dir=tmp_path / "ck")  # the size said works
+    assert (enough.config.data.batch_size, enough.config.data.seq_len) == (4, 32)
+    enough.lock.release()
+
+    given = plan_training(
+        str(tmp_path / "book.txt"), CPU, checkpoint_dir=tmp_path / "ck", data=DataSettings(batch_size=16)
+    )
+    assert (given.config.data.batch_size, given.config.data.seq_len) == (16, 50)  # a given --batch-size stays
+    given.lock.release()
+
+
+class Recorder(NoProgress):
+    def __init__(self) -> None:
+        self.logs: list[EpochLog] = []
+        self.samples: list[str] = []
+
+    def epoch_end(self, log: EpochLog) -> None:
+        self.logs.append(log)
+
+    def sample(self, text: str) -> None:
+        self.samples.append(text)
+
+
+def test_each_epoch_shows_what_the_model_writes_with_its_weights_and_seed(tmp_path: Path, tiny_corpus: Path) -> None:
+    from textgen.config import SampleConfig
+    from textgen.sampling import Generator
+    from textgen.training.preview import SAMPLE_CHARS
+
+    recorder = Recorder()
+    result = train(new_plan(tmp_path, tiny_corpus, epochs=2, lr=1e-2, seed=3), recorder)
+    assert [len(log.sample or "") for log in recorder.logs] == [SAMPLE_CHARS, SAMPLE_CHARS]
+    assert recorder.samples == []  # nothing within so short an epoch
+    # The last epoch improved, so the best weights are the ones it sampled: the same text, as textgen sample gives it.
+    assert recorder.logs[-1].improved
+    again = Generator.from_run(Run(result.path)).generate([""], SampleConfig(length=SAMPLE_CHARS, seed=3))[0]
+    assert recorder.logs[-1].sample == again
+
+
+def test_samples_within_an_epoch_come_every_sample_every_and_none_with_0(
+    tmp_path: Path, tiny_corpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Clocked(BatchClock, Recorder):
+        def __init__(self) -> None:
+            Recorder.__init__(self)
+            BatchClock.__init__(self, monkeypatch, 1 / 64)
+
+    plan = new_plan(tmp_path, tiny_corpus, epochs=1, sample_every=8 / 64)  # every 8 batches
+    spe = steps_per_epoch(len(plan.splits.train), TINY_DATA["batch_size"], TINY_DATA["seq_len"])
+    clock = Clocked()
+    train(plan, clock)
+    assert len(clock.samples) == (spe - 1) // 8  # within the epoch: not after its last batch (the epoch's own)
+    assert clock.logs[0].sample
+
+    quiet = Clocked()
+    train(new_plan(tmp_path / "quiet", tiny_corpus, epochs=1, sample_every=0), quiet)
+    assert quiet.samples == [] and quiet.logs[0].sample is None
+
+
+def test_a_budget_holds_back_what_the_runs_end_takes(
+    tmp_path: Path, tiny_corpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The budget is wall-clock: once an epoch end has measured what validating, sampling and saving take, the run
+    stops training early enough that its last validation ends by the budget, not a validation later."""
+
+    class SlowValidation(BatchClock):
+        def validating(self) -> None:
+            self.batches += 40  # each validation takes as long as 40 batches
+
+    clock = SlowValidation(monkeypatch, 1 / 64)
+    plan = new_plan(tmp_path, tiny_corpus, time_budget=3.0, epochs=50, patience=50)  # 192 batches' time
+    spe = steps_per_epoch(len(plan.splits.train), TINY_DATA["batch_size"], TINY_DATA["seq_len"])
+    assert spe + 40 < 192 < 3 * (spe + 40)  # the budget ends within a later epoch
+    result = train(plan, clock)
+    assert result.stop_reason == "time_budget"
+    assert clock.now() <= 3.0  # the last validation included
+    assert clock.now() > 3.0 - 40 / 64 - 1 / 64  # and no more held back than it takes
+
+
+def test_a_budget_without_epochs_has_no_epoch_cap(tmp_path: Path, tiny_corpus: Path) -> None:
+    from textgen.config import TrainConfig
+
+    assert TrainConfig.of(time_budget=60.0).epochs is None  # the budget decides
+    assert TrainConfig.of(time_budget=60.0, epochs=5).epochs == 5
+    assert TrainConfig.of().epochs == 30  # no budget: the default cap
+    with pytest.raises(ConfigError, match="--epochs must be a positive integer"):
+        TrainConfig(epochs=None)  # neither: a run that would never end

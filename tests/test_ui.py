@@ -273,3 +273,66 @@ def test_the_start_up_summary_is_a_readable_block() -> None:
     assert pruned["optimizer"].startswith("sgd, momentum 0.9, learning rate 0.1 x 0.5 whenever validation stalls")
     assert pruned["batches"].endswith(", 2 batches per update")
     assert pruned["stops"] == "after 1 epoch"  # a pruned run does not stop early
+
+
+def piped_display(
+    monkeypatch: pytest.MonkeyPatch, as_json: bool = False
+) -> tuple[ui.TrainingDisplay, io.StringIO, list]:
+    """A display writing to a pipe (not a terminal), on a fake clock: 30 epochs of 100 batches of 6,400 chars."""
+    now = [0.0]
+    monkeypatch.setattr(ui, "time", type("FakeTime", (), {"monotonic": staticmethod(lambda: now[0])}))
+    out = io.StringIO()
+    display = ui.TrainingDisplay(Console(file=out, width=100), as_json=as_json)
+    display.epochs, display.steps, display.chars_per_step = 30, 100, 6400
+    return display, out, now
+
+
+def test_piped_training_prints_a_plain_progress_line_every_minute_and_the_expected_duration(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    display, out, now = piped_display(monkeypatch)
+    display.epoch_begin(0, 0)
+    for batch in range(100):  # 1 s per batch: 6,400 chars/s
+        now[0] += 1.0
+        display.batch_end(batch, 1.5)
+    lines = out.getvalue().splitlines()
+    assert (
+        lines[0]
+        == "expected: about 50m00s for 30 epochs at 6,400 chars/s, validation not included; early stopping may end it sooner"
+    )
+    progress = [line for line in lines if line.startswith("epoch 1/30  batch")]
+    assert [line.split()[3] for line in progress] == ["60/100"]  # one a minute, not one a batch
+    assert "6,400 chars/s  loss 1.500 (2.164 bpc)  eta epoch 40.0s, run 49m00s" in progress[0]
+
+
+def test_a_budget_that_ends_the_run_first_is_what_the_expectation_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    display, out, now = piped_display(monkeypatch)
+    display.budget = 600.0
+    display.epoch_begin(0, 0)
+    for batch in range(11):
+        now[0] += 1.0
+        display.batch_end(batch, 1.5)
+    assert out.getvalue().startswith("expected: the 10m00s time budget ends the run (its epochs would take 50m00s for")
+    display.epochs = None  # a budget and no --epochs
+    display.expected_said = False
+    now[0] += 1.0
+    display.batch_end(11, 1.5)
+    assert "expected: the 10m00s time budget ends the run (at 6,400 chars/s; no epoch cap)" in out.getvalue()
+
+
+def test_a_training_sample_is_shown_as_text_never_markup_and_carried_in_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    display, out, _ = piped_display(monkeypatch)
+    display.epoch_begin(0, 0)
+    display.sample("[bold red]Prince[/] Andrew\tsaid\n\nnothing\x07 at all\nthird\nfourth")
+    assert out.getvalue().splitlines() == ["  | [bold red]Prince[/] Andrew    said", "  | nothing  at all", "  | third"]
+
+    display, _, _ = piped_display(monkeypatch, as_json=True)
+    display.epoch_begin(0, 0)
+    printed = io.StringIO()
+    monkeypatch.setattr("sys.stdout", printed)
+    display.sample("a [b] sample")
+    log = EpochLog(1, 1.0, 1.4, 1.1, 1.6, 900.0, 1e-3, 10, 12.0, True, False, sample="after the epoch")
+    display.epoch_end(log)
+    records = [strict(line) for line in printed.getvalue().splitlines()]
+    assert records[0] == {"event": "sample", "epoch": 1, "sample": "a [b] sample"}
+    assert records[1]["event"] == "epoch" and records[1]["sample"] == "after the epoch"

@@ -249,7 +249,7 @@ class TrainingDisplay:
             return
         if not self.expected_said and now - self.epoch_started >= self.EXPECT_AFTER:
             self.expected_said = True
-            self.console.print(self.expectation(batch, rate, now), highlight=False, markup=False)
+            self.console.print(self.expectation(batch, rate, now), highlight=False, markup=False, soft_wrap=True)
         if not self.live and now - self.logged_at >= self.LOG_EVERY:
             self.logged_at = now
             epoch_left = (self.steps - batch - 1) * (now - self.epoch_started) / (batch + 1 - self.first_batch)
@@ -258,6 +258,7 @@ class TrainingDisplay:
                 f"eta epoch {format_seconds(epoch_left)}{f', {run_eta}' if run_eta else ''}",
                 highlight=False,
                 markup=False,
+                soft_wrap=True,  # a log's line is one line
             )
 
     def run_left(self, batch: int, now: float) -> float | None:
