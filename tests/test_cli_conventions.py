@@ -4,9 +4,10 @@ what a flag given a value or an unknown option says, and the names of the runs a
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
-from helpers import assert_one_line_error
+from helpers import assert_one_line_error, run_python
 
 COMMANDS = ["train", "distill", "prune", "sample", "repl", "evaluate", "export", "tune", "runs"]
 
@@ -121,3 +122,22 @@ def test_an_unknown_option_is_told_where_it_belongs_or_what_is_near(args: list[s
     result = invoke(*args)
     assert assert_one_line_error(result) == f"error: {line}"
     assert result.exit_code == 2
+
+
+def test_shell_completion_completes_commands_options_and_choices_without_tensorflow(tmp_path: Path) -> None:
+    assert "--install-completion" in help_text() and "--show-completion" in help_text()
+    code = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from textgen.cli import app\n"
+        "shown = CliRunner().invoke(app, ['--show-completion', 'bash'], prog_name='textgen')\n"
+        "assert shown.exit_code == 0 and '_TEXTGEN_COMPLETE=complete_bash' in shown.stdout, shown.output\n"
+        "for words, expected in (('textgen tr', ['train']), ('textgen train --lay', ['--layers', '--layer-norm']),\n"
+        "                        ('textgen train --device ', ['auto', 'cpu', 'gpu'])):\n"
+        "    env = {'_TEXTGEN_COMPLETE': 'complete_bash', 'COMP_WORDS': words, 'COMP_CWORD': str(len(words.split(' ')) - 1)}\n"
+        "    done = CliRunner().invoke(app, [], prog_name='textgen', env=env)\n"
+        "    assert done.stdout.split() == expected, (words, done.output)\n"
+        "assert 'tensorflow' not in sys.modules, 'completion imported TensorFlow'\n"
+    )
+    proc = run_python(["-c", code], tmp_path)
+    assert proc.returncode == 0, proc.stderr

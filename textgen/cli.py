@@ -159,7 +159,6 @@ def _and(names: list[str]) -> str:
 app = typer.Typer(  # no help=: it would hide the callback's docstring, quick start included
     cls=OneLineErrors,
     no_args_is_help=True,
-    add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode="markdown",
     context_settings={"help_option_names": ["-h", "--help"]},
