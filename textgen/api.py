@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
 
 def train(
-    corpus: list[str] | None = None,
+    corpus: str | Path | Sequence[str | Path] | None = None,
     *,
     device: Device | str = Device.auto,
     checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR,
@@ -83,6 +83,7 @@ def train(
     supplies the settings not given.
     """
     started = time.monotonic()  # a time budget is wall-clock: TensorFlow's import and the planning count
+    names = [str(name) for name in ([corpus] if isinstance(corpus, str | Path) else corpus or [])] or None
     data, model, training = data or DataSettings(), model or ModelSettings(), training or TrainSettings()
     if recipe is not None or from_study is not None:
         data, model, training = _with_recipe(checkpoint_dir, resume, data, model, training, recipe, from_study)
@@ -90,8 +91,8 @@ def train(
     _check_train_settings(saved, run_name, device, threads, data, model, training, distill, prune)
     strategy_name = training.strategy or (saved.training.strategy if saved else Strategy.none)
     role = cluster_role(strategy_name, saved=training.strategy is None)
-    if corpus and strategy_name is not Strategy.multiworker:  # a missing file is said at once, not after TF's ~4 s
-        resolve_corpora(corpus, download=download)  # (a worker of a cluster fails after joining it: see below)
+    if names and strategy_name is not Strategy.multiworker:  # a missing file is said at once, not after TF's ~4 s
+        resolve_corpora(names, download=download)  # (a worker of a cluster fails after joining it: see below)
     import_tensorflow()
     profile = saved.profile if saved else resolve_profile(device)  # a resumed run keeps its profile
     apply_profile(profile, threads=threads)
@@ -102,7 +103,7 @@ def train(
     from textgen.training.plan import plan_training
 
     plan_run = functools.partial(
-        plan_training, corpus, profile, run_name=run_name, resume=resume, download=download,
+        plan_training, names, profile, run_name=run_name, resume=resume, download=download,
         keep_boilerplate=keep_boilerplate, encoding=encoding, data=data, model=model, training=training,
         distill=distill, prune=prune,
     )  # fmt: skip
@@ -191,8 +192,8 @@ def copy_run(source: Path, dest_dir: Path) -> None:
 
 
 def open_generator(
-    checkpoint_dir: Path,
-    run_name: str | None,
+    checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR,
+    run_name: str | None = None,
     which: str = "best",
     model: Path | None = None,
     warm_up: bool = False,
@@ -220,7 +221,12 @@ def open_generator(
 
 
 def export(
-    checkpoint_dir: Path, run_name: str | None, format: str, quantize: str, path: Path | None, which: str = "best"
+    checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR,
+    run_name: str | None = None,
+    format: str = "litert",
+    quantize: str = "none",
+    path: Path | None = None,
+    which: str = "best",
 ) -> ExportResult:
     """Export a run as a self-contained LiteRT or SavedModel directory (see ``textgen.export``)."""
     run = find_run(checkpoint_dir, run_name, which)
@@ -232,8 +238,8 @@ def export(
 
 
 def evaluate(
-    checkpoint_dir: Path,
-    run_name: str | None,
+    checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR,
+    run_name: str | None = None,
     split: str = "test",
     file: str | None = None,
     which: str = "best",
