@@ -14,6 +14,7 @@ import pytest
 from helpers import (
     assert_one_line_error,
     invoke,
+    make_text,
     read_history,
     run_python,
     run_textgen,
@@ -278,7 +279,7 @@ def test_train_end_to_end(tmp_path: Path) -> None:
     assert "epoch 1/2" in out and "epoch 2/2" in out
     assert "done (all epochs done) after 2 epochs" in out
     assert "bits/char" in out
-    hint = "continue with: textgen train --resume --run r --checkpoint-dir X --epochs 12"
+    hint = "train 10 more epochs: textgen train --resume --run r --checkpoint-dir X --epochs 12"
     assert hint in out  # a finished run is told what it needs to train further
     assert "Traceback" not in proc.stderr
     assert "oneDNN" not in proc.stderr and "cpu_feature_guard" not in proc.stderr  # TensorFlow's start-up chatter
@@ -287,7 +288,7 @@ def test_train_end_to_end(tmp_path: Path) -> None:
         assert (run / name).is_file(), name
     assert [row["epoch"] for row in read_history(run)] == [0, 1]
     assert json.loads((run / "state.json").read_text())["finished"] == "epochs"
-    again = run_textgen(hint.removeprefix("continue with: textgen ").split(), cwd=tmp_path)  # the command as shown
+    again = run_textgen(hint.split(": textgen ")[1].split(), cwd=tmp_path)  # the command as shown
     assert again.returncode == 0, again.stderr
     assert "done (all epochs done) after 12 epochs" in again.stdout
     assert [row["epoch"] for row in read_history(run)] == list(range(12))
@@ -399,3 +400,28 @@ def test_a_missing_corpus_is_refused_before_tensorflow_loads(tmp_path: Path) -> 
     result = run_python(["-c", REFUSED_WITHOUT_TENSORFLOW], tmp_path)
     assert result.returncode == 0, result.stderr
     assert "corpus 'missing.txt' not found" in result.stderr
+
+
+def test_a_small_text_trains_end_to_end_showing_samples_and_a_plus_budget_adds_time(tmp_path: Path) -> None:
+    """A text too small for the default 64 x 100 batch trains with a layout that fits, says so, shows what the model
+    writes after each epoch; a resume with --time-budget +N trains N more seconds than the run has."""
+    (tmp_path / "small.txt").write_text(make_text(2200)[:10_000], encoding="utf-8")
+    model = ["--device", "cpu", "--units", "32", "--embedding-dim", "8", "--checkpoint-dir", "X", "--run", "s"]
+    proc = run_textgen(["train", "small.txt", *model, "--epochs", "2"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (
+        "layout    a small text (10,000 characters): batches of 4 streams x 100 characters, not 64 x 100" in proc.stdout
+    )
+    samples = [line for line in proc.stdout.splitlines() if line.startswith("  | ")]
+    assert len(samples) >= 2  # after each of the two epochs, a line or more
+    assert "loss curves: X/s/loss_curve.svg" in proc.stdout
+
+    run = tmp_path / "X" / "s"
+    trained = json.loads((run / "state.json").read_text())["seconds"]
+    more = run_textgen(["train", "--resume", "--run", "s", "--checkpoint-dir", "X", "--epochs", "3",
+                        "--time-budget", "+20s", "--sample-every", "0", "--json"], cwd=tmp_path)  # fmt: skip
+    assert more.returncode == 0, more.stderr
+    assert json.loads((run / "config.json").read_text())["training"]["time_budget"] == pytest.approx(trained + 20)
+    records = [json.loads(line) for line in more.stdout.splitlines()]
+    epochs = [r for r in records if r["event"] == "epoch"]
+    assert epochs and all(r["sample"] is None for r in epochs)  # --sample-every 0

@@ -187,3 +187,19 @@ def test_replace_ignores_none() -> None:
     assert replace(cfg, epochs=9).epochs == 9
     with pytest.raises(ConfigError, match="--epochs"):
         replace(cfg, epochs=0)
+
+
+def test_a_time_budget_is_a_total_or_with_a_plus_that_much_more() -> None:
+    from textgen.config import parse_budget, parse_duration
+
+    assert parse_budget("30m") == (1800.0, None)
+    assert parse_budget(" +1h30m ") == (None, 5400.0)
+    assert parse_budget(None) == (None, None)
+    with pytest.raises(
+        ConfigError,
+        match=r"--time-budget must be a duration like 90s, 30m or 1h30m \(got '\+\+1m'\)",
+    ):
+        parse_budget("++1m")
+    assert parse_duration("0", "--sample-every", zero=True) == 0.0
+    with pytest.raises(ConfigError, match="--save-every must be positive"):
+        parse_duration("0s", "--save-every")

@@ -44,6 +44,7 @@ from textgen.config import (
     TrainConfig,
     TrainSettings,
     flag,
+    parse_budget,
     parse_duration,
 )
 from textgen.errors import ClusterError, TextgenError
@@ -240,6 +241,19 @@ def _option(help: str, panel: str, default: Any = None, *decls: str) -> Any:
     return typer.Option(*decls, help=help, rich_help_panel=panel, show_default=shown)
 
 
+EpochsOption = Annotated[
+    int | None, _option("Maximum epochs", "Optimisation", f"{TRAINING.epochs}; none when a --time-budget is given")
+]
+SampleEveryOption = Annotated[
+    str | None,
+    _option(
+        "Show what the model writes after each epoch and this often within one (~0.7 s each), e.g. 5m; 0: never",
+        "Run",
+        f"{TRAINING.sample_every / 60:g}m",
+    ),
+]
+
+
 LAYER_NORM_HELP = (
     "Layer-normalize each LSTM (Ba et al., 2016): slower per character, a better loss for the time on long runs "
     "(docs/performance.md, docs/quality.md); on a GPU it runs Keras' generic loop, not cuDNN"
@@ -255,6 +269,7 @@ TRAIN_EXAMPLES = """
 
     textgen train 2600-0.txt --device cpu             # War and Peace on the CPU
     textgen train 2600-0.txt --device cpu --resume    # continue the latest run
+    textgen train --resume --time-budget +30m         # train it 30 minutes more
     textgen train 2600-0.txt --time-budget 12m        # a good model in minutes
     textgen train my_book.txt --epochs 20 --units 768 --layers 2
     textgen train corpora/tolstoy/ --max-vocab 120    # a directory's .txt files
@@ -347,12 +362,12 @@ def train(
     clip_norm: Annotated[
         float | None, _option("Clip the global gradient norm to this", "Optimisation", TRAINING.clip_norm)
     ] = None,
-    epochs: Annotated[int | None, _option("Maximum epochs", "Optimisation", TRAINING.epochs)] = None,
+    epochs: EpochsOption = None,
     time_budget: Annotated[
         str | None,
         _option(
-            "Stop cleanly once the run has trained this long, e.g. 90s, 30m, 1h30m (resumes included: "
-            "--resume trains for what is left, a longer one extends the run)",
+            "Stop cleanly once the run has trained this long, wall-clock (start-up and the last validation "
+            "included), e.g. 90s, 30m, 1h30m; it counts the whole run: with --resume, +30m trains 30 minutes more",
             "Optimisation",
             "no limit",
         ),
@@ -391,6 +406,7 @@ def train(
     save_every: Annotated[
         str | None, _option("Save a resume point this often within an epoch, e.g. 5m", "Run", "5m")
     ] = None,
+    sample_every: SampleEveryOption = None,
     recipe: Annotated[
         Path | None,
         _option(
@@ -409,6 +425,7 @@ def train(
 ) -> None:
     """Train a character-level LSTM on text files, saving checkpoints as it goes."""
     with _errors():
+        budget, more_time = parse_budget(time_budget)
         result = api.train(
             corpus,
             device=device,
@@ -433,8 +450,10 @@ def train(
                 momentum=momentum,
                 clip_norm=clip_norm,
                 seed=seed,
-                time_budget=parse_duration(time_budget) if time_budget else None,
+                time_budget=budget,
+                more_time=more_time,
                 save_every=parse_duration(save_every, "--save-every") if save_every else None,
+                sample_every=parse_duration(sample_every, "--sample-every", zero=True) if sample_every else None,
                 accumulate=accumulate,
                 strategy=strategy,
             ),
@@ -446,9 +465,9 @@ def train(
 
 
 # Options shared by the commands that train a run from another (distill, prune).
-EpochsOption = Annotated[int | None, _option("Maximum epochs", "Optimisation", TRAINING.epochs)]
 TimeBudgetOption = Annotated[
-    str | None, _option("Stop cleanly once the run has trained this long, e.g. 10m", "Optimisation", "no limit")
+    str | None,
+    _option("Stop cleanly once the run has trained this long, wall-clock, e.g. 10m", "Optimisation", "no limit"),
 ]
 TrainSeedOption = Annotated[int | None, _option("Random seed", "Optimisation", TRAINING.seed)]
 DeviceOption = Annotated[Device, _option("Device profile", "Run")]
@@ -571,8 +590,8 @@ def _train_from_run(
 ) -> None:
     """Train a run made from another (a student, or a pruned copy; see ``api.train``) on that run's corpus."""
     with _errors():
-        if time_budget:
-            training = dataclasses.replace(training, time_budget=parse_duration(time_budget))
+        budget, more_time = parse_budget(time_budget)
+        training = dataclasses.replace(training, time_budget=budget, more_time=more_time)
         result = api.train(
             None,
             device=device,

@@ -327,6 +327,10 @@ class TrainSettings(Settings):
     weight_decay: float | None = None
     momentum: float | None = None
 
+    def given(self) -> dict[str, Any]:
+        """The ``TrainConfig`` settings given (``more_time`` becomes a ``time_budget`` when the run is planned)."""
+        return {k: v for k, v in super().given().items() if k != "more_time"}
+
 
 @dataclasses.dataclass(frozen=True)
 class DistillSettings(Settings):
@@ -373,23 +377,26 @@ def replace(cfg: T, **changes: Any) -> T:
 _DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?$")
 
 
-def parse_duration(text: str, flag_name: str = "--time-budget") -> float:
-    """Seconds in ``90``, ``90s``, ``30m``, ``1h``, ``1h30m``, ``2.5h``."""
+def parse_duration(text: str, flag_name: str = "--time-budget", zero: bool = False) -> float:
+    """Seconds in ``90``, ``90s``, ``30m``, ``1h``, ``1h30m``, ``2.5h`` (and ``0`` if ``zero`` is allowed)."""
     match = _DURATION.match(text.strip().lower())
     if not text.strip() or not match or not any(match.groups()):
         raise ConfigError(f"{flag_name} must be a duration like 90s, 30m or 1h30m (got {text!r})")
     hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
     total = hours * 3600 + minutes * 60 + seconds
-    if total <= 0:
-        raise ConfigError(f"{flag_name} must be positive (got {text!r})")
+    if total < 0 or (total == 0 and not zero):
+        raise ConfigError(f"{flag_name} must be {'0 or more' if zero else 'positive'} (got {text!r})")
     return total
 
 
-def parse_budget(text: str) -> TrainSettings:
-    """``--time-budget``: ``30m``, a run's whole budget, or ``+30m``, that much more than the run has trained."""
-    more = text.strip().startswith("+")
-    seconds = parse_duration(text.strip().removeprefix("+"))
-    return TrainSettings(more_time=seconds) if more else TrainSettings(time_budget=seconds)
+def parse_budget(text: str | None) -> tuple[float | None, float | None]:
+    """``--time-budget`` as ``TrainSettings``' (``time_budget``, ``more_time``): ``30m``, a run's whole budget, or
+    ``+30m``, that much more than the run has trained."""
+    if not text:
+        return None, None
+    rest = text.strip().removeprefix("+")
+    seconds = parse_duration(text if rest.startswith("+") else rest)
+    return (None, seconds) if text.strip().startswith("+") else (seconds, None)
 
 
 def format_seconds(seconds: float) -> str:
