@@ -39,14 +39,15 @@ def main() -> None:
     parser.add_argument("--budgets", nargs="+", default=["60s", "2m"])
     parser.add_argument("--corpus", default="2600-0.txt")
     args = parser.parse_args()
-    print("| --time-budget | wall clock, launch to exit | minus the budget | run's own seconds | epochs |")
-    print("|---|---|---|---|---|")
+    print("| --time-budget | wall clock, launch to exit | minus the budget | run's own seconds | epochs | stopped by |")
+    print("|---|---|---|---|---|---|")
     for budget in args.budgets:
         with tempfile.TemporaryDirectory(prefix="textgen-budget-") as scratch:
             took, done = timed_run(budget, args.corpus, Path(scratch))
         over = took - parse_duration(budget)
         print(
-            f"| {budget} | {format_seconds(took)} | {over:+.1f} s | {done['seconds']:.1f} s | {done['epochs']} |",
+            f"| {budget} | {format_seconds(took)} | {over:+.1f} s | {done['seconds']:.1f} s | {done['epochs']} "
+            f"| {done['stop_reason']} |",
             flush=True,
         )
 

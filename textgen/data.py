@@ -123,6 +123,9 @@ def check_layout_fits(
         )
 
 
+PREFETCH_BATCHES = 2
+
+
 def distributed_batches(
     strategy: tf.distribute.Strategy, ids: np.ndarray, layout: StreamLayout, start: int = 0
 ) -> Iterable[Any]:
@@ -142,16 +145,22 @@ def distributed_batches(
     if layout.streams % replicas:
         raise CorpusError(f"{layout.streams} streams cannot be shared evenly by {replicas} replicas")
 
+    # No autotuning: nothing here runs in parallel for it to tune, and its model thread made dropping the iterator
+    # mid-epoch (a time budget's stop) block for up to ~35 s in 3 of 7 runs (the destructor waits for that thread;
+    # War and Peace, --time-budget 2m, 2 cores). Two batches ahead keep the step fed.
+    options = tf.data.Options()
+    options.autotune.enabled = False
+
     def dataset(context: tf.distribute.InputContext) -> tf.data.Dataset:
         local = replicas // context.num_input_pipelines
         first = context.input_pipeline_id * local
         parts = [replica_batches(ids, layout, r, replicas, start) for r in range(first, first + local)]
         if len(parts) == 1:
-            return parts[0].prefetch(tf.data.AUTOTUNE)
+            return parts[0].prefetch(PREFETCH_BATCHES).with_options(options)
         stacked = tf.data.Dataset.zip(tuple(parts)).map(
             lambda *pairs: tuple(tf.stack([pair[i] for pair in pairs]) for i in range(2))
         )
-        return stacked.unbatch().prefetch(tf.data.AUTOTUNE)
+        return stacked.unbatch().prefetch(PREFETCH_BATCHES).with_options(options)
 
     return strategy.distribute_datasets_from_function(dataset)
 
