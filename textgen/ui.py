@@ -346,7 +346,7 @@ def show_train_result(console: Console, result: TrainResult, as_json: bool) -> N
         else took
     )
     console.print(
-        f"done ({result.stop_reason.label}) after {result.epochs} epochs in {trained}: "
+        f"done ({result.stop_reason.label}) after {result.epochs} epoch{'' if result.epochs == 1 else 's'} in {trained}: "
         f"best validation {result.best_val_loss:.4f} nats/char ({result.best_val_bpc:.3f} bits/char), "
         f"last epoch {result.chars_per_sec:,.0f} chars/s",
         highlight=False,
