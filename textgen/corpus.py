@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import fnmatch
 import glob
 import hashlib
 import http.client
@@ -105,7 +106,7 @@ def resolve_corpora(names: list[str], download: bool = False) -> list[Path]:
             if not found:
                 raise CorpusError(f"{name} has no .txt files; textgen reads the *.txt files of a directory")
         elif not path.exists() and glob.has_magic(name):
-            found = sorted(Path(p) for p in glob.glob(os.path.expanduser(name), recursive=True) if Path(p).is_file())
+            found = _glob_files(os.path.expanduser(name))
             if not found:
                 raise CorpusError(
                     f"no files match {name!r}; check the pattern (quote it to keep the shell from expanding it)"
@@ -114,6 +115,47 @@ def resolve_corpora(names: list[str], download: bool = False) -> list[Path]:
             found = [resolve_corpus(name, download=download)]
         files.update((p.resolve(), None) for p in found)
     return list(files)
+
+
+def _glob_files(pattern: str) -> list[Path]:
+    """The files ``pattern`` matches, sorted: what ``glob.glob(pattern, recursive=True)`` finds, except that ``**``
+    matches no link to a directory, as a directory corpus reads none. (glob's follows them: under one link back up,
+    ``ln -s .. loop``, it reads loop/loop/... to the kernel's limit of 40 links; under two, 2^40 paths.)"""
+    parts = pattern.split(os.sep)
+    parts = [p for i, p in enumerate(parts) if not (p == "**" and i and parts[i - 1] == "**")]  # a/**/**: a/**
+    return sorted({Path(p) for p in _glob(os.sep.join(parts)) if os.path.isfile(p)})
+
+
+def _glob(pattern: str) -> Iterator[str]:
+    head, name = os.path.split(pattern)
+    if not glob.has_magic(pattern):
+        if os.path.lexists(pattern):
+            yield pattern
+        return
+    heads = _glob(head) if head != pattern and glob.has_magic(head) else [head]
+    for parent in heads:
+        for match in _matches(parent or os.curdir, name):
+            yield os.path.join(parent, match)
+
+
+def _matches(directory: str, name: str) -> Iterator[str]:
+    """What the pattern component ``name`` matches in ``directory`` (``**``: "" and every path under it, through no
+    link to a directory); hidden names only for a ``name`` that begins with a dot, as glob does."""
+    if name == "**":
+        yield ""
+        for root, dirs, files in os.walk(directory):
+            dirs[:] = [d for d in dirs if not d.startswith(".") and not os.path.islink(os.path.join(root, d))]
+            relative = os.path.relpath(root, directory)
+            for entry in [*dirs, *(f for f in files if not f.startswith("."))]:
+                yield os.path.normpath(os.path.join(relative, entry))
+    elif glob.has_magic(name):
+        try:
+            names = os.listdir(directory)
+        except OSError:  # not a directory, or unreadable: glob skips it too
+            return
+        yield from fnmatch.filter([n for n in names if name.startswith(".") or not n.startswith(".")], name)
+    elif os.path.lexists(os.path.join(directory, name)):
+        yield name
 
 
 def _skipped(relative: Path, root: Path) -> bool:
