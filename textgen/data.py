@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,7 +20,7 @@ import numpy as np
 
 from textgen.config import DataConfig
 from textgen.corpus import fingerprint, resolve_encoding
-from textgen.errors import CorpusError
+from textgen.errors import CorpusError, IdFileError
 from textgen.idcache import CorpusSource, EncodedCorpus, encoded_corpus
 from textgen.layout import MIN_SEQ_LEN, MIN_STREAMS, StreamLayout, fills_one_batch, fitting_layout
 from textgen.vocab import Vocabulary
@@ -162,7 +163,60 @@ def distributed_batches(
         )
         return stacked.unbatch().prefetch(PREFETCH_BATCHES).with_options(options)
 
-    return strategy.distribute_datasets_from_function(dataset)
+    return _Reading(strategy.distribute_datasets_from_function(dataset), _id_file(ids))
+
+
+def _id_file(ids: np.ndarray) -> np.memmap:
+    if not isinstance(ids, np.memmap) or ids.filename is None:
+        raise TypeError("distributed_batches reads an id file: give it a np.memmap (see write_id_file)")
+    return ids
+
+
+class _Reading:
+    """Batches whose failed reads are one IdFileError naming the file: tf.data raises NotFoundError for an id file
+    removed before it is opened, InvalidArgumentError or InternalError for one cut short, when the next batch is
+    asked for (a lost peer's errors are left to ``textgen.training.stopping``)."""
+
+    def __init__(self, batches: Iterable[Any], ids: np.memmap) -> None:
+        self.batches, self.ids = batches, ids
+
+    def __iter__(self) -> Iterator[Any]:
+        import tensorflow as tf
+
+        errors = tf.errors
+        try:
+            yield from self.batches
+        except (
+            errors.NotFoundError,
+            errors.PermissionDeniedError,
+            errors.InvalidArgumentError,
+            errors.OutOfRangeError,
+            errors.DataLossError,
+            errors.InternalError,
+            errors.UnknownError,
+        ) as exc:
+            raise _unreadable(self.ids, _id_file_problem(self.ids) or _tf_reason(exc)) from None
+
+
+def _tf_reason(exc: Exception) -> str:
+    """A TensorFlow error's message without the op and function names around it."""
+    return " ".join(re.sub(r"\{\{.*?\}\}|\[Op:.*", "", str(exc), flags=re.DOTALL).split())[:200]
+
+
+def _unreadable(ids: np.memmap, reason: str) -> IdFileError:
+    return IdFileError(
+        f"cannot read {ids.filename} (the encoded corpus; removed or changed while in use?): {reason}; the next "
+        "command encodes it again"
+    )
+
+
+def _id_file_problem(ids: np.memmap) -> str | None:
+    """What is wrong with the file behind ``ids`` now, if anything: it is gone, or cut short."""
+    try:
+        size = os.path.getsize(str(ids.filename))
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return f"it has {size:,} bytes, not {ids.offset + ids.nbytes:,}" if size < ids.offset + ids.nbytes else None
 
 
 READ_BUFFER_BYTES = 16 << 10  # per stream: 64 streams read 2 MB at a time
@@ -184,17 +238,17 @@ def _rows(ids: np.ndarray, layout: StreamLayout, first: int, rows: int, start: i
     the targets), as int32 (rows, seq_len) tensors: one reader per stream, interleaved one record each."""
     import tensorflow as tf
 
-    if not isinstance(ids, np.memmap) or ids.filename is None:
-        raise TypeError("distributed_batches reads an id file: give it a np.memmap (see write_id_file)")
-    itemsize, record = ids.dtype.itemsize, layout.seq_len * ids.dtype.itemsize
+    ids = _id_file(ids)
+    path, itemsize, record = str(ids.filename), ids.dtype.itemsize, layout.seq_len * ids.dtype.itemsize
     count = layout.batches - start  # a layout leaves an id after its last target: every read fits
     headers = [
         ids.offset + (layout.stream_start(i) + start * layout.seq_len + shift) * itemsize
         for i in range(first, first + rows)
     ]
-    footers = [os.path.getsize(ids.filename) - h - count * record for h in headers]
+    if problem := _id_file_problem(ids):  # the cache removed since it was opened (rm -r checkpoints/.cache)
+        raise _unreadable(ids, problem)
+    footers = [os.path.getsize(path) - h - count * record for h in headers]
     streams = tf.data.Dataset.from_tensor_slices((tf.constant(headers, tf.int64), tf.constant(footers, tf.int64)))
-    path = str(ids.filename)
     read = streams.interleave(
         lambda header, footer: tf.data.FixedLengthRecordDataset(
             path, record, header_bytes=header, footer_bytes=footer, buffer_size=READ_BUFFER_BYTES

@@ -45,3 +45,7 @@ class ClusterError(TextgenError):
     """Another worker of a multi-worker run stopped or became unreachable; the run keeps its last resume point."""
 
     stop_reason = StopReason.LOST_WORKER
+
+
+class IdFileError(CorpusError):
+    """An id file of the encoded corpus could not be read while in use (removed or damaged meanwhile)."""

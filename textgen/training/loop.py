@@ -34,7 +34,7 @@ import tensorflow as tf
 from textgen.checkpoint import EpochProgress, Run
 from textgen.config import DataConfig
 from textgen.data import distributed_batches
-from textgen.errors import ConfigError, TrainingDiverged, TrainingInterrupted
+from textgen.errors import ConfigError, IdFileError, TrainingDiverged, TrainingInterrupted
 from textgen.layout import StreamLayout
 from textgen.plot import write_loss_charts
 from textgen.results import EpochLog, StopReason, TrainResult, bits
@@ -113,7 +113,7 @@ def _train(
             plan, trainer, steps, lambda: clock.elapsed() + clock.reserve, stopper.request, unsaved
         )
         session = _Session(plan, trainer, progress, judge, stopper, checkpoint, callbacks, steps)
-        with _end_on_error(callbacks, progress):
+        with _end_on_error(callbacks, progress), _keep_resume_point(plan):
             reason, last = session.run_epochs()
     callbacks.on_train_end(last.metrics() if last else {})
     progress.end()
@@ -373,3 +373,13 @@ def _end_on_error(callbacks: keras.callbacks.CallbackList, progress: TrainingPro
         with contextlib.suppress(Exception):
             callbacks.on_train_end({})
         raise
+
+
+@contextlib.contextmanager
+def _keep_resume_point(plan: TrainPlan) -> Iterator[None]:
+    """An id file that cannot be read mid-run (the cache removed while training) ends the run at its last resume
+    point, saying how to go on: ``--resume`` encodes the corpus again, to the same ids."""
+    try:
+        yield
+    except IdFileError as exc:
+        raise IdFileError(f"{exc}; {plan.saved_note()}") from None
