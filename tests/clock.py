@@ -23,8 +23,9 @@ class BatchClock(NoProgress):
         for module in (textgen.training.loop, textgen.training.resume_point, textgen.training.stopping):
             monkeypatch.setattr(module, "time", fake)
         # Nothing but batches takes time here: a budget holds nothing back for the run's end.
-        monkeypatch.setattr(textgen.training.loop, "estimate_end", lambda val_chars, rate: 0.0)
-        monkeypatch.setattr(textgen.training.loop, "EXIT_SECONDS", 0.0)
+        for constant in ("VALIDATION_TRACE_SECONDS", "SAMPLE_SECONDS", "EXIT_SECONDS"):
+            monkeypatch.setattr(textgen.training.loop, constant, 0.0)
+        monkeypatch.setattr(textgen.training.loop, "VALIDATION_SPEEDUP", float("inf"))
 
     def now(self) -> float:
         return self.batches * self.seconds_per_batch

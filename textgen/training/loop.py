@@ -225,14 +225,19 @@ class _Session:
 
     def end_reserve(self) -> float:
         """Seconds to hold back from the budget for the run's end: what the last epoch end took, or before one, an
-        estimate from the training speed (from agreed times only: every worker must stop at the same batch)."""
+        estimate from the training speed, at most ``ESTIMATE_SHARE`` of the budget (from agreed times only: every
+        worker must stop at the same batch). The process's exit counts when the budget is a command's
+        (``plan.started``), not a tuning trial's."""
+        exit_seconds = EXIT_SECONDS if self.plan.started is not None else 0.0
         if self.end_seconds is not None:
-            return self.end_seconds + EXIT_SECONDS
-        if self.first_batch_at is None:
-            return estimate_end(len(self.plan.splits.val), None)
-        seconds = self.clock.agreed - self.first_batch_at
-        chars = (self.batches_done - 1) * self.plan.config.train_streams * self.plan.config.data.seq_len
-        return estimate_end(len(self.plan.splits.val), chars / seconds if seconds > 0 and chars else None)
+            return self.end_seconds + exit_seconds
+        rate = None
+        if self.first_batch_at is not None and self.clock.agreed > self.first_batch_at:
+            chars = (self.batches_done - 1) * self.plan.config.train_streams * self.plan.config.data.seq_len
+            rate = chars / (self.clock.agreed - self.first_batch_at) or None
+        sample = SAMPLE_SECONDS if self.plan.config.training.sample_every and self.plan.chief else 0.0
+        estimate = estimate_validation(len(self.plan.splits.val), rate) + sample + exit_seconds
+        return min(estimate, ESTIMATE_SHARE * (self.plan.config.training.time_budget or math.inf))
 
     def sample_due(self) -> bool:
         every = self.plan.config.training.sample_every
@@ -331,13 +336,14 @@ EXIT_SECONDS = 3.0
 # included, at 16,000 training chars/s; these constants estimate 5.3 s.
 VALIDATION_SPEEDUP = 3.0
 VALIDATION_TRACE_SECONDS = 2.0
+# An estimate holds back at most this share of a budget: a 3-second tuning trial is not spent on one.
+ESTIMATE_SHARE = 0.1
 
 
-def estimate_end(val_chars: int, train_chars_per_sec: float | None) -> float:
-    """Seconds the run's end will take before any epoch end measured it: the last validation at the training speed
-    (``None``: not measured yet), plus a sample and the exit."""
-    validation = val_chars / (train_chars_per_sec * VALIDATION_SPEEDUP) if train_chars_per_sec else 0.0
-    return validation + VALIDATION_TRACE_SECONDS + SAMPLE_SECONDS + EXIT_SECONDS
+def estimate_validation(val_chars: int, train_chars_per_sec: float | None) -> float:
+    """Seconds the last validation should take at the training speed (``None``: not measured yet)."""
+    reading = val_chars / (train_chars_per_sec * VALIDATION_SPEEDUP) if train_chars_per_sec else 0.0
+    return reading + VALIDATION_TRACE_SECONDS
 
 
 def validate(
