@@ -348,7 +348,7 @@ def test_a_recipe_with_an_optimizer_that_is_not_a_name_is_one_error(tmp_path: Pa
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"training": {"optimizer": ["adam"]}}))
     out = invoke("train", str(tmp_path / "tiny.txt"), "--config", str(bad), "--checkpoint-dir", str(tmp_path / "ck"))
-    assert_one_line_error(out, "--optimizer must be adam or adamw or rmsprop or sgd")
+    assert_one_line_error(out, "training.optimizer=['adam'], not adam or adamw or rmsprop or sgd")
 
 
 def test_a_runs_config_reads_as_its_recipe(trained_run) -> None:

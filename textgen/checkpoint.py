@@ -41,10 +41,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from textgen.config import DataConfig, RunConfig
+from textgen.config import DataConfig, RunConfig, json_problem, shown
 from textgen.corpus import check_unchanged
 from textgen.errors import CheckpointError, ConfigError
-from textgen.files import TEMPORARY, atomic_path, atomic_write_text
+from textgen.files import MAX_JSON_BYTES, TEMPORARY, atomic_path, atomic_write_text, read_json_object
 from textgen.results import METRICS, StopReason
 from textgen.vocab import Vocabulary
 
@@ -52,6 +52,10 @@ if TYPE_CHECKING:
     import keras
 
 DEFAULT_CHECKPOINT_DIR = Path("checkpoints")
+VOCAB_BYTES = 8 * 2**20  # all of Unicode, 4 bytes a character
+# state.json holds the history, ~340 bytes an epoch: 64 MB is some 190,000 epochs.
+STATE_BYTES = 64 * 2**20
+CALLBACK_COUNTERS = ("wait", "best", "cooldown_counter")  # what state.json keeps of a stateful Keras callback
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")  # 100 characters: far below any filesystem's limit
 
 
@@ -101,44 +105,35 @@ class ResumeState:
         def damaged(what: str) -> CheckpointError:
             return CheckpointError(f"{path} is corrupt ({what}); train again")
 
+        # Unknown keys are left out, and null ones take the default: neither is damage.
         known = {f.name for f in dataclasses.fields(cls)}
-        for key in ("epoch", "batch", "last_weights", "optimizer"):
-            if key not in data:
-                raise damaged(f"no {key!r}")
         values = {k: v for k, v in data.items() if k in known and v is not None}
-        for key, kinds in _STATE_TYPES.items():
-            value = values.get(key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
-                raise damaged(f"{key}={value!r}")
-        if values.get("finished", StopReason.EPOCHS) not in {reason.value for reason in StopReason}:
-            raise damaged(f"finished={values['finished']!r}")
-        try:
-            if "finished" in values:
-                values["finished"] = StopReason(values["finished"])
-            if "epoch_progress" in values:
-                values["epoch_progress"] = EpochProgress(**values["epoch_progress"])
-            if "history" in values:
-                values["history"] = tuple(dict(row) for row in values["history"])
-            return cls(**values)
-        except (TypeError, ValueError) as exc:
-            raise damaged(_one_line(exc)) from None
-
-
-# The fields of state.json every reader relies on, and their JSON types.
-_STATE_TYPES: dict[str, type | tuple[type, ...]] = {
-    "epoch": int,
-    "batch": int,
-    "step": int,
-    "seconds": (int, float),
-    "best_val_loss": (int, float),
-    "last_weights": str,
-    "optimizer": str,
-    "stream_states": str,
-    "finished": str,
-    "epoch_progress": dict,
-    "callbacks": dict,
-    "history": list,
-}
+        for key in ("epoch", "batch", "last_weights", "optimizer"):
+            if key not in values:
+                raise damaged(f"no {key!r}")
+        problem = json_problem(values, cls, "")
+        if problem:
+            raise damaged(problem)
+        bounds = {"epoch": 2**53, "batch": 2**53, "step": 2**53, "seconds": 2**53, "best_val_loss": math.inf}
+        for key, most in bounds.items():
+            if not 0 <= values.get(key, 0) <= most:  # NaN too
+                raise damaged(f"{key}={shown(values[key])}")
+        for key in ("last_weights", "optimizer", "stream_states"):  # plain names of files in the run's directory
+            if values.get(key) and not _RUN_NAME.fullmatch(values[key]):
+                raise damaged(f"{key}={shown(values[key])}")
+        for row in values.get("history", ()):  # history.csv's rows, by epoch
+            if "epoch" not in row or not set(row) <= {"epoch", *METRICS}:
+                raise damaged(f"history row {shown(row)}")
+        for name, counters in values.get("callbacks", {}).items():
+            if not set(counters) <= set(CALLBACK_COUNTERS):  # restored with setattr: nothing else may be set
+                raise damaged(f"callbacks.{name} holds {sorted(set(counters) - set(CALLBACK_COUNTERS))}")
+        if "finished" in values:
+            values["finished"] = StopReason(values["finished"])
+        if "epoch_progress" in values:
+            values["epoch_progress"] = EpochProgress(**values["epoch_progress"])
+        if "history" in values:
+            values["history"] = tuple(values["history"])
+        return cls(**values)
 
 
 class Run:
@@ -185,14 +180,16 @@ class Run:
                 fh.attrs["textgen_val_loss"] = val_loss
 
     def best_weights_loss(self) -> float:
-        """The validation loss stored in the best weights file (inf if there is none)."""
+        """The validation loss stored in the best weights file (inf if there is none, or it is unreadable: any
+        epoch may then replace the file)."""
         import h5py
 
         try:
             with h5py.File(self.best_weights_path, "r") as fh:
-                return float(fh.attrs.get("textgen_val_loss", math.inf))
-        except OSError:
+                loss = float(fh.attrs.get("textgen_val_loss", math.inf))
+        except Exception:  # h5py raises many kinds for a damaged file; loading the weights says which
             return math.inf
+        return loss if not math.isnan(loss) else math.inf
 
     def save_resume_point(
         self,
@@ -288,16 +285,15 @@ class Run:
     def load_config(self) -> RunConfig:
         try:
             return RunConfig.from_dict(self._read_json(self.config_path))
-        except (ConfigError, TypeError) as exc:
+        except ConfigError as exc:
             raise CheckpointError(f"{self.config_path} is corrupt ({exc}); train again") from None
 
     def load_vocab(self) -> Vocabulary:
-        try:
-            vocab = Vocabulary.from_json(self.vocab_path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise CheckpointError(f"{self.vocab_path} is missing: the run is incomplete; train again") from None
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CheckpointError(f"{self.vocab_path} is corrupt ({exc}); train again") from None
+        chars = self._read_json(self.vocab_path, VOCAB_BYTES).get("chars")
+        if not isinstance(chars, str) or len(set(chars)) != len(chars):
+            what = "'chars' is not a string" if not isinstance(chars, str) else "a character appears twice"
+            raise CheckpointError(f"{self.vocab_path} is corrupt ({what}); train again")
+        vocab = Vocabulary(tuple(chars))
         expected = self.load_config().model.vocab_size
         if vocab.size != expected:
             raise CheckpointError(
@@ -308,7 +304,7 @@ class Run:
 
     def load_state(self) -> ResumeState:
         """The committed resume point (state.json), checked field by field."""
-        return ResumeState.from_json(self._read_json(self.state_path), self.state_path)
+        return ResumeState.from_json(self._read_json(self.state_path, STATE_BYTES), self.state_path)
 
     def has_state(self) -> bool:
         return self.state_path.is_file()
@@ -400,16 +396,15 @@ class Run:
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
             raise CheckpointError(f"{path} is missing or corrupt ({exc}); cannot resume, train again") from None
 
-    def _read_json(self, path: Path) -> dict[str, Any]:
+    def _read_json(self, path: Path, max_bytes: int = MAX_JSON_BYTES) -> dict[str, Any]:
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            return read_json_object(path, max_bytes)
         except FileNotFoundError:
             raise CheckpointError(f"{path} is missing: {self.path} is not a complete run; train again") from None
-        except (OSError, ValueError) as exc:
-            raise CheckpointError(f"{path} is corrupt ({exc}); train again") from None
-        if not isinstance(data, dict):
-            raise CheckpointError(f"{path} is corrupt (not a JSON object); train again")
-        return data
+        except OSError as exc:
+            raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}") from None
+        except ValueError as exc:
+            raise CheckpointError(f"{path} is corrupt ({_one_line(exc)}); train again") from None
 
 
 class RunLock:

@@ -11,7 +11,10 @@ import enum
 import math
 import os
 import re
+import reprlib
 import secrets
+import types
+import typing
 from typing import Any, ClassVar, TypeVar
 
 from textgen.errors import ConfigError
@@ -34,9 +37,18 @@ def flag_setting(field_name: str, value: Any) -> str:
     return f"{flag(field_name)} {value}"
 
 
+_SHORT = reprlib.Repr()  # (its keyword arguments are Python 3.12's)
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 2, 40, 40
+
+
+def shown(value: Any) -> str:
+    """A value for a message: its repr, cut short (a damaged file's may be megabytes, or nested thousands deep)."""
+    return _SHORT.repr(value)
+
+
 def _require(ok: bool, field_name: str, rule: str, value: Any) -> None:
     if not ok:
-        raise ConfigError(f"{flag(field_name)} must be {rule} (got {value!r})")
+        raise ConfigError(f"{flag(field_name)} must be {rule} (got {shown(value)})")
 
 
 INT32_MAX = 2**31 - 1  # the sampler's and the data pipeline's integers are int32
@@ -360,13 +372,72 @@ def to_dict(cfg: Any) -> dict[str, Any]:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(cfg).items()}
 
 
-def from_dict(cls: type[T], data: dict[str, Any]) -> T:
-    """Rebuild a config from a dict; unknown keys mean a file from another version."""
-    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise ConfigError(f"unknown {cls.__name__} keys {unknown}: written by another textgen version?")
+def from_dict(cls: type[T], data: Any, where: str = "") -> T:
+    """Rebuild a config from what JSON read, the section ``where`` of a file; a key or value that does not fit
+    its fields is one error naming it (unknown keys mean a file from another version)."""
+    problem = json_problem(data, cls, where)
+    if problem:
+        raise ConfigError(problem)
     return cls(**data)
+
+
+def json_problem(value: Any, kind: Any, where: str) -> str | None:
+    """What keeps ``value``, read from JSON at ``where`` (``training.lr``), from being of type ``kind``: a type
+    annotation of textgen's (a dataclass, ``X | None``, ``tuple[X, ...]``, ``dict[str, X]``, an enum, a plain
+    type); None if nothing does. Values are checked, not ranges (the dataclasses check those)."""
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (types.UnionType, typing.Union):
+        if value is None and type(None) in args:
+            return None
+        (kind,) = (arg for arg in args if arg is not type(None))  # textgen's unions are X | None
+        return json_problem(value, kind, where)
+    if origin is tuple:  # tuple[X, ...]: a JSON array
+        if not isinstance(value, list | tuple):
+            return f"{where}={shown(value)}, not a list"
+        return next((p for i, v in enumerate(value) if (p := json_problem(v, args[0], f"{where}[{i}]"))), None)
+    if origin is dict:  # dict[str, X]: a JSON object
+        if not isinstance(value, dict):
+            return f"{where}={shown(value)}, not an object"
+        return next((p for k, v in value.items() if (p := json_problem(v, args[1], _key(where, k)))), None)
+    if isinstance(kind, type) and dataclasses.is_dataclass(kind):
+        return _fields_problem(value, kind, where)
+    if isinstance(kind, type) and issubclass(kind, enum.Enum):
+        names = [member.value for member in kind]
+        return None if value in names else f"{where}={shown(value)}, not {' or '.join(map(str, names))}"
+    if kind is float:
+        fits = isinstance(value, int | float) and not isinstance(value, bool)  # JSON's true is no number
+    elif kind is int:
+        fits = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        fits = isinstance(value, kind)
+    return None if fits else f"{where}={shown(value)}, not {_KINDS.get(kind, kind.__name__)}"
+
+
+_KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def _fields_problem(value: Any, cls: type, where: str) -> str | None:
+    """``json_problem`` for a dataclass: a JSON object with a fitting value for each field it has, and every field
+    without a default."""
+    if not isinstance(value, dict):
+        return f"{where or cls.__name__}={shown(value)}, not an object"
+    fields = {field.name: field for field in dataclasses.fields(cls)}
+    unknown = sorted(set(value) - set(fields))
+    if unknown:
+        return f"unknown {where or cls.__name__} keys {unknown}: written by another textgen version?"
+    kinds = typing.get_type_hints(cls)
+    for name, field in fields.items():
+        if name in value:
+            problem = json_problem(value[name], kinds[name], _key(where, name))
+            if problem:
+                return problem
+        elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+            return f"no {_key(where, name)}"
+    return None
+
+
+def _key(where: str, name: object) -> str:
+    return f"{where}.{name}" if where else str(name)
 
 
 def replace(cfg: T, **changes: Any) -> T:
@@ -428,6 +499,23 @@ class DeviceProfile:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "name", Device.parse(self.name, "device"))  # a string when read from JSON
+        # Checked because a run's config.json brings them back: a hand-edited one must not reach Keras or TensorFlow.
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"profile.precision must be {' or '.join(PRECISIONS)} (got {shown(self.precision)})")
+        sizes = (
+            "batch_size",
+            "intra_op_threads",
+            "inter_op_threads",
+            "sample_intra_op_threads",
+            "sample_inter_op_threads",
+        )
+        for name in sizes:
+            value = getattr(self, name)
+            if not (isinstance(value, int) and 0 <= value <= 4096):  # threads: 0 is TensorFlow's choice
+                raise ConfigError(f"profile.{name} must be an integer from 0 to 4096 (got {shown(value)})")
+
+
+PRECISIONS = ("float32", "mixed_float16")  # the Keras dtype policies of the device profiles
 
 
 @dataclasses.dataclass(frozen=True)
@@ -497,9 +585,10 @@ class RunConfig:
         if missing or unknown:
             raise ConfigError(f"config sections differ (missing {missing}, unknown {unknown})")
         # A run saved before --shift-windows existed trained its windows fixed, and resumes so.
-        data = {**data, "data": {"shift_windows": False, **data["data"]}}
+        if isinstance(data["data"], dict):
+            data = {**data, "data": {"shift_windows": False, **data["data"]}}
         return cls(
-            **{name: from_dict(kind, data[name]) for name, kind in {**parts, **optional}.items() if name in data}
+            **{name: from_dict(kind, data[name], name) for name, kind in {**parts, **optional}.items() if name in data}
         )
 
 

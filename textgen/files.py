@@ -1,13 +1,16 @@
-"""Atomic file writes: write to a temporary name in the same directory, then rename."""
+"""Atomic file writes (write to a temporary name in the same directory, then rename), and reading a JSON file
+that may be damaged."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 
 @contextlib.contextmanager
@@ -53,3 +56,30 @@ def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` (UTF-8) to ``path`` atomically."""
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
+
+
+MAX_JSON_BYTES = 2**20  # textgen's settings files are a few kB: far more is damage, or not a textgen file
+
+
+def read_json_object(path: Path, max_bytes: int = MAX_JSON_BYTES) -> dict[str, Any]:
+    """The JSON object in ``path``. A file that is not one (more than ``max_bytes``, not UTF-8, not JSON, nested
+    too deep, another JSON value) raises ``ValueError`` saying why; one that cannot be read, ``OSError``."""
+    with open(path, "rb") as fh:
+        raw = fh.read(max_bytes + 1)  # never more: a huge file is refused without filling the memory
+    if len(raw) > max_bytes:
+        raise ValueError(f"bigger than {max_bytes / 2**20:g} MB")
+    return parse_json_object(raw.decode("utf-8-sig"))  # a hand edit may have added a byte order mark
+
+
+def parse_json_object(text: str) -> dict[str, Any]:
+    """The JSON object in ``text``, or ``ValueError`` saying why it is not one."""
+    try:
+        data = json.loads(text)
+    except RecursionError:  # json's parser recurses once per nested list or object
+        raise ValueError("nested too deeply") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"a JSON {_JSON_NAMES.get(type(data), type(data).__name__)}, not an object")
+    return data
+
+
+_JSON_NAMES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}

@@ -11,9 +11,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from textgen.config import RunConfig, TrainConfig, settings_given, to_dict
+from textgen.config import DataConfig, ModelConfig, RunConfig, TrainConfig, from_dict, settings_given, to_dict
 from textgen.errors import ConfigError
-from textgen.files import atomic_write_text
+from textgen.files import atomic_write_text, read_json_object
 
 RECIPE_FIELDS: dict[str, tuple[str, ...]] = {
     "data": ("batch_size", "seq_len", "max_vocab", "shift_windows"),
@@ -37,26 +37,46 @@ def write_recipe(path: Path, recipe: Recipe, **about: Any) -> None:
 
 
 def read_recipe(path: Path) -> Recipe:
-    """The recipe in a recipe file or a run's ``config.json`` (whose corpus, budget and the like are left out)."""
+    """The recipe in a recipe file or a run's ``config.json`` (whose corpus, budget and the like are left out);
+    one error naming the file, and the setting, if it holds none."""
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = read_json_object(path)
     except FileNotFoundError:
         raise ConfigError(f"--config {path}: no such file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"--config {path} is not a readable JSON file ({exc})") from None
-    if not isinstance(data, dict) or not any(isinstance(data.get(part), dict) for part in RECIPE_FIELDS):
-        raise ConfigError(f"--config {path} has no data, model or training section: is it a recipe or config.json?")
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"recipe {path} is not a readable JSON object ({exc})") from None
+    if not any(isinstance(data.get(part), dict) for part in RECIPE_FIELDS):
+        raise ConfigError(f"recipe {path} has no data, model or training section: is it a recipe or config.json?")
     run_config = "profile" in data  # a run's config.json: everything beyond the recipe is left out
     recipe: Recipe = {}
     for part, names in RECIPE_FIELDS.items():
         section = data.get(part, {})
         if not isinstance(section, dict):
-            raise ConfigError(f"--config {path}: its {part} section is not a JSON object of settings")
+            raise ConfigError(f"recipe {path}: its {part} section is not a JSON object of settings")
         unknown = sorted(set(section) - set(names))
         if unknown and not run_config:
-            raise ConfigError(f"--config {path}: unknown {part} settings {unknown} (a recipe holds {list(names)})")
+            raise ConfigError(f"recipe {path}: unknown {part} settings {unknown} (a recipe holds {list(names)})")
         recipe[part] = {k: v for k, v in section.items() if k in names}
+    try:
+        _check(recipe)
+    except ConfigError as exc:
+        raise ConfigError(f"recipe {path}: {exc}") from None
     return recipe
+
+
+# What each section's config needs beyond a recipe, to check the recipe's settings by making one.
+_CONFIGS: dict[str, tuple[type, dict[str, Any]]] = {
+    "data": (DataConfig, {"corpus": ""}),
+    "model": (ModelConfig, {"vocab_size": 2}),
+    "training": (TrainConfig, {}),
+}
+
+
+def _check(recipe: Recipe) -> None:
+    """Raise what is wrong with a recipe's settings: a type (``model.units='x', not an integer``), or a value its
+    config refuses (``--units must be ...``)."""
+    for part, (kind, rest) in _CONFIGS.items():
+        from_dict(kind, {**rest, **recipe[part]}, part)
 
 
 def apply_recipe(recipe: Recipe, **given: dict[str, Any]) -> Recipe:

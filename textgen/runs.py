@@ -24,6 +24,7 @@ def run_summaries(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR) -> list[RunSumm
 
 
 def _summary(run: Run) -> RunSummary:
+    run.load_vocab()  # and the config it is checked against: a damaged vocabulary is said, not shown as incomplete
     cfg = run.load_config()
     state = run.load_state() if run.has_state() else ResumeState(epoch=0, batch=0)
     best = state.best_val_loss

@@ -12,8 +12,8 @@ from typing import Any
 import keras
 import numpy as np
 
-from textgen.checkpoint import EpochProgress, ResumeState, Run
-from textgen.errors import TrainingDiverged
+from textgen.checkpoint import CALLBACK_COUNTERS, EpochProgress, ResumeState, Run
+from textgen.errors import CheckpointError, TrainingDiverged
 from textgen.plot import read_history
 from textgen.results import StopReason
 
@@ -53,6 +53,11 @@ class RunCheckpoint(keras.callbacks.Callback):
         # commit, it is better than the state says, and a worse epoch must not replace it.
         self.best_val_loss = min(state.best_val_loss, self.run.best_weights_loss())
         self.history = state.history if state.history is not None else _csv_rows(self.run.history_path)
+        unknown = sorted(set(state.callbacks) - set(self.stateful_callbacks))
+        if unknown:  # a hand edit: this run's schedule has no such callback
+            raise CheckpointError(
+                f"{self.run.state_path} is corrupt (callbacks {unknown} are not this run's); train again"
+            )
         for name, values in state.callbacks.items():
             for key, value in values.items():
                 setattr(self.stateful_callbacks[name], key, value)
@@ -119,6 +124,5 @@ def _csv_rows(path: Path) -> tuple[dict[str, float], ...]:
 
 
 def _callback_state(callback: Any) -> dict[str, float]:
-    keys = ("wait", "best", "cooldown_counter")
     # Keras' callbacks hold best=None until their first epoch end (Ctrl-C in epoch 1).
-    return {k: float(getattr(callback, k)) for k in keys if getattr(callback, k, None) is not None}
+    return {k: float(getattr(callback, k)) for k in CALLBACK_COUNTERS if getattr(callback, k, None) is not None}

@@ -1,0 +1,250 @@
+"""Files that check themselves (issue 42): every structured file textgen reads back, damaged the ways a crash, a
+partial copy, a hand edit or an attacker would, is one line naming the file (or the variable) and the field.
+
+One section per file: the shared JSON reader, a run's files (config.json, vocab.json, state.json), its weights and
+optimizer state, recipes, a study's best.json and database, and $TF_CONFIG.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import assert_one_line_error, invoke, write_corpus
+
+from textgen.config import DataConfig, ModelConfig, TrainConfig, flag
+from textgen.errors import CheckpointError, ConfigError
+from textgen.files import read_json_object
+from textgen.recipe import RECIPE_FIELDS, read_recipe
+
+# What a crash, a partial copy or an attacker leaves of a JSON file of ``text``.
+DAMAGES: dict[str, Callable[[str], bytes]] = {
+    "truncated": lambda text: text[: len(text) // 2].encode(),
+    "empty": lambda text: b"",
+    "10 MB": lambda text: b'{"pad": "' + b"x" * 10_000_000 + b'"}',
+    "100,000 lists deep": lambda text: b"[" * 100_000 + b"]" * 100_000,
+    "deep inside": lambda text: b'{"data": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+    "a list": lambda text: b"[]",
+    "a string": lambda text: b'"config"',
+    "null": lambda text: b"null",
+    "not UTF-8": lambda text: b'{"chars": "\xff\xfe"}',
+    "binary": lambda text: bytes(range(256)) * 40,
+}
+# Values of every JSON type, and numbers no field takes.
+WRONG = ["x", [], {}, None, True, 1.5, -1, 10**30, [[[[[[[[1]]]]]]]], "x" * 100_000]
+
+
+def _json_kind(value: Any) -> str:
+    return {bool: "bool", int: "number", float: "number", str: "string", list: "array", dict: "object"}.get(
+        type(value), "null"
+    )
+
+
+# --- the shared reader ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("damage", [d for d in DAMAGES if d not in ("deep inside", "not UTF-8")])
+def test_the_json_reader_refuses_what_is_not_a_small_json_object(tmp_path: Path, damage: str) -> None:
+    path = tmp_path / "file.json"
+    path.write_bytes(DAMAGES[damage]('{"a": 1}'))
+    with pytest.raises(ValueError) as info:
+        read_json_object(path)
+    assert "\n" not in str(info.value) and len(str(info.value)) < 300
+
+
+def test_the_json_reader_reads_an_object_with_a_byte_order_mark_and_no_more_than_its_cap(tmp_path: Path) -> None:
+    path = tmp_path / "file.json"
+    path.write_bytes(b'\xef\xbb\xbf{"a": [1, 2]}')  # a Windows editor's
+    assert read_json_object(path) == {"a": [1, 2]}
+    path.write_bytes(b"{}" + b" " * 100)
+    assert read_json_object(path, max_bytes=102) == {}
+    with pytest.raises(ValueError, match="bigger than"):
+        read_json_object(path, max_bytes=101)
+
+
+# --- a run's JSON files ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["config.json", "vocab.json", "state.json"])
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_a_damaged_run_file_is_one_error_naming_it(trained_run, tmp_path: Path, name: str, damage: str) -> None:
+    run = trained_run.copy_to(tmp_path / "ck")
+    text = (run.path / name).read_text(encoding="utf-8")
+    (run.path / name).write_bytes(DAMAGES[damage](text))
+    with pytest.raises(CheckpointError, match=rf"{name} is corrupt \(") as info:
+        run.check_usable()
+    assert "\n" not in str(info.value) and len(str(info.value)) < 600
+    summary = invoke("runs", "--checkpoint-dir", str(tmp_path / "ck"), "--json")  # listed, as damaged
+    assert summary.exit_code == 0 and "corrupt" in summary.stdout, summary.stderr
+
+
+def test_a_long_history_still_reads_and_a_state_beyond_its_cap_is_refused(trained_run, tmp_path: Path) -> None:
+    run = trained_run.copy_to(tmp_path / "ck")
+    text = run.state_path.read_text(encoding="utf-8")
+    run.state_path.write_text(text + " " * 10_000_000, encoding="utf-8")  # ~30,000 epochs of history
+    assert run.load_state() == trained_run.run.load_state()
+    run.state_path.write_text(text + " " * 70_000_000, encoding="utf-8")
+    with pytest.raises(CheckpointError, match="bigger than 64 MB"):
+        run.load_state()
+
+
+def _fields(data: dict[str, Any], prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """The keys of a JSON object and of the objects in it, as paths."""
+    out = []
+    for key, value in data.items():
+        out.append((*prefix, key))
+        if isinstance(value, dict):
+            out += _fields(value, (*prefix, key))
+    return out
+
+
+def _set(data: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str, Any]:
+    data = copy.deepcopy(data)
+    inner = data
+    for key in path[:-1]:
+        inner = inner[key]
+    if value is _set:
+        del inner[path[-1]]
+    else:
+        inner[path[-1]] = value
+    return data
+
+
+def test_every_field_of_config_json_of_the_wrong_type_is_one_error_naming_it(trained_run, tmp_path: Path) -> None:
+    run = trained_run.copy_to(tmp_path / "ck")
+    original = json.loads(run.config_path.read_text(encoding="utf-8"))
+    for section, fields in original.items():
+        for field, good in fields.items():
+            for bad in WRONG:
+                run.config_path.write_text(json.dumps(_set(original, (section, field), bad)), encoding="utf-8")
+                try:
+                    run.load_config()
+                except CheckpointError as exc:
+                    message = str(exc)
+                    assert "config.json is corrupt" in message and "\n" not in message and len(message) < 600
+                    assert f"{section}.{field}" in message or flag(field) in message, message
+                    continue
+                # Only a value of the field's own JSON type, in its range, loads (or null for an optional field).
+                assert good is None or bad is None or _json_kind(bad) == _json_kind(good), (section, field, bad)
+            # A field left out is a run from before it existed (its default), or one error naming it.
+            run.config_path.write_text(json.dumps(_set(original, (section, field), _set)), encoding="utf-8")
+            try:
+                run.load_config()
+            except CheckpointError as exc:
+                assert f"no {section}.{field}" in str(exc)
+
+
+def test_every_field_of_state_json_of_the_wrong_type_is_one_error_naming_it(trained_run, tmp_path: Path) -> None:
+    run = trained_run.copy_to(tmp_path / "ck")
+    original = json.loads(run.state_path.read_text(encoding="utf-8"))
+    original["epoch_progress"] = {"batch": 3, "loss_sum": 1.0, "batches": 3, "seconds": 1.0}  # a mid-epoch one
+    for path in _fields(original):
+        for bad in WRONG:
+            run.state_path.write_text(json.dumps(_set(original, path, bad)), encoding="utf-8")
+            try:
+                run.check_usable()
+            except CheckpointError as exc:
+                message = str(exc)
+                assert "state.json is corrupt" in message or "is missing" in message, message
+                assert "\n" not in message and len(message) < 600
+                continue
+            good = _get(original, path)
+            assert good is None or bad is None or _json_kind(bad) == _json_kind(good), (path, bad)
+
+
+def _get(data: dict[str, Any], path: tuple[str, ...]) -> Any:
+    for key in path:
+        data = data[key]
+    return data
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "fragment"),
+    [
+        ("last_weights", "../other-run/last.weights.h5", "last_weights="),  # a file outside the run
+        ("optimizer", "/etc/passwd", "optimizer="),
+        ("epoch", -1, "epoch=-1"),
+        ("best_val_loss", -0.5, "best_val_loss=-0.5"),
+        ("history", [{"epoch": 0, "colour": 1.0}], "history row"),  # history.csv has no such column
+        ("history", [{"loss": 1.0}], "history row"),  # no epoch
+        ("callbacks", {"early_stopping": {"model": 1.0}}, "callbacks.early_stopping holds ['model']"),
+        ("finished", "tired", "finished='tired'"),
+    ],
+)
+def test_state_json_values_of_the_right_type_that_cannot_be_are_one_error(
+    trained_run, tmp_path: Path, key: str, value: Any, fragment: str
+) -> None:
+    run = trained_run.copy_to(tmp_path / "ck")
+    run.state_path.write_text(json.dumps({**json.loads(run.state_path.read_text()), key: value}))
+    with pytest.raises(CheckpointError, match=r"state\.json is corrupt") as info:
+        run.load_state()
+    assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [({"chars": 5}, "'chars' is not a string"), ({"chars": "aab"}, "appears twice"), ({}, "'chars' is not")],
+)
+def test_a_hand_edited_vocabulary_is_one_error(trained_run, tmp_path: Path, content: dict, fragment: str) -> None:
+    run = trained_run.copy_to(tmp_path / "ck")
+    run.vocab_path.write_text(json.dumps(content), encoding="utf-8")
+    with pytest.raises(CheckpointError, match=r"vocab\.json is corrupt") as info:
+        run.load_vocab()
+    assert fragment in str(info.value)
+
+
+def test_a_resumed_run_with_a_callback_its_schedule_lacks_is_one_error(trained_run, tmp_path: Path) -> None:
+    run = trained_run.copy_to(tmp_path / "ck")
+    state = json.loads(run.state_path.read_text())
+    state["callbacks"]["lr_schedule"] = {"wait": 1.0}  # the plateau schedule's; this run holds its rate
+    run.state_path.write_text(json.dumps(state))
+    out = invoke("train", "--resume", "--run", run.name, "--epochs", "5", "--checkpoint-dir", str(tmp_path / "ck"))
+    assert_one_line_error(out, "state.json is corrupt (callbacks ['lr_schedule'] are not this run's)")
+
+
+def test_damaged_run_files_are_one_line_from_every_command(trained_run, tmp_path: Path) -> None:
+    ck = tmp_path / "ck"
+    run = trained_run.copy_to(ck)
+    for name in ("config.json", "vocab.json", "state.json"):
+        saved = (run.path / name).read_bytes()
+        (run.path / name).write_bytes(DAMAGES["100,000 lists deep"](""))
+        for command in (["sample", "--last"], ["evaluate", "--last"], ["train", "--resume", "--epochs", "5"]):
+            out = invoke(*command, "--run", run.name, "--checkpoint-dir", str(ck))
+            assert_one_line_error(out, f"{name} is corrupt (nested too deeply)")
+        (run.path / name).write_bytes(saved)
+
+
+# --- recipes ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_a_damaged_recipe_is_one_line_before_tensorflow_loads(tmp_path: Path, damage: str) -> None:
+    write_corpus(tmp_path / "tiny.txt", 300)
+    recipe = tmp_path / "recipe.json"
+    recipe.write_bytes(DAMAGES[damage]('{"model": {"units": 64}}'))
+    out = invoke("train", str(tmp_path / "tiny.txt"), "--config", str(recipe), "--checkpoint-dir", str(tmp_path))
+    assert_one_line_error(out, str(recipe))
+    assert len(out.stderr) < 600
+
+
+def test_every_recipe_setting_of_the_wrong_type_or_range_is_one_error_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "recipe.json"
+    for (part, names), kind in zip(RECIPE_FIELDS.items(), (DataConfig, ModelConfig, TrainConfig), strict=True):
+        defaults = {field.name: field.default for field in dataclasses.fields(kind)}
+        for name in names:
+            for bad in WRONG:
+                path.write_text(json.dumps({part: {name: bad}}), encoding="utf-8")
+                try:
+                    read_recipe(path)
+                except ConfigError as exc:
+                    message = str(exc)
+                    assert message.startswith(f"recipe {path}: ") and "\n" not in message and len(message) < 600
+                    assert f"{part}.{name}" in message or flag(name) in message, message
+                    continue
+                # Only a value of the setting's own JSON type (in its range) reads, or null for max_vocab (all).
+                assert _json_kind(bad) == _json_kind(defaults[name]), (part, name, bad)
