@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from helpers import assert_one_line_error, invoke, write_corpus
 
@@ -217,6 +218,70 @@ def test_damaged_run_files_are_one_line_from_every_command(trained_run, tmp_path
             out = invoke(*command, "--run", run.name, "--checkpoint-dir", str(ck))
             assert_one_line_error(out, f"{name} is corrupt (nested too deeply)")
         (run.path / name).write_bytes(saved)
+
+
+# --- weights and optimizer state -------------------------------------------------------------------
+
+
+def _flips(data: bytes, count: int = 40) -> list[bytes]:
+    """``data`` with one bit flipped, at ``count`` places spread over it."""
+    out = []
+    for i in range(count):
+        flipped = bytearray(data)
+        flipped[(2 * i + 1) * len(data) // (2 * count)] ^= 1 << (i % 8)
+        out.append(bytes(flipped))
+    return out
+
+
+@pytest.mark.parametrize("which", ["best", "last"])
+def test_a_flipped_bit_in_the_weights_never_loads_other_weights(trained_run, tmp_path: Path, which: str) -> None:
+    from textgen.model import build_model
+
+    run = trained_run.copy_to(tmp_path / "ck")
+    model = build_model(run.load_config().model, 1, stateful=False)
+    run.load_weights(model, which)
+    reference = model.get_weights()
+    path = run.weights_path(which)
+    damaged = 0
+    for data in [*_flips(path.read_bytes()), path.read_bytes()[:1000]]:
+        path.write_bytes(data)
+        model.set_weights([np.zeros_like(w) for w in reference])
+        try:
+            run.load_weights(model, which)
+        except CheckpointError as exc:
+            damaged += 1
+            assert str(exc).startswith(f"{path} is corrupt") and "\n" not in str(exc)
+            assert ("--last" in str(exc)) == (which == "best"), str(exc)  # how to go on
+            continue
+        # A flip the file does not use (free space, padding): the weights are the same.
+        assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), reference, strict=True))
+        assert run.best_weights_loss() >= 0  # never an exception
+    assert damaged >= 10
+
+
+def test_a_damaged_best_weights_file_is_one_line_naming_what_to_use_instead(trained_run, tmp_path: Path) -> None:
+    ck = tmp_path / "ck"
+    run = trained_run.copy_to(ck)
+    data = bytearray(run.best_weights_path.read_bytes())
+    data[len(data) // 2 :] = bytes(len(data) - len(data) // 2)  # zeroed: a partial copy
+    run.best_weights_path.write_bytes(bytes(data))
+    out = invoke("sample", "--run", run.name, "--checkpoint-dir", str(ck), "--length", "5")
+    assert_one_line_error(out, "best.weights.h5 is corrupt", "use --last")
+    out = invoke("sample", "--run", run.name, "--checkpoint-dir", str(ck), "--length", "5", "--last")
+    assert out.exit_code == 0, out.stderr
+    assert run.best_weights_loss() == float("inf") or run.best_weights_loss() >= 0
+
+
+def test_a_damaged_resume_point_is_one_line_and_the_best_weights_still_sample(trained_run, tmp_path: Path) -> None:
+    ck = tmp_path / "ck"
+    for file in ("last_weights", "optimizer"):
+        run = trained_run.copy_to(ck, f"damaged-{file}")
+        path = run.path / getattr(run.load_state(), file)
+        path.write_bytes(_flips(path.read_bytes(), 3)[1])
+        out = invoke("train", "--resume", "--run", run.name, "--epochs", "5", "--checkpoint-dir", str(ck))
+        assert_one_line_error(out, f"{path.name} is", "cannot resume from it", "best weights still sample")
+    out = invoke("sample", "--run", "damaged-optimizer", "--checkpoint-dir", str(ck), "--length", "5")
+    assert out.exit_code == 0, out.stderr
 
 
 # --- recipes ---------------------------------------------------------------------------------------

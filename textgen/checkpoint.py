@@ -26,6 +26,7 @@ import contextlib
 import csv
 import dataclasses
 import fcntl
+import hashlib
 import io
 import json
 import math
@@ -33,7 +34,6 @@ import os
 import re
 import warnings
 import weakref
-import zipfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +55,7 @@ DEFAULT_CHECKPOINT_DIR = Path("checkpoints")
 VOCAB_BYTES = 8 * 2**20  # all of Unicode, 4 bytes a character
 # state.json holds the history, ~340 bytes an epoch: 64 MB is some 190,000 epochs.
 STATE_BYTES = 64 * 2**20
+WEIGHTS_DIGEST = "textgen_sha256"  # the attribute of a weights file that holds its arrays' checksum
 CALLBACK_COUNTERS = ("wait", "best", "cooldown_counter")  # what state.json keeps of a stateful Keras callback
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")  # 100 characters: far below any filesystem's limit
 
@@ -172,12 +173,8 @@ class Run:
     def save_best(self, model: keras.Model, val_loss: float) -> None:
         """Replace the best weights atomically; the file carries its validation loss, so a run killed
         before its next commit still knows how good its best weights are."""
-        import h5py
-
         with self._saving("the best weights"), atomic_path(self.best_weights_path) as tmp:
-            _save_model_weights(model, tmp)
-            with h5py.File(tmp, "a") as fh:
-                fh.attrs["textgen_val_loss"] = val_loss
+            _save_model_weights(model, tmp, textgen_val_loss=val_loss)
 
     def best_weights_loss(self) -> float:
         """The validation loss stored in the best weights file (inf if there is none, or it is unreadable: any
@@ -350,8 +347,15 @@ class Run:
                 raise
             self._load_weights_file(model, self.weights_path("last"))
 
-    @staticmethod
-    def _load_weights_file(model: keras.Model, path: Path) -> None:
+    def _load_weights_file(self, model: keras.Model, path: Path) -> None:
+        try:
+            intact = _weights_intact(path)
+        except Exception as exc:  # h5py raises many kinds for a damaged file
+            raise CheckpointError(f"{path} is corrupt ({_one_line(exc)}); {self._instead(path)}") from None
+        if not intact:
+            raise CheckpointError(
+                f"{path} is corrupt (its weights differ from the checksum saved with them); {self._instead(path)}"
+            )
         # Keras warns (and then raises) about a file of another model: keep its warnings unless it loads.
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -362,24 +366,30 @@ class Run:
                 model.load_weights(path, **({"objects_to_skip": [optimizer]} if optimizer else {}))
             except Exception as exc:  # h5py and Keras raise many kinds for a damaged file
                 raise CheckpointError(
-                    f"{path} is corrupt or from another model ({_one_line(exc)}); train again"
+                    f"{path} is corrupt or from another model ({_one_line(exc)}); {self._instead(path)}"
                 ) from None
         for warning in caught:
             warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
 
+    def _instead(self, path: Path) -> str:
+        """How to go on without the damaged file ``path``: the best weights stand in for the resume point's, and
+        the resume point's for the best."""
+        if path == self.best_weights_path:
+            return "use --last to read the last resume point's weights instead"
+        return (
+            "the run cannot resume from it, but its best weights still sample and evaluate; train a new run to "
+            "train further"
+        )
+
     def load_optimizer(self, optimizer: keras.optimizers.Optimizer) -> None:
         """Restore optimizer variables (the optimizer must be built)."""
         path = self.path / self.load_state().optimizer
-        try:
-            with np.load(path) as saved:
-                values = [saved[f"arr_{i}"] for i in range(len(saved.files))]
-        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
-            raise CheckpointError(f"{path} is missing or corrupt ({exc}); cannot resume, train again") from None
+        values = self._load_arrays(path)
         variables = optimizer.variables
         if len(values) != len(variables) or any(
             v.shape != tuple(var.shape) for v, var in zip(values, variables, strict=True)
         ):
-            raise CheckpointError(f"{path} does not match this model's optimizer; cannot resume, train again")
+            raise CheckpointError(f"{path} does not match this model's optimizer; {self._instead(path)}")
         for var, value in zip(variables, values, strict=True):
             var.assign(value)
 
@@ -389,12 +399,15 @@ class Run:
         name = self.load_state().stream_states
         if not name:
             return None
-        path = self.path / name
+        return self._load_arrays(self.path / name)
+
+    def _load_arrays(self, path: Path) -> list[np.ndarray]:
+        """The arrays of a resume point's ``.npz`` file (a zip: each member's CRC finds a flipped bit)."""
         try:
             with np.load(path) as saved:
                 return [saved[f"arr_{i}"] for i in range(len(saved.files))]
-        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
-            raise CheckpointError(f"{path} is missing or corrupt ({exc}); cannot resume, train again") from None
+        except Exception as exc:  # numpy and zipfile raise many kinds for a damaged file
+            raise CheckpointError(f"{path} is missing or corrupt ({_one_line(exc)}); {self._instead(path)}") from None
 
     def _read_json(self, path: Path, max_bytes: int = MAX_JSON_BYTES) -> dict[str, Any]:
         try:
@@ -490,12 +503,41 @@ def discard_reserved(run: Run, lock: RunLock) -> None:
         run.path.rmdir()  # only if nothing else was written there
 
 
-def _save_model_weights(model: keras.Model, path: Path) -> None:
-    """Save the model's variables only: Keras' ``save_weights`` adds the attached optimizer's (Adam's moments
-    are twice the model), which the resume point keeps in its own file."""
+def _save_model_weights(model: keras.Model, path: Path, **attrs: Any) -> None:
+    """Save the model's variables only (Keras' ``save_weights`` adds the attached optimizer's, Adam's moments twice
+    the model, which the resume point keeps in its own file), with ``attrs`` and the arrays' checksum."""
+    import h5py
     import keras
 
     keras.saving.save_weights(model, path, objects_to_skip=[getattr(model, "optimizer", None)])
+    with h5py.File(path, "a") as fh:
+        fh.attrs.update({**attrs, WEIGHTS_DIGEST: _weights_digest(fh)})
+
+
+def _weights_digest(fh: Any) -> str:
+    """A SHA-256 of every array in an open weights file, by name: HDF5 checks only its own structure, so a
+    flipped bit in the weights would otherwise load."""
+    import h5py
+
+    digest = hashlib.sha256()
+
+    def add(name: str, item: Any) -> None:
+        if isinstance(item, h5py.Dataset):
+            digest.update(name.encode())
+            digest.update(np.ascontiguousarray(item[()]).tobytes())
+
+    fh.visititems(add)
+    return digest.hexdigest()
+
+
+def _weights_intact(path: Path) -> bool:
+    """Whether a weights file's arrays match the checksum saved with them (files from before it was saved have
+    none: they are taken as they are)."""
+    import h5py
+
+    with h5py.File(path, "r") as fh:
+        saved = fh.attrs.get(WEIGHTS_DIGEST)
+        return saved is None or saved == _weights_digest(fh)
 
 
 def _one_line(exc: Exception, limit: int = 300) -> str:
