@@ -10,18 +10,23 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import shutil
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import optuna
 import pytest
 from helpers import assert_one_line_error, invoke, write_corpus
 
+from textgen.checkpoint import study_path
 from textgen.config import DataConfig, ModelConfig, TrainConfig, flag
 from textgen.errors import CheckpointError, ConfigError
 from textgen.files import read_json_object
 from textgen.recipe import RECIPE_FIELDS, read_recipe
+from textgen.study import best_recipe, save_best_recipe, storage_of
 
 # What a crash, a partial copy or an attacker leaves of a JSON file of ``text``.
 DAMAGES: dict[str, Callable[[str], bytes]] = {
@@ -313,3 +318,90 @@ def test_every_recipe_setting_of_the_wrong_type_or_range_is_one_error_naming_it(
                     continue
                 # Only a value of the setting's own JSON type (in its range) reads, or null for max_vocab (all).
                 assert _json_kind(bad) == _json_kind(defaults[name]), (part, name, bad)
+
+
+# --- a study's best.json and database --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A study with one finished trial of a tiny recipe (~15 s), in BASE/ck/studies/tiny; its corpus BASE/tiny.txt."""
+    base = tmp_path_factory.mktemp("study")
+    write_corpus(base / "tiny.txt", 3000)
+    tiny = ["--units", "32", "--layers", "1", "--embedding-dim", "8", "--batch-size", "8", "--seq-len", "32"]
+    args = ["tune", str(base / "tiny.txt"), "--checkpoint-dir", str(base / "ck"), *tiny]
+    out = invoke(*args, "--time-budget", "1m", "--trial-budget", "2s", "--trials", "1")
+    assert out.exit_code == 0, out.stderr
+    return study_path(base / "ck", "tiny")
+
+
+def _best_json_damages(text: str) -> dict[str, bytes]:
+    """best.json as a crash, a partial copy or a hand edit leaves it."""
+    recipe = json.loads(text)
+    edits = {
+        "a section that is no object": {**recipe, "model": [1]},
+        "a setting of the wrong type": _set(recipe, ("model", "units"), "many"),
+        "a setting out of range": _set(recipe, ("training", "lr"), -1),
+        "an unknown setting": _set(recipe, ("model", "colour"), "red"),
+    }
+    return {
+        **{damage: make(text) for damage, make in DAMAGES.items()},
+        **{edit: json.dumps(value).encode() for edit, value in edits.items()},
+    }
+
+
+def test_a_damaged_best_json_is_written_again_from_the_database(study: Path) -> None:
+    best = study / "best.json"
+    good = best.read_text(encoding="utf-8")
+    loaded = optuna.load_study(study_name=None, storage=storage_of(study))
+    for damage, data in _best_json_damages(good).items():
+        best.write_bytes(data)
+        assert best_recipe(study) == read_recipe(study / "trial-000" / "config.json"), damage  # train --from-study
+        assert best.read_text(encoding="utf-8") == good, damage
+        best.write_bytes(data)
+        save_best_recipe(loaded, study)  # what a continued study does, at each finished trial and at its end
+        assert best.read_text(encoding="utf-8") == good, damage
+    best.unlink()
+    assert best_recipe(study) and best.read_text(encoding="utf-8") == good
+
+
+def test_a_study_whose_best_json_is_damaged_continues(study: Path) -> None:
+    best = study / "best.json"
+    good = best.read_text(encoding="utf-8")
+    ck = study.parent.parent
+    for data in (b'{"model": {"units": "many"}', DAMAGES["100,000 lists deep"]("")):
+        best.write_bytes(data)
+        out = invoke("tune", "--study", "tiny", "--checkpoint-dir", str(ck), "--trials", "1")  # it has its trial
+        assert out.exit_code == 0, out.stderr
+        assert best.read_text(encoding="utf-8") == good
+    best.write_bytes(b"[")
+    out = invoke("tune", "--show", "--study", "tiny", "--checkpoint-dir", str(ck))
+    assert out.exit_code == 0, out.stderr
+
+
+@pytest.mark.parametrize(
+    ("revision", "written", "fragments"),
+    [
+        ("v3.0.0.d", "3.0.0", ["written by Optuna 3.0.0", "optuna storage upgrade --storage sqlite:///"]),
+        ("v9.9.9.a", "9.9.9", ["written by Optuna 9.9.9, newer than this Optuna", "pip install -U optuna"]),
+    ],
+)
+def test_a_study_database_of_another_optuna_version_is_one_line_saying_what_to_do(
+    study: Path, revision: str, written: str, fragments: list[str]
+) -> None:
+    other = study.parent / f"optuna-{written}"
+    other.mkdir()
+    shutil.copy(study / "study.db", other / "study.db")
+    (other / "best.json").write_text("{", encoding="utf-8")
+    with sqlite3.connect(other / "study.db") as db:  # what that version's Optuna would have written
+        db.execute("UPDATE alembic_version SET version_num = ?", (revision,))
+        db.execute("UPDATE version_info SET library_version = ?", (written,))
+    db.close()
+    ck = str(study.parent.parent)
+    corpus = str(study.parent.parent.parent / "tiny.txt")
+    for args in (
+        ["tune", "--show", "--study", other.name, "--checkpoint-dir", ck],
+        ["tune", "--study", other.name, "--checkpoint-dir", ck, "--trials", "2"],
+        ["train", corpus, "--from-study", other.name, "--checkpoint-dir", ck],  # best.json to write again
+    ):
+        assert_one_line_error(invoke(*args), str(other / "study.db"), *fragments)

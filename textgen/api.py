@@ -42,7 +42,7 @@ from textgen.corpus import resolve_corpora
 from textgen.device import apply_profile, configure_for_inference, import_tensorflow, resolve_profile
 from textgen.errors import ConfigError
 from textgen.idcache import cache_root
-from textgen.recipe import BEST_RECIPE, apply_recipe, read_recipe
+from textgen.recipe import apply_recipe, read_recipe
 from textgen.results import ModelSource
 
 if TYPE_CHECKING:
@@ -135,17 +135,18 @@ def _with_recipe(
     if resume:
         raise ConfigError("--config and --from-study start a new run; drop them to --resume (a run keeps its recipe)")
     if from_study is not None:
-        recipe = study_path(checkpoint_dir, from_study, "--from-study") / BEST_RECIPE
-        if not recipe.parent.is_dir():
+        directory = study_path(checkpoint_dir, from_study, "--from-study")
+        if not directory.is_dir():
             raise ConfigError(
                 f"no study {from_study!r} in {checkpoint_dir}/studies/; start one: textgen tune CORPUS --study {from_study}"
             )
-        if not recipe.is_file():
-            raise ConfigError(
-                f"study {from_study!r} has no finished trial yet; let it run: textgen tune --study {from_study}"
-            )
-    assert recipe is not None
-    merged = apply_recipe(read_recipe(recipe), data=data.given(), model=model.given(), training=training.given())
+        from textgen.study import best_recipe  # Optuna's import: only for a study
+
+        settings = best_recipe(directory)
+    else:
+        assert recipe is not None
+        settings = read_recipe(recipe)
+    merged = apply_recipe(settings, data=data.given(), model=model.given(), training=training.given())
     return (
         DataSettings(**merged["data"]),
         ModelSettings(**merged["model"]),

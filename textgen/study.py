@@ -1,9 +1,12 @@
 """A ``textgen tune`` study as it is stored: Optuna's SQLite database in ``studies/<study>/``, read into
-``TrialSummary`` rows. Reading needs neither TensorFlow nor a lock (``textgen tune --show``)."""
+``TrialSummary`` rows, and the best recipe (``best.json``) written from it. Reading needs neither TensorFlow nor a
+lock (``textgen tune --show``)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -11,10 +14,10 @@ import optuna
 import sqlalchemy.exc
 from optuna.trial import FrozenTrial, TrialState
 
-from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, safe_name, study_path
+from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, Run, safe_name, study_path
 from textgen.corpus import corpus_stem, resolve_corpora
-from textgen.errors import ConfigError
-from textgen.recipe import BEST_RECIPE
+from textgen.errors import CheckpointError, ConfigError
+from textgen.recipe import BEST_RECIPE, Recipe, read_recipe, recipe_of, write_recipe
 from textgen.results import StudyResult, StudyStop, TrialStatus, TrialSummary
 
 DATABASE = "study.db"
@@ -50,6 +53,8 @@ def load_study_in(directory: Path) -> optuna.Study:
     """The study stored in ``directory`` (one per database, whatever the directory is called now)."""
     try:
         study = optuna.load_study(study_name=None, storage=storage_of(directory))
+    except RuntimeError as error:  # Optuna's check of the database's schema: another Optuna version's
+        raise ConfigError(_other_optuna(directory / DATABASE, error)) from None
     except (sqlalchemy.exc.SQLAlchemyError, ValueError, KeyError) as error:  # not SQLite, or not one Optuna study
         if "database is locked" in str(error):  # not damaged: moving it away would lose a running study
             raise ConfigError(
@@ -61,6 +66,25 @@ def load_study_in(directory: Path) -> optuna.Study:
     if "settings" not in study.user_attrs:
         raise ConfigError(f"{directory / DATABASE} is not a textgen tune study; move it away or pick another --study")
     return study
+
+
+def _other_optuna(database: Path, error: RuntimeError) -> str:
+    """What to do with a study database whose schema is another Optuna version's: Optuna's message says whether it
+    can upgrade it (an older one), its version table which version wrote it."""
+    try:
+        with contextlib.closing(sqlite3.connect(database)) as db:
+            written = f"Optuna {db.execute('SELECT library_version FROM version_info').fetchone()[0]}"
+    except (sqlite3.Error, TypeError):
+        written = "another Optuna version"
+    if "storage upgrade" in str(error):
+        return (
+            f"{database} was written by {written}, whose format Optuna {optuna.__version__} no longer reads: back "
+            f"it up, then upgrade it with: optuna storage upgrade --storage sqlite:///{database}"
+        )
+    return (
+        f"{database} was written by {written}, newer than this Optuna ({optuna.__version__}): upgrade Optuna "
+        "(pip install -U optuna), or pick another --study"
+    )
 
 
 def is_interrupted(trial: FrozenTrial) -> bool:
@@ -137,6 +161,38 @@ def study_result(
         best_recipe=best_recipe if best_recipe.is_file() else None,
         stop_reason=stop_reason,
     )
+
+
+def save_best_recipe(study: optuna.Study, directory: Path) -> None:
+    """Write the best finished trial's recipe as best.json. The database is the authority: whatever the file held
+    (a truncated copy, a hand edit) is replaced."""
+    finished = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    if not finished:
+        return
+    best = min(finished, key=lambda t: t.value if t.value is not None else math.inf)
+    try:
+        config = Run(directory / str(best.user_attrs.get("run", ""))).load_config()
+    except CheckpointError:  # the trial's run is gone or damaged: the study goes on without its recipe
+        return
+    about = {"study": directory.name, "trial": best.number, "val_loss": best.value}
+    write_recipe(directory / BEST_RECIPE, recipe_of(config), tuned=about)
+
+
+def best_recipe(directory: Path) -> Recipe:
+    """The best recipe of the study in ``directory`` (``train --from-study``): its best.json, written again from
+    the database if it is missing or damaged."""
+    path = directory / BEST_RECIPE
+    try:
+        return read_recipe(path)
+    except ConfigError:
+        if not (directory / DATABASE).is_file():
+            raise
+    save_best_recipe(load_study_in(directory), directory)
+    if not path.is_file():
+        raise ConfigError(
+            f"study {directory.name!r} has no finished trial yet; let it run: textgen tune --study {directory.name}"
+        )
+    return read_recipe(path)
 
 
 def show_study(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR, name: str | None = None) -> StudyResult:

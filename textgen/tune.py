@@ -15,7 +15,6 @@ decay), and its storage makes the study resumable. What a study searches, and it
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import signal
 import time
@@ -42,7 +41,7 @@ from textgen.device import apply_profile, resolve_profile
 from textgen.errors import ConfigError, TextgenError, TrainingDiverged, TrainingInterrupted
 from textgen.evaluate import evaluate_run
 from textgen.idcache import cache_root
-from textgen.recipe import BEST_RECIPE, Recipe, recipe_of, write_recipe
+from textgen.recipe import Recipe
 from textgen.results import EpochLog, StopReason, StudyResult, StudyStop, TrainResult, TrialStatus, TrialSummary
 from textgen.search import PRUNE_WARMUP, SameTimePruner, SearchSpace
 from textgen.study import (
@@ -51,6 +50,7 @@ from textgen.study import (
     is_interrupted,
     load_study_in,
     locate_study,
+    save_best_recipe,
     spent_seconds,
     storage_of,
     study_result,
@@ -333,7 +333,7 @@ def _run_study(
             if len(errors) >= MAX_ERRORS_IN_A_ROW:
                 raise ConfigError(f"{len(errors)} trials in a row failed; the last: {error}")
     finally:
-        _save_best_recipe(study, directory)
+        save_best_recipe(study, directory)
         result = study_result(study, directory, time_budget, stop_reason)
         progress.end(result)
     return result
@@ -419,7 +419,7 @@ def _run_trial(
     finally:
         keras.backend.clear_session()  # each trial builds its own model: free the last one's graphs
     finish(TrialState.COMPLETE, value)
-    _save_best_recipe(study, directory)
+    save_best_recipe(study, directory)
     if stop_requested:  # it came as the trial's last epoch ended: the trial is scored, and the study stops
         raise TrainingInterrupted(
             f"stopped ({stop_requested}) after trial {trial.number}, which finished: study {directory.name!r} is "
@@ -472,19 +472,3 @@ def _train_trial(
         cache_dir=cache_root(checkpoint_dir),
     )
     return train(plan, reporter, judge=reporter)
-
-
-def _save_best_recipe(study: optuna.Study, directory: Path) -> None:
-    """Write the best finished trial's recipe as best.json, if it changed."""
-    finished = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    if not finished:
-        return
-    best = min(finished, key=lambda t: t.value if t.value is not None else math.inf)
-    run = Run(directory / str(best.user_attrs.get("run", "")))
-    if not run.config_path.is_file():
-        return
-    path = directory / BEST_RECIPE
-    about = {"study": directory.name, "trial": best.number, "val_loss": best.value}
-    if path.is_file() and json.loads(path.read_text(encoding="utf-8")).get("tuned") == about:
-        return
-    write_recipe(path, recipe_of(run.load_config()), tuned=about)
