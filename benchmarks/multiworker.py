@@ -149,7 +149,7 @@ def measure_worker(steps: int) -> dict:
     role = cluster_role("multiworker")
     import_tensorflow()
     apply_profile(CPU, threads=1)
-    strategy = make_strategy("multiworker")  # before any other TensorFlow op (MWMS insists)
+    strategy = make_strategy("multiworker", role)  # before any other TensorFlow op (MWMS insists)
     result, trainer = train_steps(strategy, REF["batch_size"], steps)
     result["all_reduce"] = time_all_reduce(strategy, trainer.model.trainable_variables, steps)
     result.update(worker=role.index, chief=role.chief, replicas=strategy.num_replicas_in_sync)

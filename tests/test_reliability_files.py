@@ -11,6 +11,7 @@ import copy
 import dataclasses
 import json
 import shutil
+import socket
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -19,9 +20,10 @@ from typing import Any
 import numpy as np
 import optuna
 import pytest
-from helpers import assert_one_line_error, invoke, write_corpus
+from helpers import TINY_DATA, TINY_MODEL, assert_one_line_error, invoke, run_textgen, write_corpus
 
 from textgen.checkpoint import study_path
+from textgen.cluster import cluster_role
 from textgen.config import DataConfig, ModelConfig, TrainConfig, flag
 from textgen.errors import CheckpointError, ConfigError
 from textgen.files import read_json_object
@@ -405,3 +407,68 @@ def test_a_study_database_of_another_optuna_version_is_one_line_saying_what_to_d
         ["train", corpus, "--from-study", other.name, "--checkpoint-dir", ck],  # best.json to write again
     ):
         assert_one_line_error(invoke(*args), str(other / "study.db"), *fragments)
+
+
+# --- $TF_CONFIG ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("tf_config", "fragment"),
+    [
+        ("{not json", "is not a JSON object"),
+        ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+        ("[]", "a JSON array, not an object"),
+        ('{"task": {"type": "worker", "index": 0}}', "has no cluster"),
+        ('{"cluster": [], "task": {"type": "worker", "index": 0}}', "has no cluster"),
+        ('{"cluster": {"worker": "a:1"}, "task": {"type": "worker", "index": 0}}', "cluster.worker must be a list"),
+        ('{"cluster": {"worker": [2222]}, "task": {"type": "worker", "index": 0}}', 'of "host:port" strings'),
+        ('{"cluster": {"worker": ["host"]}, "task": {"type": "worker", "index": 0}}', 'of "host:port" strings'),
+        ('{"cluster": {"worker": ["a b:1"]}, "task": {"type": "worker", "index": 0}}', 'of "host:port" strings'),
+        ('{"cluster": {"worker": ["a:0"]}, "task": {"type": "worker", "index": 0}}', "port is not from 1 to 65535"),
+        ('{"cluster": {"worker": ["a:99999"]}, "task": {"type": "worker", "index": 0}}', "port is not from 1"),
+        ('{"cluster": {"worker": ["a:1", "a:1"]}, "task": {"type": "worker", "index": 0}}', "lists a:1 twice"),
+        ('{"cluster": {"chief": ["a:1", "b:1"]}, "task": {"type": "chief", "index": 0}}', "more than one chief"),
+        ('{"cluster": {"worker": ["a:1"]}}', "has no task"),
+        ('{"cluster": {"worker": ["a:1"]}, "task": "worker"}', "has no task"),
+        ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "ps", "index": 0}}', "task.type='ps'"),
+        ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "chief", "index": 0}}', "task.type='chief'"),
+        ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": "0"}}', "task.index='0'"),
+        ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": true}}', "task.index=True"),
+        ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 1}}', "cluster.worker has 1"),
+        ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": -1}}', "task.index=-1"),
+    ],
+)
+def test_a_tf_config_that_is_not_a_cluster_is_one_error_naming_the_field(
+    monkeypatch: pytest.MonkeyPatch, tf_config: str, fragment: str
+) -> None:
+    monkeypatch.setenv("TF_CONFIG", tf_config)
+    with pytest.raises(ConfigError, match=r"^\$TF_CONFIG ") as info:
+        cluster_role("multiworker")
+    assert fragment in str(info.value) and "\n" not in str(info.value) and len(str(info.value)) < 600
+
+
+def test_a_good_tf_config_gives_each_process_its_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster = {"chief": ["[::1]:2000"], "worker": ["host-1.example:2001", "10.0.0.2:2002"], "evaluator": ["e:3"]}
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 1}}))
+    role = cluster_role("multiworker")
+    assert (role.workers, role.index, role.chief, role.address) == (3, 2, False, "10.0.0.2:2002")
+
+
+def test_a_worker_whose_port_is_taken_is_one_line_naming_it(tmp_path: Path) -> None:
+    write_corpus(tmp_path / "tiny.txt", 300)
+    with socket.socket() as taken, socket.socket() as free:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        free.bind(("127.0.0.1", 0))
+        port, other = taken.getsockname()[1], free.getsockname()[1]
+        free.close()
+        cluster = {"worker": [f"127.0.0.1:{port}", f"127.0.0.1:{other}"]}
+        tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 0}})
+        flags = [f"--{k.replace('_', '-')}={v}" for k, v in {**TINY_DATA, **TINY_MODEL}.items()]
+        proc = run_textgen(
+            ["train", "tiny.txt", "--strategy", "multiworker", "--run", "w", *flags], tmp_path, timeout=120,
+            TF_CONFIG=tf_config,
+        )  # fmt: skip
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode != 0 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"error: port {port} of this worker (127.0.0.1:{port} in $TF_CONFIG) is in use")

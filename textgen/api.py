@@ -98,7 +98,7 @@ def train(
     apply_profile(profile, threads=threads)
     # Before anything else of TensorFlow's runs (MultiWorkerMirroredStrategy insists) and before planning, so
     # that a worker that fails to plan (a missing corpus) ends the others' wait at once, not after TF's hour.
-    strategy = make_strategy(strategy_name)
+    strategy = make_strategy(strategy_name, role)
     from textgen.training.loop import train as train_plan
     from textgen.training.plan import plan_training
 
