@@ -12,7 +12,7 @@ import pytest
 from helpers import assert_one_line_error, invoke, run_python, run_textgen, train_tiny_run, write_corpus
 
 from textgen import api
-from textgen.artifact import INFO_FILE
+from textgen.artifact import INFO_FILE, MANIFEST_FILE
 from textgen.checkpoint import Run
 from textgen.config import SampleConfig
 from textgen.runtime import open_artifact
@@ -68,7 +68,7 @@ def run_sample(run: Run, *args: str) -> list[str]:
 
 def test_export_writes_the_network_and_textgen_json(exports: dict[str, Path], run: Run) -> None:
     litert, savedmodel = exports["litert"], exports["savedmodel"]
-    assert sorted(p.name for p in litert.iterdir()) == ["model.tflite", INFO_FILE]
+    assert sorted(p.name for p in litert.iterdir()) == [MANIFEST_FILE, "model.tflite", INFO_FILE]
     assert (savedmodel / "saved_model.pb").is_file() and (savedmodel / INFO_FILE).is_file()
     info = json.loads((litert / INFO_FILE).read_text(encoding="utf-8"))
     assert info["run"] == "tiny" and info["format"] == "litert" and info["quantize"] == "none"
@@ -270,7 +270,7 @@ def test_bad_exports_and_models_are_one_line(run: Run, exports: dict[str, Path],
     broken = tmp_path / "broken"
     shutil.copytree(exports["litert-int8"], broken)
     (broken / "model.tflite").write_bytes(b"not a model")
-    mismatched = tmp_path / "mismatched"  # a textgen.json describing another model than the file's
+    mismatched = tmp_path / "mismatched"  # a textgen.json edited to describe another model than the file's
     shutil.copytree(exports["litert-int8"], mismatched)
     info = json.loads((mismatched / INFO_FILE).read_text())
     (mismatched / INFO_FILE).write_text(json.dumps({**info, "model": {**info["model"], "layers": 2}}))
@@ -284,9 +284,9 @@ def test_bad_exports_and_models_are_one_line(run: Run, exports: dict[str, Path],
         (["sample", "--model", str(tmp_path / "missing")], "no such file or directory"),
         (["sample", "--model", str(occupied)], "is not a textgen export"),
         (["sample", "--model", str(damaged)], "is damaged"),
-        (["sample", "--model", str(not_an_object)], "is damaged (not a JSON object)"),
+        (["sample", "--model", str(not_an_object)], "is damaged (a JSON null, not an object)"),
         (["sample", "--model", str(broken)], "export the run again"),
-        (["sample", "--model", str(mismatched)], "has no input or output 'h_1' that its textgen.json describes"),
+        (["sample", "--model", str(mismatched)], f"{INFO_FILE} has changed since it was exported"),
         (["sample", "--model", str(exports["litert"]), "--run", "tiny"], "give --run or --model, not both"),
         (["evaluate", "--model", str(exports["litert"])], "give a text FILE"),
     ]

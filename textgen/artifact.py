@@ -1,5 +1,6 @@
-"""Exported models on disk: a directory holding the network and ``textgen.json`` (vocabulary, model config,
-how it was exported), so that nothing else from the run is needed to use it.
+"""Exported models on disk: a directory holding the network, ``textgen.json`` (vocabulary, model config, how it
+was exported) and ``manifest.json`` (each file's size and SHA-256), so that nothing else from the run is needed to
+use it, and a damaged or edited file is found before it is used.
 
 Reading one imports no TensorFlow: a LiteRT artifact runs on the ``ai-edge-litert`` interpreter alone
 (``textgen.runtime`` chooses the runtime for an export).
@@ -7,19 +8,26 @@ Reading one imports no TensorFlow: a LiteRT artifact runs on the ``ai-edge-liter
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from textgen.config import ModelConfig, from_dict, to_dict
+from textgen.checkpoint import VOCAB_BYTES
+from textgen.config import ModelConfig, json_problem, shown, to_dict
 from textgen.errors import ConfigError
+from textgen.files import read_json_object
 from textgen.vocab import Vocabulary
 
 INFO_FILE = "textgen.json"
+MANIFEST_FILE = "manifest.json"
 LITERT_FILE = "model.tflite"
-ARTIFACT_VERSION = 1
+SAVED_MODEL_FILE = "saved_model.pb"
+# 2: with a manifest. An export of version 1, made before the manifest existed, still loads (with a warning).
+ARTIFACT_VERSION = 2
 STEP_SIGNATURE = "step"  # the next-token step, in both formats
 
 
@@ -35,12 +43,30 @@ class ExportFormat(str, enum.Enum):
     savedmodel = "savedmodel"  # TensorFlow's format, with a generate signature for TF Serving
 
 
+NETWORK_FILES = {ExportFormat.litert.value: LITERT_FILE, ExportFormat.savedmodel.value: SAVED_MODEL_FILE}
+
+
 class Quantize(str, enum.Enum):
     """How a LiteRT export stores its weights."""
 
     none = "none"  # float32
     float16 = "float16"  # half the size; computed in float32
     int8 = "int8"  # dynamic-range: int8 weights, float activations
+
+
+# textgen.json's fields and their JSON types (ranges are checked by the values' classes).
+INFO_FIELDS: dict[str, Any] = {
+    "textgen_artifact": int,
+    "format": ExportFormat,
+    "quantize": Quantize,
+    "model": ModelConfig,
+    "chars": str,
+    "run": str,
+    "weights": str,
+    "batch_size": int,
+    "seq_len": int,
+    "strip_boilerplate": bool,
+}
 
 
 @dataclass(frozen=True)
@@ -74,28 +100,174 @@ class ArtifactInfo:
 
     @classmethod
     def read(cls, path: Path) -> ArtifactInfo:
-        """The info of the artifact directory ``path``; one clear error if it is not one."""
-        info_path = Path(path) / INFO_FILE
-        if not Path(path).exists():
+        """The info of the artifact directory ``path``, once its files are checked against its manifest; one
+        clear error if it is not an export, or not as it was exported."""
+        path = Path(path)
+        info_path = path / INFO_FILE
+        if not path.exists():
             raise ConfigError(f"--model {path}: no such file or directory; give a directory made by textgen export")
         try:
-            info = json.loads(info_path.read_text(encoding="utf-8"))
-            if not isinstance(info, dict):
-                raise ValueError("not a JSON object")
-            if info.pop("textgen_artifact") != ARTIFACT_VERSION:
-                raise ValueError("written by another textgen version")
-            chars = info.pop("chars")
-            return cls(**{**info, "model": from_dict(ModelConfig, info["model"]), "vocab": Vocabulary(tuple(chars))})
+            version, info = _parse_info(read_json_object(info_path, VOCAB_BYTES))  # it holds the vocabulary
         except (FileNotFoundError, NotADirectoryError):
             raise ConfigError(
                 f"--model {path} is not a textgen export (it has no {INFO_FILE}); make one with textgen export"
             ) from None
         except OSError as exc:
             raise ConfigError(f"cannot read {info_path} ({exc.strerror or exc})") from None
-        except (ValueError, KeyError, TypeError, ConfigError) as exc:
+        except (ValueError, ConfigError) as exc:
             raise ConfigError(f"{info_path} is damaged ({exc}); export the run again") from None
+        if version > ARTIFACT_VERSION:
+            raise ConfigError(
+                f"{path} was exported by a newer textgen (export format {version}, this one reads up to "
+                f"{ARTIFACT_VERSION}); upgrade textgen"
+            )
+        # An export of version 1, from before the manifest, has none (textgen.runtime says so once it loads); a
+        # version edited down is checked all the same.
+        if version >= 2 or (path / MANIFEST_FILE).exists():
+            check_files(path, [INFO_FILE, NETWORK_FILES[info.format]])
+        return info
+
+
+def _parse_info(data: dict[str, Any]) -> tuple[int, ArtifactInfo]:
+    """textgen.json's format version and what it says; ``ValueError`` or ``ConfigError`` naming what is wrong."""
+    missing, unknown = sorted(set(INFO_FIELDS) - set(data)), sorted(set(data) - set(INFO_FIELDS))
+    if missing or unknown:
+        raise ValueError(f"no {', '.join(missing)}" if missing else f"unknown keys {unknown}")
+    problem = next((p for key, kind in INFO_FIELDS.items() if (p := json_problem(data[key], kind, key))), None)
+    if problem:
+        raise ValueError(problem)
+    version, chars = data.pop("textgen_artifact"), data.pop("chars")
+    if version < 1:
+        raise ValueError(f"textgen_artifact={shown(version)}, not a format version")
+    for key in ("batch_size", "seq_len"):
+        if data[key] < 1:
+            raise ValueError(f"{key}={shown(data[key])}, not a positive integer")
+    if len(set(chars)) != len(chars):
+        raise ValueError("chars holds a character twice")
+    model = ModelConfig(**data.pop("model"))
+    if model.vocab_size != len(chars) + 1:  # a shorter vocabulary than the logits would decode ids it has not
+        raise ValueError(
+            f"model.vocab_size={model.vocab_size}, but chars makes {len(chars) + 1} ids with the unknown one"
+        )
+    return version, ArtifactInfo(**data, model=model, vocab=Vocabulary(tuple(chars)))
 
 
 def is_artifact(path: Path) -> bool:
     """Whether ``path`` is a directory that ``textgen export`` wrote."""
     return (Path(path) / INFO_FILE).is_file()
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    """A file of an export, as ``manifest.json`` records it."""
+
+    bytes: int
+    sha256: str
+
+
+def file_digest(path: Path) -> str:
+    """The SHA-256 of the file at ``path``, in hex."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(2**20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_manifest(directory: Path) -> None:
+    """Record every file under ``directory`` (its path, size and SHA-256) in its manifest: the export's last file."""
+    files = {
+        file.relative_to(directory).as_posix(): dataclasses.asdict(FileRecord(file.stat().st_size, file_digest(file)))
+        for file in sorted(directory.rglob("*"))
+        if file.is_file()
+    }
+    manifest = {"files": files, "sha256": _records_digest(files)}
+    (directory / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+
+
+def _records_digest(files: dict[str, Any]) -> str:
+    """The manifest's own SHA-256, of its records: a damaged manifest is then not taken for a damaged file."""
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+
+
+def check_files(directory: Path, required: list[str]) -> None:
+    """One clear error unless the manifest of ``directory`` is whole, lists ``required``, and every file it lists
+    is there with its size and SHA-256: sizes first (a truncated copy), then contents (a flipped byte, an edit)."""
+    manifest = directory / MANIFEST_FILE
+    records = _read_manifest(manifest)
+    try:
+        for name, record in records.items():
+            _check_size(directory / name, record.bytes)
+        for name, record in records.items():
+            if file_digest(directory / name) != record.sha256:
+                raise ConfigError(
+                    f"{directory / name} has changed since it was exported (its SHA-256 is not the one in "
+                    f"{MANIFEST_FILE}): damaged or edited; export the run again"
+                )
+    except OSError as exc:
+        raise ConfigError(f"cannot read {exc.filename} ({exc.strerror or exc})") from None
+    unlisted = [name for name in required if name not in records]
+    if unlisted:  # checked last: a textgen.json edited to another format is named as changed, above
+        raise ConfigError(f"{manifest} is damaged (it does not list {', '.join(unlisted)}); export the run again")
+
+
+def _read_manifest(manifest: Path) -> dict[str, FileRecord]:
+    try:
+        data = read_json_object(manifest)
+        problem = json_problem(data.get("files"), dict[str, FileRecord], "files") or json_problem(
+            data.get("sha256"), str, "sha256"
+        )
+        if problem:
+            raise ValueError(problem)
+        if data["sha256"] != _records_digest(data["files"]):
+            raise ValueError("its records do not match its own SHA-256")
+        records = {name: FileRecord(**record) for name, record in data["files"].items()}
+        outside = next((name for name in records if Path(name).is_absolute() or ".." in Path(name).parts), None)
+        if outside is not None:
+            raise ValueError(f"it lists {outside!r}, outside the export")
+        return records
+    except FileNotFoundError:
+        raise ConfigError(f"{manifest} is missing: the export is incomplete; export the run again") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {manifest} ({exc.strerror or exc})") from None
+    except ValueError as exc:
+        raise ConfigError(f"{manifest} is damaged ({exc}); export the run again") from None
+
+
+def _check_size(file: Path, size: int) -> None:
+    try:
+        actual = file.stat().st_size
+    except FileNotFoundError:
+        raise ConfigError(f"{file} is missing: the export is incomplete; export the run again") from None
+    if actual != size:
+        raise ConfigError(
+            f"{file} has changed since it was exported ({actual:,} bytes, not {size:,}): truncated, edited or "
+            "replaced; export the run again"
+        )
+
+
+def check_step(network: Path, model: ModelConfig, inputs: dict[str, int], outputs: dict[str, int]) -> None:
+    """One clear error unless the step in ``network`` (the last dimension of each of its inputs and outputs, by
+    name) is the network that ``model``, textgen.json's, describes: its layers, units and vocabulary size."""
+    if "ids" not in inputs or "h_0" not in inputs or "logits" not in outputs:
+        raise ConfigError(
+            f"{network} is not a model textgen exported (it has no {STEP_SIGNATURE} step); export the run again"
+        )
+    found = {
+        "layers": sum(name.startswith("h_") for name in inputs),
+        "units": inputs["h_0"],
+        "vocabulary size": outputs["logits"],
+    }
+    said = {"layers": model.layers, "units": model.units, "vocabulary size": model.vocab_size}
+    for what, value in said.items():
+        if found[what] != value:
+            raise ConfigError(
+                f"{network.parent / INFO_FILE} says {what} {value}, but {network.name} has {found[what]}: they are "
+                "not from the same export; export the run again"
+            )
+    names = set(state_names(model.layers))
+    if set(inputs) != {"ids", *names} or set(outputs) != {"logits", *names}:
+        raise ConfigError(
+            f"{network}'s step has inputs {sorted(inputs)} and outputs {sorted(outputs)}, not textgen's; "
+            "export the run again"
+        )

@@ -8,9 +8,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import functools
 import itertools
 import os
 import sys
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any
@@ -47,7 +49,7 @@ from textgen.config import (
     parse_budget,
     parse_duration,
 )
-from textgen.errors import ClusterError, TextgenError
+from textgen.errors import ClusterError, TextgenError, TextgenWarning
 from textgen.repl import GREETING, Session
 
 console = Console(highlight=False, soft_wrap=True, emoji=False)  # user text is data: ":fire:" stays ":fire:"
@@ -192,9 +194,13 @@ def _main(
 
 @contextlib.contextmanager
 def _errors() -> Iterator[None]:
-    """Turn library errors, failed reads and writes, and Ctrl-C into one line on stderr and a non-zero exit."""
+    """Turn library errors, failed reads and writes, and Ctrl-C into one line on stderr and a non-zero exit; and
+    the library's warnings into one "warning:" line each."""
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.simplefilter("always", TextgenWarning)  # every time: a REPL or a test may load twice
+            warnings.showwarning = functools.partial(_show_warning, warnings.showwarning)
+            yield
     except TextgenError as exc:
         ui.show_error(err_console, exc)
         if isinstance(exc, ClusterError):
@@ -212,6 +218,14 @@ def _errors() -> Iterator[None]:
     except OSError as exc:  # a file the library does not check first (a full disk, a read-only directory)
         ui.show_os_error(err_console, exc)
         raise typer.Exit(1) from None
+
+
+def _show_warning(show: Any, message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+    """``warnings.showwarning`` for a command: textgen's warnings on one line, others as ``show`` shows them."""
+    if issubclass(category, TextgenWarning):
+        ui.warn(err_console, str(message))
+    else:
+        show(message, category, *args, **kwargs)
 
 
 MODEL, DATA, TRAINING, SAMPLING = ModelConfig(vocab_size=1), DataConfig(corpus=""), TrainConfig(), SampleConfig()

@@ -49,3 +49,14 @@ class ClusterError(TextgenError):
 
 class IdFileError(CorpusError):
     """An id file of the encoded corpus could not be read while in use (removed or damaged meanwhile)."""
+
+
+class TextgenWarning(UserWarning):
+    """Something to know that does not stop the command (an export too old to check): the CLI shows it as one
+    "warning:" line."""
+
+
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """An exception's message on one line, cut to ``limit`` characters (TensorFlow's can hold a graph's nodes)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."

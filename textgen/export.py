@@ -33,6 +33,7 @@ from textgen.artifact import (
     Quantize,
     is_artifact,
     state_names,
+    write_manifest,
 )
 from textgen.checkpoint import Run
 from textgen.errors import CheckpointError, ConfigError
@@ -97,6 +98,7 @@ def _write(generator: Generator, info: ArtifactInfo, directory: Path) -> None:
             tf.saved_model.save(module, scratch, signatures={STEP_SIGNATURE: signatures[STEP_SIGNATURE]})
             (directory / LITERT_FILE).write_bytes(litert_bytes(scratch, info.quantize))
     (directory / INFO_FILE).write_text(info.to_json(), encoding="utf-8")
+    write_manifest(directory)
 
 
 def litert_bytes(saved_model: str, quantize: str) -> bytes:

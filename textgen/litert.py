@@ -8,13 +8,14 @@ with the batch size a runtime input; the loop around it and the sampling strateg
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from textgen.artifact import STEP_SIGNATURE, state_names
+from textgen.artifact import STEP_SIGNATURE, check_step, state_names
 from textgen.config import ModelConfig, SampleConfig
 from textgen.device import native_stderr_silenced
-from textgen.errors import ConfigError
+from textgen.errors import ConfigError, one_line
 from textgen.generation import Sampler, States
 from textgen.npsampling import choose_next
 from textgen.vocab import Vocabulary
@@ -27,26 +28,23 @@ class LiteRTGenerator(Sampler):
         super().__init__(cfg, vocab)
         from ai_edge_litert.interpreter import Interpreter
 
+        self.path = path
         # One thread: a step of the default model takes ~15 us at batch 1 on one core with int8 weights and
         # ~30 us on two (the threads' hand-off costs more than the arithmetic).
         try:
             self.interpreter = Interpreter(model_path=str(path), num_threads=1)
             signature = self.interpreter.get_signature_runner(STEP_SIGNATURE)
-            inputs = {name: d["index"] for name, d in signature.get_input_details().items()}
-            outputs = {name: d["index"] for name, d in signature.get_output_details().items()}
+            inputs, outputs = signature.get_input_details(), signature.get_output_details()
         except (ValueError, RuntimeError) as exc:
-            raise ConfigError(f"{path} is not a model textgen exported ({exc}); export the run again") from None
-        del signature  # it holds views of the interpreter's buffers, which would block invoke()
-        names = state_names(cfg.layers)
-        try:
-            self.ids_input, self.logits_output = inputs["ids"], outputs["logits"]
-            self.state_inputs = [inputs[n] for n in names]
-            self.state_outputs = [outputs[n] for n in names]
-        except KeyError as exc:
             raise ConfigError(
-                f"{path} has no input or output {exc} that its textgen.json describes ({cfg.layers} layers); "
-                "export the run again"
+                f"{path} is not a model textgen exported ({one_line(exc)}); export the run again"
             ) from None
+        del signature  # it holds views of the interpreter's buffers, which would block invoke()
+        check_step(path, cfg, _widths(inputs), _widths(outputs))
+        names = state_names(cfg.layers)
+        self.ids_input, self.logits_output = inputs["ids"]["index"], outputs["logits"]["index"]
+        self.state_inputs = [inputs[n]["index"] for n in names]
+        self.state_outputs = [outputs[n]["index"] for n in names]
         self.batch = 0
 
     def _resize(self, batch: int) -> None:
@@ -55,8 +53,15 @@ class LiteRTGenerator(Sampler):
             for index in self.state_inputs:
                 self.interpreter.resize_tensor_input(index, [batch, self.cfg.units])
             with native_stderr_silenced():  # the runtime announces its XNNPACK delegate on the first allocation
-                self.interpreter.allocate_tensors()
+                try:
+                    self.interpreter.allocate_tensors()
+                except RuntimeError as exc:
+                    raise self._failed(exc) from None
             self.batch = batch
+
+    def _failed(self, exc: RuntimeError) -> ConfigError:
+        """An error of the interpreter or its delegate (XNNPACK) as one line naming the file."""
+        return ConfigError(f"LiteRT failed running {self.path} ({one_line(exc)})")
 
     def step(self, ids: np.ndarray, states: States) -> tuple[np.ndarray, States]:
         """Logits (B, V) after reading ``ids`` (B,), and the new states."""
@@ -65,7 +70,10 @@ class LiteRTGenerator(Sampler):
         interpreter.set_tensor(self.ids_input, ids)
         for index, state in zip(self.state_inputs, states, strict=True):
             interpreter.set_tensor(index, state)
-        interpreter.invoke()
+        try:
+            interpreter.invoke()
+        except RuntimeError as exc:  # a try costs nothing until it raises: this is the per-character loop
+            raise self._failed(exc) from None
         new_states = tuple(interpreter.get_tensor(index) for index in self.state_outputs)
         return interpreter.get_tensor(self.logits_output), new_states
 
@@ -84,3 +92,8 @@ class LiteRTGenerator(Sampler):
             out[:, t] = ids = choose_next(logits, settings.temperature, settings.top_k, settings.top_p, u)
             logits, states = self.step(ids, states)
         return out, logits, states
+
+
+def _widths(details: dict[str, dict[str, Any]]) -> dict[str, int]:
+    """The last dimension of each of a signature's tensors, by name (-1 for the batch of ids)."""
+    return {name: int(d["shape_signature"][-1]) for name, d in details.items()}

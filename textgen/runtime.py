@@ -3,10 +3,22 @@ without importing TensorFlow, or TensorFlow for a SavedModel; a sampler from it,
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
+from typing import Any
 
-from textgen.artifact import LITERT_FILE, ArtifactInfo, ExportFormat, is_artifact
+from textgen.artifact import (
+    INFO_FILE,
+    MANIFEST_FILE,
+    NETWORK_FILES,
+    STEP_SIGNATURE,
+    ArtifactInfo,
+    ExportFormat,
+    check_step,
+    is_artifact,
+)
 from textgen.corpus import read_corpus, resolve_corpus, resolve_encoding
+from textgen.errors import ConfigError, TextgenWarning, one_line
 from textgen.generation import Sampler
 from textgen.layout import scoring_layout
 from textgen.litert import LiteRTGenerator
@@ -16,20 +28,49 @@ from textgen.vocab import UNKNOWN_ID
 
 def open_artifact(path: Path) -> tuple[Sampler, ArtifactInfo]:
     """A sampler for an exported model (its directory, or a file in it such as ``model.tflite``): LiteRT without
-    TensorFlow, a SavedModel with it."""
+    TensorFlow, a SavedModel with it. Its files are checked first (``ArtifactInfo.read``), and its network against
+    textgen.json."""
     path = Path(path)
     if path.is_file() and is_artifact(path.parent):
         path = path.parent
     info = ArtifactInfo.read(path)
+    network = path / NETWORK_FILES[info.format]
+    if not network.is_file():  # an export from before the manifest has only this check
+        raise ConfigError(f"{path} has no {network.name}, which its {INFO_FILE} describes; export the run again")
+    sampler = _open_network(network, info)
+    if not (path / MANIFEST_FILE).exists():  # an export from before the manifest (ArtifactInfo.read checks the rest)
+        warnings.warn(
+            f"{path} has no {MANIFEST_FILE} (it was exported before textgen checked its exports), so its files "
+            "cannot be checked; export the run again to add one",
+            TextgenWarning,
+            stacklevel=2,
+        )
+    return sampler, info
+
+
+def _open_network(network: Path, info: ArtifactInfo) -> Sampler:
+    """The sampler of the network file of an export, once it agrees with textgen.json."""
     if info.format == ExportFormat.litert.value:
-        return LiteRTGenerator(info.model, info.vocab, path / LITERT_FILE), info
+        return LiteRTGenerator(info.model, info.vocab, network)
     from textgen.device import configure_for_inference, import_tensorflow
 
     import_tensorflow()
     configure_for_inference()
     from textgen.sampling import SavedModelGenerator
 
-    return SavedModelGenerator(info.model, info.vocab, path), info
+    try:
+        generator = SavedModelGenerator(info.model, info.vocab, network.parent)
+        step = generator.loaded.signatures[STEP_SIGNATURE]
+    except Exception as exc:  # TensorFlow raises many kinds for a damaged SavedModel (OpError, OSError, IndexError)
+        raise ConfigError(f"TensorFlow cannot load {network.parent} ({one_line(exc)}); export the run again") from None
+    inputs, outputs = step.structured_input_signature[1], step.structured_outputs
+    check_step(network, info.model, _widths(inputs), _widths(outputs))
+    return generator
+
+
+def _widths(specs: dict[str, Any]) -> dict[str, int]:
+    """The last dimension of each of a signature's ``TensorSpec``s, by name (-1 for the batch of ids)."""
+    return {name: spec.shape[-1] if spec.shape[-1] is not None else -1 for name, spec in specs.items()}
 
 
 def evaluate_artifact(path: Path, file: str, encoding: str = "auto", streams: int | None = None) -> Evaluation:
