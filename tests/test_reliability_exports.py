@@ -1,28 +1,38 @@
-"""An export checks itself (issue 42, category 2, and 1 for loading exports).
+"""An export checks itself, and writing one fails or stops safely (issue 42, categories 2 and 7, and 1 for exports).
 
 Every file of an export is damaged in turn, as a crash, a partial copy, a hand edit or a failing disk would: the
 command is one line naming the file (or what in textgen.json disagrees with the network), never a traceback or
-an ``IndexError``. An export from before the manifest loads, with one warning. TensorFlow's and LiteRT's errors
-while loading one are one line.
+an ``IndexError``. An export from before the manifest loads, with one warning. A full disk, TensorFlow's and
+LiteRT's errors, and a stop signal while exporting are one line, and leave the previous export as it was and no
+scratch directory.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import tensorflow as tf
 from ai_edge_litert.interpreter import Interpreter
-from helpers import assert_one_line_error, invoke, write_corpus
+from helpers import assert_one_line_error, invoke, subprocess_env, write_corpus
+from tensorflow.lite.python.convert_phase import ConverterError
 
-from textgen import api
-from textgen.artifact import INFO_FILE, MANIFEST_FILE, file_digest
+from textgen import api, export
+from textgen.artifact import INFO_FILE, MANIFEST_FILE, ArtifactInfo, file_digest
 from textgen.checkpoint import Run
 from textgen.errors import TextgenWarning
 from textgen.runtime import open_artifact
+from textgen.training.stopping import STOP_SIGNALS
 
 FORMATS = ["litert", "savedmodel"]
 
@@ -274,3 +284,164 @@ def test_litert_errors_are_one_line(
     litert = exports["litert"] / "model.tflite"
     for result in (sample(exports["litert"]), invoke("evaluate", "--model", str(exports["litert"]), str(corpus))):
         assert_one_line_error(result, str(litert), "XNNPACK delegate")
+
+
+# --- 1. a failed write while exporting leaves the previous export -----------------------------------
+
+
+def disk_full(*args: object, **kwargs: object) -> None:
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def tf_disk_full(*args: object, **kwargs: object) -> None:
+    raise tf.errors.ResourceExhaustedError(None, None, "exports/.x.abc/saved_model.pb.tmp1; No space left on device")
+
+
+def raising(error: Exception) -> Callable[..., None]:
+    def fail(*args: object, **kwargs: object) -> None:
+        raise error
+
+    return fail
+
+
+FAILURES = {  # name: (format, what fails, how, what the line says)
+    "tf-save-no-space": ("litert", (tf.saved_model, "save"), tf_disk_full, "no space left on device"),
+    "write-no-space": ("litert", (Path, "write_bytes"), disk_full, "no space left on device"),
+    "manifest-no-space": ("savedmodel", (export, "write_manifest"), disk_full, "no space left on device"),
+    "fsync-io-error": (
+        "litert",
+        (export, "fsync_tree"),
+        raising(OSError(errno.EIO, "Input/output error")),
+        "Input/output",
+    ),
+    "converter": ("litert", (export, "litert_bytes"), raising(ConverterError("could not convert")), "convert"),
+    **{
+        f"tf-{type(error).__name__}": ("savedmodel", (tf.saved_model, "save"), raising(error), error.message)
+        for error in TF_ERRORS
+    },
+}
+
+
+def export_to(run: Run, format: str, path: Path) -> Any:
+    return invoke("export", "--checkpoint-dir", str(run.path.parent), "--format", format, "-o", str(path))
+
+
+@pytest.mark.parametrize("case", FAILURES)
+def test_a_failed_export_is_one_line_and_keeps_the_previous_export(
+    case: str, run: Run, exports: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    format, (owner, name), fail, says = FAILURES[case]
+    previous = copy(exports["litert" if format == "savedmodel" else "savedmodel"], tmp_path / "out" / "model")
+    before = contents(previous)
+    monkeypatch.setattr(owner, name, fail)
+    line = assert_one_line_error(export_to(run, format, previous), "export failed: ", says)
+    assert line.endswith(f"; the previous export at {previous} is intact"), line
+    monkeypatch.undo()
+    assert contents(previous) == before and os.listdir(previous.parent) == ["model"]
+    ArtifactInfo.read(previous)  # whole, and checked
+
+
+def test_a_full_disk_on_a_first_export_leaves_nothing(run: Run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(Path, "write_bytes", disk_full)
+    line = assert_one_line_error(export_to(run, "litert", tmp_path / "out" / "model"))
+    assert line == f"error: export failed: no space left on device (writing {tmp_path / 'out' / 'model'}); " + (
+        f"nothing was written to {tmp_path / 'out' / 'model'}"
+    )
+    assert os.listdir(tmp_path / "out") == []
+
+
+def test_a_failed_rename_puts_the_previous_export_back(
+    run: Run, exports: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    previous = copy(exports["savedmodel"], tmp_path / "model")
+    before, replace = contents(previous), os.replace
+
+    def fail_to_publish(src: Any, dst: Any) -> None:
+        if Path(dst) == previous and ".old-" not in Path(src).name:
+            raise OSError(errno.EIO, "Input/output error")
+        replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", fail_to_publish)
+    assert_one_line_error(export_to(run, "litert", previous), f"the previous export at {previous} is intact")
+    monkeypatch.undo()
+    assert contents(previous) == before and os.listdir(tmp_path) == ["model"]
+
+
+# --- 7. signals during export -----------------------------------------------------------------------
+
+
+STOPS = {  # where the signal arrives: (what it arrives in, the signal)
+    "loading": ((export.Generator, "from_run"), signal.SIGINT),
+    "saving": ((tf.saved_model, "save"), signal.SIGTERM),
+    "converting": ((export, "litert_bytes"), signal.SIGHUP),
+    "manifest": ((export, "write_manifest"), signal.SIGTERM),
+}
+
+
+def signalled(original: Callable[..., Any], *signals: signal.Signals) -> Callable[..., Any]:
+    """``original``, sending this process ``signals`` once it returns."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        for sig in signals:
+            os.kill(os.getpid(), sig)
+        return result
+
+    return call
+
+
+@pytest.mark.parametrize("when", STOPS)
+def test_a_stop_signal_during_export_keeps_the_previous_export_and_no_scratch(
+    when: str, run: Run, exports: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (owner, name), sig = STOPS[when]
+    previous = copy(exports["savedmodel"], tmp_path / "out" / "model")
+    before, handlers = contents(previous), [signal.getsignal(s) for s in STOP_SIGNALS]
+    monkeypatch.setattr(owner, name, signalled(getattr(owner, name), sig))
+    result = export_to(run, "litert", previous)
+    assert result.exit_code == 128 + sig
+    assert_one_line_error(result, f"export stopped by {sig.name}; the previous export at {previous} is intact")
+    assert contents(previous) == before and os.listdir(previous.parent) == ["model"]
+    assert [signal.getsignal(s) for s in STOP_SIGNALS] == handlers
+
+
+def test_a_second_signal_stops_at_once_and_still_cleans_up(
+    run: Run, exports: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    previous = copy(exports["savedmodel"], tmp_path / "model")
+    before = contents(previous)
+    monkeypatch.setattr(tf.saved_model, "save", signalled(tf.saved_model.save, signal.SIGTERM, signal.SIGTERM))
+    result = export_to(run, "litert", previous)
+    assert result.exit_code == 130 and "interrupted" in result.stderr and "Traceback" not in result.stderr
+    assert contents(previous) == before and os.listdir(tmp_path) == ["model"]
+
+
+def test_a_signal_once_the_export_is_being_put_in_place_lets_it_finish(
+    run: Run, exports: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    previous = copy(exports["savedmodel"], tmp_path / "model")
+    monkeypatch.setattr(export, "fsync_tree", signalled(export.fsync_tree, signal.SIGTERM))
+    result = export_to(run, "litert", previous)
+    assert result.exit_code == 0, result.stderr
+    assert ArtifactInfo.read(previous).format == "litert" and os.listdir(tmp_path) == ["model"]
+
+
+def test_sigterm_to_a_real_export_removes_its_scratch_directory(run: Run, exports: dict[str, Path], tmp_path: Path):
+    previous = copy(exports["litert"], tmp_path / "model")
+    before = contents(previous)
+    args = ["export", "--checkpoint-dir", str(run.path.parent), "--format", "litert", "-o", str(previous)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "textgen", *args], env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not any(p.name.startswith(".model.") for p in tmp_path.iterdir()):  # the export has begun writing
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert err.decode().strip() == f"error: export stopped by SIGTERM; the previous export at {previous} is intact"
+    assert contents(previous) == before and os.listdir(tmp_path) == ["model"]

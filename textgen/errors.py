@@ -51,6 +51,15 @@ class IdFileError(CorpusError):
     """An id file of the encoded corpus could not be read while in use (removed or damaged meanwhile)."""
 
 
+class ExportInterrupted(TextgenError):
+    """``textgen export`` stopped on a signal (Ctrl-C, SIGTERM, SIGHUP): its scratch directory is removed and an
+    earlier export at its path is as it was."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code  # 128 + the signal's number, as a shell reports a process it stopped
+
+
 class TextgenWarning(UserWarning):
     """Something to know that does not stop the command (an export too old to check): the CLI shows it as one
     "warning:" line."""

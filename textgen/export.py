@@ -12,17 +12,24 @@ and, for ``textgen sample --model``, the sampler's compiled ``feed`` and ``gener
 The LiteRT file holds the ``step`` signature (LiteRT converts a step with explicit states, not a Keras LSTM
 loop), with ``--quantize float16`` (half-size weights) or ``int8`` (dynamic-range: int8 weights, float
 activations).
+
+An export is written in a scratch directory beside its path, ``manifest.json`` last (each file's size and SHA-256,
+checked when it is opened), then renamed into place: a failed write or a stop signal removes the scratch
+directory and leaves an earlier export as it was.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import tensorflow as tf
+from tensorflow.lite.python.convert_phase import ConverterError
 
 from textgen.artifact import (
     INFO_FILE,
@@ -36,10 +43,11 @@ from textgen.artifact import (
     write_manifest,
 )
 from textgen.checkpoint import Run
-from textgen.errors import CheckpointError, ConfigError
+from textgen.errors import CheckpointError, ConfigError, ExportInterrupted, one_line
 from textgen.files import fsync_path, fsync_tree
 from textgen.results import ExportResult
 from textgen.sampling import Generator
+from textgen.training.stopping import stop_signals
 from textgen.vocab import UNKNOWN_CHAR
 
 
@@ -51,52 +59,77 @@ def default_path(run: Run, format: str, quantize: str) -> Path:
 
 def export_run(run: Run, format: str, quantize: str, path: Path | None = None, which: str = "best") -> ExportResult:
     """Write ``run``'s ``which`` weights to ``path`` as a LiteRT or SavedModel artifact, atomically: an
-    earlier export at ``path`` is replaced in one rename, anything else there is refused."""
+    earlier export at ``path`` is replaced in one rename, anything else there is refused. A failed write (a full
+    disk, TensorFlow's errors too) or a stop signal leaves the earlier export as it was, and no scratch files."""
     if format == ExportFormat.savedmodel.value and quantize != Quantize.none.value:
         raise ConfigError("--quantize applies to --format litert; a SavedModel keeps float32 weights")
     path = Path(path) if path is not None else default_path(run, format, quantize)
     if path.exists() and not is_artifact(path):
         raise ConfigError(f"{path} exists and is not a textgen export; choose another -o PATH or remove it")
-    cfg = run.load_config()
-    # LiteRT: one recurrent matmul per step (the column blocks that help TensorFlow's executor do not help it).
-    litert = format == ExportFormat.litert.value
-    generator = Generator.from_run(run, which, recurrent_blocks=1 if litert else None, input_table=False)
-    info = ArtifactInfo(
-        format=format,
-        quantize=quantize,
-        model=cfg.model,
-        vocab=generator.vocab,
-        run=run.name,
-        weights=which,
-        batch_size=cfg.data.batch_size,
-        seq_len=cfg.data.seq_len,
-        strip_boilerplate=cfg.data.strip_boilerplate,
-    )
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        building = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-        umask = os.umask(0)
-        os.umask(umask)
-        building.chmod(0o777 & ~umask)  # an ordinary directory to ship, not mkdtemp's private 0700
+    kept = f"the previous export at {path} is intact" if path.exists() else f"nothing was written to {path}"
+    with stop_signals() as stop:
+
+        def check_stop() -> None:
+            if stop.requested:
+                raise ExportInterrupted(f"export stopped by {stop.requested}; {kept}", stop.exit_code)
+
+        cfg = run.load_config()
+        # LiteRT: one recurrent matmul per step (the column blocks that help TensorFlow's executor do not help it).
+        litert = format == ExportFormat.litert.value
+        generator = Generator.from_run(run, which, recurrent_blocks=1 if litert else None, input_table=False)
+        info = ArtifactInfo(
+            format=format,
+            quantize=quantize,
+            model=cfg.model,
+            vocab=generator.vocab,
+            run=run.name,
+            weights=which,
+            batch_size=cfg.data.batch_size,
+            seq_len=cfg.data.seq_len,
+            strip_boilerplate=cfg.data.strip_boilerplate,
+        )
+        check_stop()
         try:
-            _write(generator, info, building)
-            _replace_directory(building, path)
-        finally:
-            shutil.rmtree(building, ignore_errors=True)
-    except OSError as exc:
-        raise CheckpointError(f"cannot write {path} ({exc.strerror or exc}); choose another -o PATH") from None
+            path.parent.mkdir(parents=True, exist_ok=True)
+            building = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+            try:
+                umask = os.umask(0)
+                os.umask(umask)
+                building.chmod(0o777 & ~umask)  # an ordinary directory to ship, not mkdtemp's private 0700
+                _write(generator, info, building, check_stop)
+                check_stop()  # the last point to stop: a signal after it lets the export be put in place
+                _replace_directory(building, path)
+            finally:
+                shutil.rmtree(building, ignore_errors=True)
+        except (OSError, tf.errors.OpError, ConverterError) as exc:
+            raise CheckpointError(f"export failed: {_reason(exc)} (writing {path}); {kept}") from None
     size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
     return ExportResult(run.name, path, format, quantize, size)
 
 
-def _write(generator: Generator, info: ArtifactInfo, directory: Path) -> None:
+def _reason(exc: Exception) -> str:
+    """Why writing an export failed: a full disk in the same words whoever saw it (TensorFlow reports one as
+    ``ResourceExhaustedError``), else the system's or TensorFlow's reason."""
+    if (isinstance(exc, OSError) and exc.errno == errno.ENOSPC) or "No space left on device" in str(exc):
+        return "no space left on device"
+    if isinstance(exc, OSError):
+        return exc.strerror or one_line(exc)
+    return one_line(exc)
+
+
+def _write(generator: Generator, info: ArtifactInfo, directory: Path, check_stop: Callable[[], None]) -> None:
+    """The export's files in ``directory``, its manifest last; ``check_stop`` between the long steps."""
     module, signatures = export_module(generator)
     if info.format == ExportFormat.savedmodel.value:
         tf.saved_model.save(module, str(directory), signatures=signatures)
     else:
-        with tempfile.TemporaryDirectory(prefix="textgen-export-") as scratch:
-            tf.saved_model.save(module, scratch, signatures={STEP_SIGNATURE: signatures[STEP_SIGNATURE]})
-            (directory / LITERT_FILE).write_bytes(litert_bytes(scratch, info.quantize))
+        # The step is converted from a SavedModel written beside the export, so that it fills the same disk and
+        # goes with the scratch directory.
+        step = directory / ".step"
+        tf.saved_model.save(module, str(step), signatures={STEP_SIGNATURE: signatures[STEP_SIGNATURE]})
+        check_stop()
+        (directory / LITERT_FILE).write_bytes(litert_bytes(str(step), info.quantize))
+        shutil.rmtree(step)
     (directory / INFO_FILE).write_text(info.to_json(), encoding="utf-8")
     write_manifest(directory)
 
@@ -158,13 +191,19 @@ def export_module(generator: Generator) -> tuple[tf.Module, dict[str, tf.types.e
 
 
 def _replace_directory(new: Path, path: Path) -> None:
-    """Put directory ``new`` at ``path``, replacing an earlier export there (a rename each way)."""
+    """Put directory ``new`` at ``path``, replacing an earlier export there (a rename each way; the earlier one
+    is put back if the second fails)."""
     fsync_tree(new)
     old: Path | None = None
     if path.exists():
         old = path.parent / f".{path.name}.old-{secrets.token_hex(4)}"
         os.replace(path, old)
-    os.replace(new, path)
+    try:
+        os.replace(new, path)
+    except OSError:
+        if old is not None:
+            os.replace(old, path)
+        raise
     fsync_path(path.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
