@@ -13,6 +13,7 @@ import errno
 import glob
 import json
 import os
+import re
 import shutil
 import signal
 from collections.abc import Callable, Iterator
@@ -26,7 +27,7 @@ from textgen import idcache
 from textgen.config import DataConfig
 from textgen.corpus import resolve_corpora
 from textgen.data import Splits, load_splits
-from textgen.errors import CorpusError
+from textgen.errors import CorpusError, TextgenWarning
 
 # --- 3. the id cache is verified, not trusted ------------------------------------------------------
 
@@ -111,7 +112,10 @@ def test_every_damage_to_every_file_of_an_entry_is_encoded_again(
     scans: list[object] = []
     scan = idcache.scan_text
     monkeypatch.setattr(idcache, "scan_text", lambda *a: scans.append(a) or scan(*a))
-    again = load_splits(cfg, tmp_path / "cache")
+    with pytest.warns(
+        TextgenWarning, match=rf"the encoded corpus in {re.escape(str(entry))} was unusable \(.+\): encoding it again"
+    ):
+        again = load_splits(cfg, tmp_path / "cache")
     assert scans, "the damage went unnoticed"
     assert again.encoded.path == entry and again.vocab == first.vocab
     for a, b in zip(arrays(again), before, strict=True):

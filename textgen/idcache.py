@@ -26,6 +26,7 @@ import shlex
 import shutil
 import tempfile
 import time
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from textgen.corpus import TextScan, kept_chunks, scan_text
-from textgen.errors import CorpusError
+from textgen.errors import CorpusError, TextgenWarning
 from textgen.files import fsync_path, fsync_tree
 from textgen.vocab import DOCUMENT_BOUNDARY, Vocabulary, merge_counts
 
@@ -108,6 +109,8 @@ def encoded_corpus(source: CorpusSource, root: Path) -> EncodedCorpus:
             return _open(entry)
         except _Unusable as exc:
             _discard(entry, str(exc))
+            unusable = f"the encoded corpus in {entry} was unusable ({exc}): encoding it again"
+            warnings.warn(TextgenWarning(unusable), stacklevel=2)
     try:
         _encode(source, entry)
     except OSError as exc:
