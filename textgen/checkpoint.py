@@ -43,7 +43,7 @@ import numpy as np
 
 from textgen.config import DataConfig, RunConfig, json_problem, shown
 from textgen.corpus import check_unchanged
-from textgen.errors import CheckpointError, ConfigError
+from textgen.errors import CheckpointError, ConfigError, one_line
 from textgen.files import MAX_JSON_BYTES, TEMPORARY, atomic_path, atomic_write_text, read_json_object
 from textgen.results import METRICS, StopReason
 from textgen.vocab import Vocabulary
@@ -351,7 +351,7 @@ class Run:
         try:
             intact = _weights_intact(path)
         except Exception as exc:  # h5py raises many kinds for a damaged file
-            raise CheckpointError(f"{path} is corrupt ({_one_line(exc)}); {self._instead(path)}") from None
+            raise CheckpointError(f"{path} is corrupt ({one_line(exc)}); {self._instead(path)}") from None
         if not intact:
             raise CheckpointError(
                 f"{path} is corrupt (its weights differ from the checksum saved with them); {self._instead(path)}"
@@ -366,7 +366,7 @@ class Run:
                 model.load_weights(path, **({"objects_to_skip": [optimizer]} if optimizer else {}))
             except Exception as exc:  # h5py and Keras raise many kinds for a damaged file
                 raise CheckpointError(
-                    f"{path} is corrupt or from another model ({_one_line(exc)}); {self._instead(path)}"
+                    f"{path} is corrupt or from another model ({one_line(exc)}); {self._instead(path)}"
                 ) from None
         for warning in caught:
             warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
@@ -407,7 +407,7 @@ class Run:
             with np.load(path) as saved:
                 return [saved[f"arr_{i}"] for i in range(len(saved.files))]
         except Exception as exc:  # numpy and zipfile raise many kinds for a damaged file
-            raise CheckpointError(f"{path} is missing or corrupt ({_one_line(exc)}); {self._instead(path)}") from None
+            raise CheckpointError(f"{path} is missing or corrupt ({one_line(exc)}); {self._instead(path)}") from None
 
     def _read_json(self, path: Path, max_bytes: int = MAX_JSON_BYTES) -> dict[str, Any]:
         try:
@@ -417,7 +417,7 @@ class Run:
         except OSError as exc:
             raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}") from None
         except ValueError as exc:
-            raise CheckpointError(f"{path} is corrupt ({_one_line(exc)}); train again") from None
+            raise CheckpointError(f"{path} is corrupt ({one_line(exc)}); train again") from None
 
 
 class RunLock:
@@ -538,12 +538,6 @@ def _weights_intact(path: Path) -> bool:
     with h5py.File(path, "r") as fh:
         saved = fh.attrs.get(WEIGHTS_DIGEST)
         return saved is None or saved == _weights_digest(fh)
-
-
-def _one_line(exc: Exception, limit: int = 300) -> str:
-    """An exception's message on one line, cut to ``limit`` characters (Keras' can hold whole arrays)."""
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def list_runs(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR) -> list[Run]:
