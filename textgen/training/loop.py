@@ -328,8 +328,8 @@ class _Session:
 
 
 # What a run's end takes beyond its last validation and sample: the final save, the loss charts, the process's exit
-# (TensorFlow's teardown). With it, War and Peace runs end 1.4-2.9 s before a 1, 2 or 5 minute budget, timed from
-# launch to exit (benchmarks/budget.py, docs/performance.md).
+# (TensorFlow's teardown). With it, War and Peace runs end between 2.9 s before and 0.1 s after a 1, 2 or 5 minute
+# budget, timed from launch to exit (benchmarks/budget.py, docs/performance.md).
 EXIT_SECONDS = 3.0
 # Before an epoch end has measured it: validation reads characters faster than training (forward only), and its
 # first call traces the evaluation step. War and Peace's 160,378 validation characters took 3.8 s, tracing
