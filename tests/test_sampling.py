@@ -19,8 +19,8 @@ from textgen.checkpoint import Run
 from textgen.config import SampleConfig
 from textgen.model import build_model
 from textgen.npsampling import choose_next as np_choose_next
-from textgen.npsampling import uniforms
-from textgen.sampling import Generator, choose_next
+from textgen.npsampling import row_uniforms, uniforms
+from textgen.sampling import Generator, choose_next, strategy
 
 GREEDY = SampleConfig(length=40, temperature=0.0, seed=0)
 
@@ -71,15 +71,30 @@ def keras_model(run: Run):
 # --- strategies: pure functions of fake logits ------------------------------------------------
 
 
-def tf_choose_next(logits: np.ndarray, temperature: float, top_k: int, top_p: float, u: np.ndarray) -> np.ndarray:
-    args = (tf.constant(temperature, tf.float32), tf.constant(top_k), tf.constant(top_p, tf.float32))
-    return choose_next(tf.constant(logits, tf.float32), *args, tf.constant(u)).numpy()
+def per_row(logits: np.ndarray, temperature, top_k, top_p) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Settings for every row of ``logits``: scalars broadcast, as ``RowSettings.of`` does."""
+    batch = len(logits)
+    return (
+        np.broadcast_to(np.float32(temperature), batch).astype(np.float32),
+        np.broadcast_to(np.int32(top_k), batch).astype(np.int32),
+        np.broadcast_to(np.float32(top_p), batch).astype(np.float32),
+    )
+
+
+def tf_choose_next(logits: np.ndarray, temperature, top_k, top_p, u: np.ndarray) -> np.ndarray:
+    t, k, p = per_row(logits, temperature, top_k, top_p)
+    rows = strategy(tf.constant(t), tf.constant(k), tf.constant(p))
+    return choose_next(tf.constant(logits, tf.float32), rows, tf.constant(u)).numpy()
+
+
+def numpy_choose_next(logits: np.ndarray, temperature, top_k, top_p, u: np.ndarray) -> np.ndarray:
+    return np_choose_next(logits, *per_row(logits, temperature, top_k, top_p), u)
 
 
 # Every strategy test runs on both implementations: the compiled sampler's and LiteRT's NumPy twin.
 @pytest.fixture(params=["tensorflow", "numpy"])
 def choose(request: pytest.FixtureRequest) -> Callable[..., np.ndarray]:
-    return tf_choose_next if request.param == "tensorflow" else np_choose_next
+    return tf_choose_next if request.param == "tensorflow" else numpy_choose_next
 
 
 def draws(choose, logits: list[float], n: int, temperature=1.0, top_k=0, top_p=1.0, seed=0) -> np.ndarray:
@@ -94,8 +109,30 @@ def test_tensorflow_and_numpy_draw_the_same_ids() -> None:
         logits = rng.normal(scale=3.0, size=(512, 40)).astype(np.float32)
         u = uniforms(case, 100, 1, 512)[0]
         expected = tf_choose_next(logits, temperature, top_k, top_p, u)
-        np.testing.assert_array_equal(np_choose_next(logits, temperature, top_k, top_p, u), expected)
+        np.testing.assert_array_equal(numpy_choose_next(logits, temperature, top_k, top_p, u), expected)
         assert len(set(expected.tolist())) > 10  # real draws, not one id
+
+
+def test_each_row_draws_with_its_own_settings_as_if_alone(choose) -> None:
+    """A batch whose rows mix greedy, temperature, top-k and top-p draws for each row what a batch of
+    rows all set alike draws for it (a server's rows each have their request's settings)."""
+    rng = np.random.default_rng(11)
+    logits = rng.normal(scale=3.0, size=(200, 30)).astype(np.float32)
+    u = uniforms(9, 0, 1, 200)[0]
+    kinds = [(0.0, 0, 1.0), (1.0, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.9), (0.8, 8, 0.6)]
+    which = np.arange(200) % len(kinds)
+    temperature, top_k, top_p = (np.array([kinds[w][i] for w in which]) for i in range(3))
+    mixed = choose(logits, temperature, top_k, top_p, u)
+    for n, (t, k, p) in enumerate(kinds):
+        np.testing.assert_array_equal(mixed[which == n], choose(logits, t, k, p, u)[which == n])
+
+
+def test_row_uniforms_give_each_row_the_stream_it_has_alone() -> None:
+    seeds, positions, rows = np.array([3, 3, 8]), np.array([0, 17, 5]), np.array([0, 2, 1])
+    mixed = row_uniforms(seeds, positions, rows, 40)
+    for b in range(3):
+        alone = uniforms(int(seeds[b]), int(positions[b]), 40, int(rows[b]) + 1)[:, -1]
+        np.testing.assert_array_equal(mixed[:, b], alone)
 
 
 def test_uniforms_depend_only_on_seed_position_and_row() -> None:

@@ -175,7 +175,10 @@ def export_module(generator: Generator) -> tuple[tf.Module, dict[str, tf.types.e
         logits, states = generator.feed_function(prompt, tuple(zeros for _ in names))
         # The graph's own seeded stream (textgen's uniforms are made in NumPy, outside the graph).
         draws = tf.random.stateless_uniform(tf.stack([length, tf.shape(prompt)[0]]), tf.stack([seed, 0]))
-        ids, _, _ = generator.generate_function(logits, states, draws, temperature, top_k, top_p)
+        batch = tf.shape(prompt)[:1]
+        ids, _, _ = generator.generate_function(
+            logits, states, draws, tf.fill(batch, temperature), tf.fill(batch, top_k), tf.fill(batch, top_p)
+        )
         return {"ids": ids}
 
     chars = tf.constant([UNKNOWN_CHAR, *vocab.chars])

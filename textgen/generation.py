@@ -37,6 +37,31 @@ def steps_per_call(batch: int) -> int:
 
 
 @dataclass(frozen=True)
+class RowSettings:
+    """The sampling strategy's settings, one value per row (B,): ``textgen sample`` gives every row the same,
+    a server's rows each have their request's."""
+
+    temperature: np.ndarray  # float32; 0 is greedy
+    top_k: np.ndarray  # int32; 0 is off
+    top_p: np.ndarray  # float32; 1 is off
+
+    @classmethod
+    def of(cls, settings: SampleConfig, batch: int) -> RowSettings:
+        """``settings``' strategy for every one of ``batch`` rows."""
+        return cls(
+            np.full(batch, settings.temperature, np.float32),
+            np.full(batch, settings.top_k, np.int32),
+            np.full(batch, settings.top_p, np.float32),
+        )
+
+    def groups(self) -> list[np.ndarray]:
+        """The row numbers of each set of rows with the same settings."""
+        keys = np.stack([self.temperature, self.top_k.astype(np.float32), self.top_p], axis=1)
+        _, group = np.unique(keys, axis=0, return_inverse=True)
+        return [np.flatnonzero(group.ravel() == g) for g in range(group.max() + 1)]
+
+
+@dataclass(frozen=True)
 class GenerationState:
     """Where a generation stands: next-character logits (B, V) and the LSTM states (h, c of every layer)."""
 
@@ -64,10 +89,10 @@ class Sampler(ABC):
 
     @abstractmethod
     def generate_steps(
-        self, logits: np.ndarray, states: States, uniforms: np.ndarray, settings: SampleConfig
+        self, logits: np.ndarray, states: States, uniforms: np.ndarray, settings: RowSettings
     ) -> tuple[np.ndarray, np.ndarray, States]:
-        """Draw one id per row for each row of ``uniforms`` (steps, B) from ``logits`` on, feeding each back
-        (B, steps); the logits and states after the last."""
+        """Draw one id per row for each row of ``uniforms`` (steps, B) from ``logits`` on, with each row's
+        ``settings``, feeding each back (B, steps); the logits and states after the last."""
 
     def zero_states(self, batch: int) -> States:
         """All-zero (h, c) for every layer: the state at the start of training's epochs."""
@@ -135,13 +160,14 @@ class Sampler(ABC):
         """
         seed = settings.seeded().seed or 0
         limit = steps_per_call(len(prompts))
+        strategy = RowSettings.of(settings, len(prompts))
         state = self.feed(self.encode_prompts(prompts, fallback=state is None), state)
         produced = 0
         while produced < settings.length:
             steps = min(first_chunk if produced == 0 else chunk, limit, settings.length - produced)
             # Drawn at uniforms of (seed, absolute position, row): the text does not depend on chunk sizes.
             draws = uniforms(seed, produced, steps, len(prompts))
-            ids, logits, states = self.generate_steps(state.logits, state.states, draws, settings)
+            ids, logits, states = self.generate_steps(state.logits, state.states, draws, strategy)
             produced += steps
             state = GenerationState(logits, states)
             yield Piece([self.vocab.decode(row) for row in ids], state)

@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 
 from textgen.artifact import STEP_SIGNATURE, check_step, state_names
-from textgen.config import ModelConfig, SampleConfig
+from textgen.config import ModelConfig
 from textgen.device import native_stderr_silenced
 from textgen.errors import ConfigError, one_line
-from textgen.generation import Sampler, States
+from textgen.generation import RowSettings, Sampler, States
 from textgen.npsampling import choose_next
 from textgen.vocab import Vocabulary
 
@@ -85,7 +85,7 @@ class LiteRTGenerator(Sampler):
         return logits, states
 
     def generate_steps(
-        self, logits: np.ndarray, states: States, uniforms: np.ndarray, settings: SampleConfig
+        self, logits: np.ndarray, states: States, uniforms: np.ndarray, settings: RowSettings
     ) -> tuple[np.ndarray, np.ndarray, States]:
         out = np.empty([len(logits), len(uniforms)], np.int32)
         for t, u in enumerate(uniforms):

@@ -21,9 +21,15 @@ _MIX = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xD1B54A32D192ED03), np.uint64(
 def uniforms(seed: int, position: int, steps: int, batch: int) -> np.ndarray:
     """Uniform numbers in [0, 1), float32 (steps, batch): row ``b`` of step ``position + t`` gets a value that
     depends only on (seed, position + t, b), through splitmix64's finaliser."""
-    t = np.arange(position, position + steps, dtype=np.uint64)[:, None]
-    b = np.arange(batch, dtype=np.uint64)[None, :]
-    x = np.full_like(t, seed) * _MIX[0] + t * _MIX[1] + b * _MIX[2]
+    return row_uniforms(np.full(batch, seed), np.full(batch, position), np.arange(batch), steps)
+
+
+def row_uniforms(seeds: np.ndarray, positions: np.ndarray, rows: np.ndarray, steps: int) -> np.ndarray:
+    """``uniforms`` for rows that each have their own seed, position and row number (B,): column ``b`` is what
+    ``uniforms(seeds[b], positions[b], steps, rows[b] + 1)`` gives in its last column. A server's rows draw as
+    ``textgen sample`` would draw them alone."""
+    t = np.asarray(positions, np.uint64)[None, :] + np.arange(steps, dtype=np.uint64)[:, None]
+    x = np.asarray(seeds, np.uint64)[None, :] * _MIX[0] + t * _MIX[1] + np.asarray(rows, np.uint64)[None, :] * _MIX[2]
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     x = x ^ (x >> np.uint64(31))
@@ -36,19 +42,21 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
-def top_k_filter(logits: np.ndarray, k: int) -> np.ndarray:
-    """Keep the ``k`` largest logits of each row."""
-    k = min(max(k, 1), logits.shape[-1])
-    kth = -np.sort(-logits, axis=-1)[:, k - 1 : k]
+def top_k_filter(logits: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """Keep the ``k`` largest logits of each row (``k`` (B,); 0 keeps them all)."""
+    vocab = logits.shape[-1]
+    k = np.where(k > 0, np.minimum(k, vocab), vocab)
+    kth = np.take_along_axis(-np.sort(-logits, axis=-1), (k - 1)[:, None], axis=-1)
     return np.where(logits < kth, NEG_INF, logits)
 
 
-def top_p_filter(logits: np.ndarray, p: float) -> np.ndarray:
-    """Keep the smallest set of most likely ids whose probability mass reaches ``p`` (the likeliest always)."""
+def top_p_filter(logits: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """Keep the smallest set of most likely ids whose probability mass reaches ``p`` (B,) (the likeliest always;
+    a ``p`` of 1 keeps them all)."""
     sorted_logits = -np.sort(-logits, axis=-1)
     mass = np.cumsum(_softmax(sorted_logits), axis=-1)
     mass_before = np.concatenate([np.zeros_like(mass[:, :1]), mass[:, :-1]], axis=-1)
-    kept = mass_before < np.float32(p)
+    kept = (mass_before < p[:, None]) | (p[:, None] >= 1)
     kept[:, 0] = True  # a p of 0 or less (a SavedModel caller's) would keep nothing
     threshold = np.where(kept, sorted_logits, np.inf).min(axis=-1, keepdims=True)
     return np.where(logits < threshold, NEG_INF, logits)
@@ -62,18 +70,25 @@ def draw(logits: np.ndarray, u: np.ndarray) -> np.ndarray:
     return np.minimum(ids, logits.shape[-1] - 1)
 
 
-def choose_next(logits: np.ndarray, temperature: float, top_k: int, top_p: float, u: np.ndarray) -> np.ndarray:
-    """Next ids (int32, one per row): argmax at temperature 0, else a filtered draw at the uniforms ``u`` (B,).
+def choose_next(
+    logits: np.ndarray, temperature: np.ndarray, top_k: np.ndarray, top_p: np.ndarray, u: np.ndarray
+) -> np.ndarray:
+    """Next ids (int32, one per row): argmax where the row's temperature is 0, else a filtered draw at the
+    uniforms ``u``. Each setting has one value per row (B,), as ``textgen.generation.RowSettings`` holds them.
 
     The unknown id is left out by slicing (it is id 0), not masked with ``NEG_INF`` as in TensorFlow: the
     same ids, with fewer operations per character (~40% of this function's time at batch 1).
     """
     known = np.asarray(logits, np.float32)[:, UNKNOWN_ID + 1 :]
-    if temperature <= 0:
+    sampled = temperature > 0
+    if not sampled.any():
         return (np.argmax(known, axis=-1) + 1).astype(np.int32)
-    scaled = known / np.float32(temperature)
-    if top_k > 0:
+    scaled = known / np.where(sampled, temperature, np.float32(1))[:, None]
+    if (top_k > 0).any():
         scaled = top_k_filter(scaled, top_k)
-    if np.float32(top_p) < 1.0:  # as TensorFlow decides, on the float32 value
+    if (top_p < 1).any():
         scaled = top_p_filter(scaled, top_p)
-    return (draw(scaled, u) + 1).astype(np.int32)
+    ids = draw(scaled, u)
+    if not sampled.all():
+        ids = np.where(sampled, ids, np.argmax(known, axis=-1))
+    return (ids + 1).astype(np.int32)

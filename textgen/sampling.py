@@ -19,14 +19,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import tensorflow as tf
 
 from textgen.checkpoint import Run
-from textgen.config import ModelConfig, SampleConfig
-from textgen.generation import Sampler, States
+from textgen.config import ModelConfig
+from textgen.generation import RowSettings, Sampler, States
 from textgen.lstm import layer_norm, lstm_cell, run_unrolled
 from textgen.model import LAYER_NORM_WEIGHTS, build_model
 from textgen.npsampling import NEG_INF
@@ -49,19 +49,21 @@ def mask_unknown(logits: tf.Tensor) -> tf.Tensor:
 
 
 def top_k_filter(logits: tf.Tensor, k: tf.Tensor) -> tf.Tensor:
-    """Keep the ``k`` largest logits of each row."""
-    k = tf.clip_by_value(k, 1, tf.shape(logits)[-1])
-    kth = tf.gather(tf.sort(logits, axis=-1, direction="DESCENDING"), k - 1, axis=-1)[:, None]
+    """Keep the ``k`` largest logits of each row (``k`` (B,); 0 keeps them all)."""
+    vocab = tf.shape(logits)[-1]
+    k = tf.where(k > 0, tf.minimum(k, vocab), vocab)
+    kth = tf.gather(tf.sort(logits, axis=-1, direction="DESCENDING"), k - 1, batch_dims=1)[:, None]
     return tf.where(logits < kth, tf.cast(NEG_INF, logits.dtype), logits)
 
 
 def top_p_filter(logits: tf.Tensor, p: tf.Tensor) -> tf.Tensor:
-    """Keep the smallest set of most likely ids whose probability mass reaches ``p`` (the likeliest always)."""
+    """Keep the smallest set of most likely ids whose probability mass reaches ``p`` (B,) (the likeliest always;
+    a ``p`` of 1 keeps them all)."""
     sorted_logits = tf.sort(logits, axis=-1, direction="DESCENDING")
     mass_before = tf.cumsum(tf.nn.softmax(sorted_logits), axis=-1, exclusive=True)
     first = tf.range(tf.shape(logits)[-1]) == 0  # a p of 0 or less (a SavedModel caller's) would keep nothing
-    kept = tf.where((mass_before < p) | first, sorted_logits, tf.cast(math.inf, logits.dtype))
-    threshold = tf.reduce_min(kept, axis=-1, keepdims=True)
+    kept = (mass_before < p[:, None]) | (p[:, None] >= 1.0) | first
+    threshold = tf.reduce_min(tf.where(kept, sorted_logits, tf.cast(math.inf, logits.dtype)), axis=-1, keepdims=True)
     return tf.where(logits < threshold, tf.cast(NEG_INF, logits.dtype), logits)
 
 
@@ -73,22 +75,51 @@ def draw(logits: tf.Tensor, u: tf.Tensor) -> tf.Tensor:
     return tf.minimum(ids, tf.shape(logits)[-1] - 1)
 
 
-def choose_next(
-    logits: tf.Tensor, temperature: tf.Tensor, top_k: tf.Tensor, top_p: tf.Tensor, u: tf.Tensor
-) -> tf.Tensor:
-    """Next ids (int32, one per row): argmax at temperature 0, else a filtered draw at the uniforms ``u`` (B,)."""
+class StepStrategy(NamedTuple):
+    """Each row's sampling settings as the loop uses them, with what holds for every row worked out once per call
+    rather than once per character (per character it cost ~8% of batch-1 speed)."""
+
+    divisor: tf.Tensor  # (B, 1): each row's temperature, 1 where it is greedy
+    top_k: tf.Tensor  # (B,)
+    top_p: tf.Tensor  # (B,)
+    sampled: tf.Tensor  # (B,) bool: the rows that draw (temperature > 0)
+    any_sampled: tf.Tensor
+    all_sampled: tf.Tensor
+    any_top_k: tf.Tensor
+    any_top_p: tf.Tensor
+
+
+def strategy(temperature: tf.Tensor, top_k: tf.Tensor, top_p: tf.Tensor) -> StepStrategy:
+    """The strategy of rows with these settings (B,) each."""
+    sampled = temperature > 0
+    return StepStrategy(
+        tf.where(sampled, temperature, 1.0)[:, None],
+        top_k,
+        top_p,
+        sampled,
+        tf.reduce_any(sampled),
+        tf.reduce_all(sampled),
+        tf.reduce_any(top_k > 0),
+        tf.reduce_any(top_p < 1.0),
+    )
+
+
+def choose_next(logits: tf.Tensor, rows: StepStrategy, u: tf.Tensor) -> tf.Tensor:
+    """Next ids (int32, one per row): argmax where the row's temperature is 0, else a filtered draw at the
+    uniforms ``u``; a filter no row asks for is not computed."""
     logits = mask_unknown(tf.cast(logits, tf.float32))
 
     def greedy() -> tf.Tensor:
         return tf.argmax(logits, axis=-1, output_type=tf.int32)
 
     def filtered_draw() -> tf.Tensor:
-        scaled = logits / temperature
-        scaled = tf.cond(top_k > 0, lambda: top_k_filter(scaled, top_k), lambda: scaled)
-        scaled = tf.cond(top_p < 1.0, lambda: top_p_filter(scaled, top_p), lambda: scaled)
-        return draw(scaled, u)
+        scaled = logits / rows.divisor
+        scaled = tf.cond(rows.any_top_k, lambda: top_k_filter(scaled, rows.top_k), lambda: scaled)
+        scaled = tf.cond(rows.any_top_p, lambda: top_p_filter(scaled, rows.top_p), lambda: scaled)
+        ids = draw(scaled, u)
+        return tf.cond(rows.all_sampled, lambda: ids, lambda: tf.where(rows.sampled, ids, greedy()))
 
-    return tf.cond(temperature > 0, filtered_draw, greedy)
+    return tf.cond(rows.any_sampled, filtered_draw, greedy)
 
 
 # --- the next-token function and the compiled loop ------------------------------------
@@ -124,7 +155,7 @@ class Generator(Sampler):
         self.recurrent_blocks = [tf.split(r, recurrent_blocks, axis=1) for r in recurrents]
         self.dense_kernel, self.dense_bias = dense_kernel, dense_bias
         state_spec = tuple(tf.TensorSpec([None, cfg.units], tf.float32) for _ in range(2 * cfg.layers))
-        scalar = tf.TensorSpec([], tf.float32)
+        rows = tf.TensorSpec([None], tf.float32)
         # Graph mode, not XLA: XLA recompiles for every batch size, prompt length and chunk
         # length (~0.8 s each) and was no faster per step here (benchmarks/sampling.py).
         self.feed_function = tf.function(
@@ -137,9 +168,9 @@ class Generator(Sampler):
                 tf.TensorSpec([None, vocab.size], tf.float32),
                 state_spec,
                 tf.TensorSpec([None, None], tf.float32),  # uniforms (steps, B): one draw per step and row
-                scalar,  # temperature
-                tf.TensorSpec([], tf.int32),  # top_k
-                scalar,  # top_p
+                rows,  # temperature of each row
+                tf.TensorSpec([None], tf.int32),  # top_k of each row
+                rows,  # top_p of each row
             ],
         )
         # Called as concrete functions, not through the tf.function's dispatch: its cache raised a KeyError in one
@@ -203,9 +234,10 @@ class Generator(Sampler):
         top_p: tf.Tensor,
     ) -> tuple[tf.Tensor, tf.Tensor, tuple[tf.Tensor, ...]]:
         steps = tf.shape(uniforms)[0]
+        rows = strategy(temperature, top_k, top_p)
 
         def advance(t: tf.Tensor, logits: tf.Tensor, states: tuple, tokens: tf.TensorArray) -> tuple:
-            ids = choose_next(logits, temperature, top_k, top_p, uniforms[t])
+            ids = choose_next(logits, rows, uniforms[t])
             logits, states = self.step(ids, states)
             return t + 1, logits, states, tokens.write(t, ids)
 
@@ -219,7 +251,7 @@ class Generator(Sampler):
         return _numpy(self.feed_concrete(tf.constant(ids, tf.int32), _tensors(states)))
 
     def generate_steps(
-        self, logits: np.ndarray, states: States, uniforms: np.ndarray, settings: SampleConfig
+        self, logits: np.ndarray, states: States, uniforms: np.ndarray, settings: RowSettings
     ) -> tuple[np.ndarray, np.ndarray, States]:
         return _call_generate(self.generate_concrete, logits, states, uniforms, settings)
 
@@ -233,14 +265,28 @@ class SavedModelGenerator(Sampler):
         self.loaded = tf.saved_model.load(str(path))
         self.feed_concrete = self.loaded.feed.get_concrete_function()  # see Generator.__init__
         self.generate_concrete = self.loaded.generate_chunk.get_concrete_function()
+        # An export from before the server took one setting for all rows (scalars, not one per row).
+        self.per_row = self.generate_concrete.structured_input_signature[0][3].shape.rank == 1
 
     def read(self, ids: np.ndarray, states: States) -> tuple[np.ndarray, States]:
         return _numpy(self.feed_concrete(tf.constant(ids, tf.int32), _tensors(states)))
 
     def generate_steps(
-        self, logits: np.ndarray, states: States, uniforms: np.ndarray, settings: SampleConfig
+        self, logits: np.ndarray, states: States, uniforms: np.ndarray, settings: RowSettings
     ) -> tuple[np.ndarray, np.ndarray, States]:
-        return _call_generate(self.generate_concrete, logits, states, uniforms, settings)
+        if self.per_row:
+            return _call_generate(self.generate_concrete, logits, states, uniforms, settings)
+        ids = np.empty([len(logits), len(uniforms)], np.int32)
+        new_logits, new_states = np.empty_like(logits), tuple(np.empty_like(s) for s in states)
+        for rows in settings.groups():  # rows alike, one call each, with scalar settings
+            first = rows[0]
+            scalars = (settings.temperature[first], settings.top_k[first], settings.top_p[first])
+            ids[rows], new_logits[rows], part = _call_generate(
+                self.generate_concrete, logits[rows], tuple(s[rows] for s in states), uniforms[:, rows], scalars
+            )
+            for whole, piece in zip(new_states, part, strict=True):
+                whole[rows] = piece
+        return ids, new_logits, new_states
 
 
 def _tensors(states: States) -> tuple[tf.Tensor, ...]:
@@ -253,15 +299,22 @@ def _numpy(result: tuple[tf.Tensor, tuple[tf.Tensor, ...]]) -> tuple[np.ndarray,
 
 
 def _call_generate(
-    function: Any, logits: np.ndarray, states: States, uniforms: np.ndarray, settings: SampleConfig
+    function: Any,
+    logits: np.ndarray,
+    states: States,
+    uniforms: np.ndarray,
+    settings: RowSettings | tuple[np.generic, np.generic, np.generic],
 ) -> tuple[np.ndarray, np.ndarray, States]:
+    temperature, top_k, top_p = (
+        (settings.temperature, settings.top_k, settings.top_p) if isinstance(settings, RowSettings) else settings
+    )
     ids, new_logits, new_states = function(
         tf.constant(logits, tf.float32),
         _tensors(states),
         tf.constant(uniforms, tf.float32),
-        tf.constant(float(settings.temperature)),
-        tf.constant(settings.top_k),
-        tf.constant(float(settings.top_p)),
+        tf.constant(temperature, tf.float32),
+        tf.constant(top_k, tf.int32),
+        tf.constant(top_p, tf.float32),
     )
     return ids.numpy(), new_logits.numpy(), tuple(s.numpy() for s in new_states)
 
