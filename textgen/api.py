@@ -12,7 +12,7 @@ import functools
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +32,7 @@ from textgen.config import (
     PruneSettings,
     RunConfig,
     SampleConfig,
+    ServeConfig,
     Strategy,
     TrainConfig,
     TrainSettings,
@@ -219,6 +220,43 @@ def open_generator(
     if warm_up:
         sampler.generate([" "], SampleConfig(length=2, seed=0))
     return sampler, source
+
+
+def serve(
+    config: ServeConfig,
+    checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR,
+    run_name: str | None = None,
+    model: Path | None = None,
+    on_ready: Callable[[str, ModelSource], None] | None = None,
+) -> None:
+    """Serve a run's best weights (the latest run if ``run_name`` is None) or an exported ``model`` over HTTP until
+    SIGTERM or Ctrl-C drains the server; ``on_ready`` hears its address once the model answers."""
+    from textgen.engine import Engine
+    from textgen.server import card_of_export, card_of_run, create_app, listen, run
+
+    sock = listen(config.host, config.port)
+    with contextlib.closing(sock):
+        sampler, source = open_generator(checkpoint_dir, run_name, "best", model)
+        if model is not None:
+            from textgen.artifact import ArtifactInfo
+
+            path = Path(model)
+            directory = path.parent if path.is_file() else path
+            card = card_of_export(directory.name, ArtifactInfo.read(directory))
+        else:
+            from textgen.runs import run_summary
+
+            card = card_of_run(run_summary(find_run(checkpoint_dir, source.name)), sampler.cfg, sampler.vocab.size)
+        engine = Engine(sampler, config.slots, config.max_queue)
+        engine.start()
+        try:
+            app = create_app(engine, card, config, None if model is not None else checkpoint_dir)
+            host, port = sock.getsockname()[:2]
+            if on_ready is not None:
+                on_ready(f"http://{f'[{host}]' if ':' in host else host}:{port}", source)
+            run(app, sock, engine, config.drain_seconds)
+        finally:
+            engine.close()
 
 
 def export(

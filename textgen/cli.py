@@ -41,6 +41,7 @@ from textgen.config import (
     PruneConfig,
     PruneSettings,
     SampleConfig,
+    ServeConfig,
     Split,
     Strategy,
     TrainConfig,
@@ -229,6 +230,7 @@ def _show_warning(show: Any, message: Warning | str, category: type[Warning], *a
 
 
 MODEL, DATA, TRAINING, SAMPLING = ModelConfig(vocab_size=1), DataConfig(corpus=""), TrainConfig(), SampleConfig()
+SERVING = ServeConfig()
 SGD_DEFAULTS = OPTIMIZER_DEFAULTS[Optimizer.sgd]
 JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable output: one JSON object per line")]
 RunOption = Annotated[str | None, typer.Option("--run", help="Run name", show_default="the latest run")]
@@ -681,6 +683,47 @@ def repl(
     console.print(f"[bold]{escape(source.name)}[/] loaded. {GREETING}")
     with _errors():
         session.run("> ")
+
+
+SERVE_EXAMPLES = """
+**Examples**
+
+    textgen serve                                 # the latest run, on http://127.0.0.1:8000 (open it for the page)
+    textgen serve --run 2600-0 --port 9000
+    textgen serve --model exports/2600-0-litert   # an export, without TensorFlow
+    TEXTGEN_API_KEY=secret textgen serve --host 0.0.0.0
+
+Clients speak OpenAI's completions API (POST /v1/completions, "max_tokens" in characters); /metrics is
+Prometheus text. SIGTERM or Ctrl-C drains: new requests get 503, running streams end within --drain seconds.
+"""
+
+
+@app.command(epilog=SERVE_EXAMPLES)
+def serve(
+    run: RunOption = None,
+    checkpoint_dir: CheckpointDirOption = DEFAULT_CHECKPOINT_DIR,
+    model: ModelOption = None,
+    host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0: every interface)")] = SERVING.host,
+    port: Annotated[int, typer.Option(help="Port to listen on (0: any free one)")] = SERVING.port,
+    slots: Annotated[int, typer.Option(help="Continuations generated at once (rows of the batch)")] = SERVING.slots,
+    max_queue: Annotated[int, typer.Option(help="Requests that may wait for a row; more get 429")] = SERVING.max_queue,
+    api_key: Annotated[
+        str | None,
+        typer.Option(envvar="TEXTGEN_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1/*", show_default=False),
+    ] = None,
+    max_body: Annotated[int, typer.Option(help="Largest request body, in bytes")] = SERVING.max_body,
+    request_timeout: Annotated[
+        float, typer.Option(help="Seconds a request may take before it ends (finish_reason timeout)")
+    ] = SERVING.request_timeout,
+    drain: Annotated[
+        float, typer.Option(help="Seconds running streams may go on after SIGTERM or Ctrl-C")
+    ] = SERVING.drain_seconds,
+) -> None:
+    """Serve a run (or an export) to many clients at once: an OpenAI-compatible API and a page to try it."""
+    with _errors():
+        config = ServeConfig(host, port, slots, max_queue, api_key, max_body, request_timeout, drain)
+        api.serve(config, checkpoint_dir, run, model, lambda url, source: ui.show_serving(console, url, source, config))
+    console.print("stopped")
 
 
 EVALUATE_EXAMPLES = """

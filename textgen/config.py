@@ -17,12 +17,12 @@ import types
 import typing
 from typing import Any, ClassVar, TypeVar
 
-from textgen.errors import ConfigError
+from textgen.errors import ConfigError, FieldError
 
 T = TypeVar("T")
 
 
-_FLAG_NAMES = {"temperature": "--temp"}  # short, as char-rnn users know it
+_FLAG_NAMES = {"temperature": "--temp", "drain_seconds": "--drain"}  # --temp: short, as char-rnn users know it
 
 
 def flag(field_name: str) -> str:
@@ -48,7 +48,7 @@ def shown(value: Any) -> str:
 
 def _require(ok: bool, field_name: str, rule: str, value: Any) -> None:
     if not ok:
-        raise ConfigError(f"{flag(field_name)} must be {rule} (got {shown(value)})")
+        raise FieldError(f"{flag(field_name)} must be {rule} (got {shown(value)})", field_name, rule)
 
 
 INT32_MAX = 2**31 - 1  # the sampler's and the data pipeline's integers are int32
@@ -620,6 +620,33 @@ class SampleConfig:
     def seeded(self) -> SampleConfig:
         """This config with a fresh random seed if it has none, so the output can be reproduced."""
         return self if self.seed is not None else dataclasses.replace(self, seed=secrets.randbelow(2**31))
+
+
+MAX_REQUEST_CHARS = 1_000_000  # characters one request to `textgen serve` may ask for (it streams them)
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeConfig:
+    """How ``textgen serve`` listens, shares its rows and bounds its requests."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000  # 0 lets the system choose a free port
+    slots: int = 64  # rows of LSTM state: continuations generated at once
+    max_queue: int = 256  # requests that may wait for rows; beyond them the answer is 429
+    api_key: str | None = None  # when set, /v1/* needs "Authorization: Bearer <key>"
+    max_body: int = 2**20  # bytes of a request body
+    request_timeout: float = 600.0  # seconds a request may run, queued or generating
+    drain_seconds: float = 3.0  # on SIGTERM or Ctrl-C, how long running streams may go on before they are ended
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.port, int) and 0 <= self.port <= 65535, "port", "in 0..65535", self.port)
+        _positive_int(self, "slots", "max_body")
+        _require(self.slots <= MAX_SAMPLES, "slots", f"at most {MAX_SAMPLES:,}", self.slots)
+        _require(isinstance(self.max_queue, int) and self.max_queue >= 0, "max_queue", "0 or more", self.max_queue)
+        _require(self.api_key is None or bool(self.api_key.strip()), "api_key", "a non-empty key", "")
+        for name in ("request_timeout", "drain_seconds"):
+            value = getattr(self, name)
+            _require(_finite(value) and value > 0, name, "a positive number of seconds", value)
 
 
 def max_generated_chars() -> int:

@@ -17,6 +17,14 @@ class ConfigError(TextgenError):
     """A flag or config value is out of range or inconsistent."""
 
 
+class FieldError(ConfigError):
+    """A config field's value breaks its rule: which field and which rule (a server names them in its answer)."""
+
+    def __init__(self, message: str, field: str, rule: str) -> None:
+        super().__init__(message)
+        self.field, self.rule = field, rule
+
+
 class CheckpointError(TextgenError):
     """A run directory is missing, corrupt, or cannot be written."""
 

@@ -17,13 +17,14 @@ def run_summaries(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR) -> list[RunSumm
     summaries = []
     for run in list_runs(checkpoint_dir):
         try:
-            summaries.append(_summary(run))
+            summaries.append(run_summary(run))
         except CheckpointError as exc:
             summaries.append(RunSummary(run.name, problem=str(exc)))
     return summaries
 
 
-def _summary(run: Run) -> RunSummary:
+def run_summary(run: Run) -> RunSummary:
+    """One run as `textgen runs` lists it; a `CheckpointError` if its files cannot be read."""
     run.load_vocab()  # and the config it is checked against: a damaged vocabulary is said, not shown as incomplete
     cfg = run.load_config()
     state = run.load_state() if run.has_state() else ResumeState(epoch=0, batch=0)

@@ -38,7 +38,7 @@ from textgen.training.preview import SAMPLE_CHARS
 from textgen.vocab import for_display
 
 if TYPE_CHECKING:
-    from textgen.config import RunConfig, SampleConfig, TrainConfig
+    from textgen.config import RunConfig, SampleConfig, ServeConfig, TrainConfig
     from textgen.generation import Piece, Sampler
     from textgen.idcache import EncodedCorpus
     from textgen.training.plan import TrainPlan
@@ -376,6 +376,18 @@ def warn(err_console: Console, note: str | None) -> None:
     """A warning on one line of stderr, if there is one."""
     if note:
         err_console.print(f"[yellow]warning:[/] {escape(note)}")
+
+
+def show_serving(console: Console, url: str, source: ModelSource, config: ServeConfig) -> None:
+    """Where the server listens, once its model answers."""
+    what = source.name if source.weights is None else f"{source.name} ({source.weights} weights)"
+    console.print(f"serving {escape(what)} on {url}: {config.slots} rows, up to {config.max_queue} requests waiting")
+    console.print(f"  page     {url}/")
+    console.print(f"  API      {url}/v1/completions (OpenAI completions; max_tokens counts characters)")
+    console.print(f"  metrics  {url}/metrics")
+    if config.host not in ("127.0.0.1", "localhost", "::1") and config.api_key is None:
+        console.print(f"[yellow]warning:[/] anyone who can reach {escape(config.host)} can use it; set --api-key")
+    console.print("Ctrl-C or SIGTERM drains and stops", style="dim")
 
 
 def show_sampling(

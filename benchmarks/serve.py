@@ -1,0 +1,275 @@
+"""`textgen serve` under load, side by side with the offline sampler on the same weights, in one run.
+
+The offline sampler (``textgen sample``'s ``Generator.generate``) is timed in this process at batch 1, 8 and 64;
+then ``textgen serve --slots 64 --max-queue 128`` is started on a loopback port and driven by C asynchronous
+clients (C = 1, 8, 64, 256) for ``--seconds`` each. Every client loops: a streamed completion with a prompt of
+10, 100 or 1,000 characters of the corpus and 50, 300 or 1,000 characters to generate, picked at random (seeded);
+a 429 waits its Retry-After. Reported per C: characters received per second and the ratio to the offline rate at
+batch min(C, 64), time to first character (p50/p95/p99, and p95 for the 100-character prompts), the p95 gap
+between streamed chunks, and errors by kind. Last, 100 clients open streams and leave after their first chunk:
+how long until every row is free. The clients speak HTTP/1.1 on raw asyncio streams, so that the client side
+costs little of the 2 cores the server needs.
+
+    python benchmarks/serve.py --run wp --checkpoint-dir checkpoints --seconds 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PROMPTS = (10, 100, 1000)
+OUTPUTS = (50, 300, 1000)
+OFFLINE_BATCHES = (1, 8, 64)
+
+
+@dataclass
+class Load:
+    """What C clients saw."""
+
+    clients: int
+    seconds: float = 0.0
+    chars: int = 0
+    completed: int = 0
+    first_char: list[float] = field(default_factory=list)
+    first_char_100: list[float] = field(default_factory=list)
+    gaps: list[float] = field(default_factory=list)
+    errors: dict[str, int] = field(default_factory=dict)
+
+    def error(self, kind: str) -> None:
+        self.errors[kind] = self.errors.get(kind, 0) + 1
+
+
+async def request(
+    host: str, port: int, body: dict[str, Any]
+) -> tuple[int, dict[str, str], asyncio.StreamReader, asyncio.StreamWriter]:
+    """POST /v1/completions; the status, the headers and the connection (the body unread)."""
+    reader, writer = await asyncio.open_connection(host, port)
+    payload = json.dumps(body).encode()
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
+    )
+    writer.write(head.encode() + payload)
+    await writer.drain()
+    status_line = await reader.readline()
+    status = int(status_line.split()[1])
+    headers = {}
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode().partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return status, headers, reader, writer
+
+
+async def sse_texts(reader: asyncio.StreamReader) -> AsyncIterator[list[str]]:
+    """The choice texts of a chunked server-sent-event body, a list per network chunk (None at the finish)."""
+    buffer = b""
+    while True:
+        size = int((await reader.readline()).strip() or b"0", 16)
+        if size == 0:
+            return
+        buffer += await reader.readexactly(size + 2)
+        *events, buffer = buffer.replace(b"\r\n", b"\n").split(b"\n\n")
+        texts = []
+        for event in events:
+            data = event.removeprefix(b"data: ")
+            if data == b"[DONE]":
+                continue
+            texts.append(json.loads(data)["choices"][0]["text"])
+        if texts:
+            yield texts
+
+
+async def client(host: str, port: int, model: str, corpus: str, load: Load, end: float, rng: random.Random) -> None:
+    while time.monotonic() < end:
+        prompt_chars, out_chars = rng.choice(PROMPTS), rng.choice(OUTPUTS)
+        start = rng.randrange(len(corpus) - prompt_chars)
+        body = {"model": model, "prompt": corpus[start : start + prompt_chars], "max_tokens": out_chars, "stream": True}
+        sent = time.monotonic()
+        writer = None
+        try:
+            status, headers, reader, writer = await asyncio.wait_for(request(host, port, body), 30)
+            if status == 429:
+                load.error("429")
+                await asyncio.sleep(float(headers.get("retry-after", "1")))
+                continue
+            if status != 200:
+                load.error(str(status))
+                continue
+            last = None
+            async for texts in sse_texts(reader):
+                now = time.monotonic()
+                if now > end:
+                    break
+                chars = sum(len(t) for t in texts)
+                load.chars += chars
+                if last is None and chars:
+                    load.first_char.append(now - sent)
+                    if prompt_chars == 100:
+                        load.first_char_100.append(now - sent)
+                elif last is not None:
+                    load.gaps.append(now - last)
+                last = now
+            else:
+                load.completed += 1
+        except asyncio.TimeoutError:
+            load.error("hang (no answer in 30 s)")
+        except (OSError, ValueError, asyncio.IncompleteReadError) as exc:
+            load.error(type(exc).__name__)
+        finally:
+            if writer is not None:
+                writer.close()
+
+
+async def drive(host: str, port: int, model: str, corpus: str, clients: int, seconds: float) -> Load:
+    load = Load(clients)
+    started = time.monotonic()
+    end = started + seconds
+    rngs = [random.Random(1000 * clients + i) for i in range(clients)]
+    tasks = [client(host, port, model, corpus, load, end, rngs[i]) for i in range(clients)]
+    await asyncio.wait_for(asyncio.gather(*tasks), seconds + 60)
+    load.seconds = min(time.monotonic(), end) - started
+    return load
+
+
+async def leave_early(host: str, port: int, model: str, clients: int) -> None:
+    """``clients`` streams that close after their first chunk."""
+
+    async def one() -> None:
+        body = {"model": model, "prompt": "The ", "max_tokens": 100_000, "stream": True}
+        _, _, reader, writer = await request(host, port, body)
+        async for _ in sse_texts(reader):
+            break
+        writer.close()
+
+    await asyncio.gather(*(one() for _ in range(clients)))
+
+
+def server_state(url: str) -> dict[str, Any]:
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/ready", timeout=5) as response:
+        return json.load(response)
+
+
+def percentile(values: list[float], q: int) -> float | None:
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) >= 2 else None
+
+
+def offline_rates(run: str, checkpoint_dir: Path, seconds: float) -> dict[int, float]:
+    """``textgen sample``'s characters per second at each batch size, on the weights the server serves."""
+    from common import timed
+
+    from textgen.api import open_generator
+    from textgen.config import SampleConfig
+
+    sampler, _ = open_generator(checkpoint_dir, run)
+    rates = {}
+    for batch in OFFLINE_BATCHES:
+        settings = SampleConfig(length=2000, num=batch, seed=0)
+
+        def generate(settings: SampleConfig = settings) -> None:
+            sampler.generate(["The "] * settings.num, settings)
+
+        calls, elapsed = timed(generate, seconds, warmup=1)
+        rates[batch] = calls * batch * settings.length / elapsed
+    return rates
+
+
+def start_server(run: str, checkpoint_dir: Path) -> tuple[subprocess.Popen, str]:
+    command = [sys.executable, "-m", "textgen", "serve", "--run", run, "--checkpoint-dir", str(checkpoint_dir)]
+    command += ["--port", "0", "--slots", "64", "--max-queue", "128"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if found := re.search(r"on (http://127\.0\.0\.1:\d+)", line):
+            return proc, found.group(1)
+    raise SystemExit(f"textgen serve did not start (exit {proc.wait()})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run", required=True, help="the run to serve (a 1 x 512 model for the targets)")
+    parser.add_argument("--checkpoint-dir", type=Path, default=Path("checkpoints"))
+    parser.add_argument("--corpus", type=Path, default=Path("../shared/corpora/2600-0.txt"), help="prompts' text")
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 64, 256])
+    parser.add_argument("--seconds", type=float, default=20.0, help="load per concurrency")
+    parser.add_argument("--json", action="store_true", help="one JSON object instead of a table")
+    args = parser.parse_args()
+
+    corpus = args.corpus.read_text(encoding="utf-8-sig")[:2_000_000]
+    rates = offline_rates(args.run, args.checkpoint_dir, min(args.seconds, 10.0))
+    proc, url = start_server(args.run, args.checkpoint_dir)
+    host, port = url.removeprefix("http://").split(":")
+    results = []
+    try:
+        asyncio.run(drive(host, int(port), args.run, corpus, 1, 2.0))  # warm the server's paths
+        for clients in args.clients:
+            load = asyncio.run(drive(host, int(port), args.run, corpus, clients, args.seconds))
+            time.sleep(0.5)
+            state = server_state(url)
+            offline = rates[min((b for b in OFFLINE_BATCHES if b >= min(clients, 64)), default=64)]
+            rate = load.chars / load.seconds
+            results.append(
+                {
+                    "clients": clients,
+                    "chars_per_s": rate,
+                    "offline_batch": min(clients, 64),
+                    "offline_chars_per_s": offline,
+                    "ratio": rate / offline,
+                    "completed": load.completed,
+                    "first_char_p50_ms": _ms(percentile(load.first_char, 50)),
+                    "first_char_p95_ms": _ms(percentile(load.first_char, 95)),
+                    "first_char_p99_ms": _ms(percentile(load.first_char, 99)),
+                    "first_char_p95_prompt100_ms": _ms(percentile(load.first_char_100, 95)),
+                    "gap_p95_ms": _ms(percentile(load.gaps, 95)),
+                    "errors": load.errors,
+                    "rows_busy_after": state["rows_busy"],
+                }
+            )
+        left = time.monotonic()
+        asyncio.run(leave_early(host, int(port), args.run, 100))
+        while server_state(url)["rows_busy"] and time.monotonic() - left < 30:
+            time.sleep(0.01)
+        freed = time.monotonic() - left
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        exit_code = proc.wait(30)
+    report = {"offline_chars_per_s": rates, "loads": results, "leave_early_100_freed_s": freed, "exit_code": exit_code}
+    if args.json:
+        print(json.dumps(report))
+        return
+    print("offline textgen sample chars/s: " + ", ".join(f"batch {b}: {r:,.0f}" for b, r in rates.items()))
+    print(
+        "| clients | chars/s | vs offline (batch) | completed | first char p50/p95/p99 ms | p95, 100-char prompts | gap p95 ms | errors | rows busy after |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---|---:|")
+    for r in results:
+        errors = ", ".join(f"{k}: {v}" for k, v in r["errors"].items()) or "none"
+        print(
+            f"| {r['clients']} | {r['chars_per_s']:,.0f} | {r['ratio']:.2f} ({r['offline_batch']}) | {r['completed']} | "
+            f"{r['first_char_p50_ms']} / {r['first_char_p95_ms']} / {r['first_char_p99_ms']} | "
+            f"{r['first_char_p95_prompt100_ms']} | {r['gap_p95_ms']} | {errors} | {r['rows_busy_after']} |"
+        )
+    print(f"100 clients leaving after their first chunk: every row free {freed:.2f} s after the last left")
+    print(f"SIGTERM: exit {exit_code}")
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{1000 * seconds:.0f}"
+
+
+if __name__ == "__main__":
+    main()

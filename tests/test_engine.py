@@ -1,0 +1,184 @@
+"""The continuous-batching engine on the session's tiny run: texts as `textgen sample` draws them, alone or among
+many, stop sequences, the queue, cancellation, time limits and draining."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import defaultdict
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from textgen.config import SampleConfig
+from textgen.engine import Draining, Engine, Event, Finish, Job, QueueFull, StopScanner
+
+
+@pytest.fixture(scope="module")
+def sampler(trained_run):
+    from textgen.sampling import Generator
+
+    return Generator.from_run(trained_run.run)
+
+
+class Collector:
+    """A request's listener: its events, each continuation's text, and whether all of them have finished."""
+
+    def __init__(self, rows: int) -> None:
+        self.events: list[Event] = []
+        self.texts: dict[int, str] = defaultdict(str)
+        self.finishes: dict[int, Finish] = {}
+        self.rows = rows
+        self.done = threading.Event()
+
+    def __call__(self, event: Event) -> None:
+        self.events.append(event)
+        self.texts[event.index] += event.text
+        if event.finish is not None:
+            self.finishes[event.index] = event.finish
+            if len(self.finishes) == self.rows:
+                self.done.set()
+
+    def wait(self, timeout: float = 60.0) -> Collector:
+        assert self.done.wait(timeout), f"not finished after {timeout} s: {self.finishes}"
+        return self
+
+
+def submit(engine: Engine, job: Job) -> Collector:
+    collector = Collector(job.rows)
+    engine.submit(job, collector)
+    return collector
+
+
+@pytest.fixture
+def engine(sampler):
+    engine = Engine(sampler, slots=64, max_queue=16)
+    engine.start()
+    assert engine.ready.wait(60)
+    yield engine
+    engine.close()
+
+
+def wait_until(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
+
+
+def test_a_seeded_request_gives_the_text_textgen_sample_gives(engine, sampler) -> None:
+    job = Job(("The ",), max_chars=300, n=3, temperature=0.9, top_k=12, seed=42)
+    texts = submit(engine, job).wait().texts
+    expected = sampler.generate(["The "] * 3, SampleConfig(length=300, num=3, temperature=0.9, top_k=12, seed=42))
+    assert [texts[i] for i in range(3)] == expected
+
+
+def test_a_seeded_request_gives_the_same_text_alone_and_among_63_others(engine) -> None:
+    job = Job(("the fox ",), max_chars=400, temperature=1.0, top_p=0.9, seed=7)
+    alone = submit(engine, job).wait().texts[0]
+    others = [
+        submit(
+            engine,
+            Job(
+                (f"prompt {i} " * (i % 5 + 1),),
+                max_chars=50 + 13 * i,
+                temperature=[0.0, 0.5, 1.2][i % 3],
+                top_k=i % 4,
+                top_p=[1.0, 0.8][i % 2],
+                seed=i,
+            ),
+        )
+        for i in range(40)
+    ]
+    among = submit(engine, job)
+    others += [submit(engine, Job(("x",), max_chars=300, seed=100 + i)) for i in range(23)]
+    assert among.wait().texts[0] == alone
+    for other in others:
+        other.wait()
+    assert engine.busy_rows == 0
+
+
+def test_a_long_prompt_is_read_in_pieces_while_others_stream(engine) -> None:
+    long = submit(engine, Job(("a long prompt " * 400,), max_chars=20, seed=1))
+    short = submit(engine, Job(("hi",), max_chars=20, seed=2))
+    short.wait()
+    assert not long.events, "the short request finished before the long prompt was read"
+    assert long.wait().finishes == {0: Finish.length}
+
+
+@given(
+    text=st.text(alphabet="abc", max_size=40),
+    stops=st.lists(st.text(alphabet="abc", min_size=1, max_size=4), max_size=3),
+    cuts=st.lists(st.integers(0, 40), max_size=6),
+)
+def test_stop_sequences_are_trimmed_alike_however_the_stream_is_split(text, stops, cuts) -> None:
+    first = min((i for i in (text.find(s) for s in stops) if i >= 0), default=None)
+    expected = text if first is None else text[:first]
+    scanner, sent, stopped = StopScanner(tuple(stops)), "", False
+    bounds = sorted({0, len(text), *(c for c in cuts if c <= len(text))})
+    for start, end in itertools.pairwise(bounds):
+        piece, stopped = scanner.push(text[start:end])
+        sent += piece
+        if stopped:
+            break
+    if not stopped:
+        sent += scanner.flush()
+    assert sent == expected
+    assert stopped == (first is not None)
+
+
+def test_a_stop_sequence_ends_the_row(engine, sampler) -> None:
+    whole = sampler.generate(["The "], SampleConfig(length=200, temperature=0.0, seed=0))[0]
+    stop = whole[60:63]
+    result = submit(engine, Job(("The ",), max_chars=200, temperature=0.0, stops=(stop, "\x00never")))
+    result.wait()
+    assert result.texts[0] == whole[: whole.find(stop)]
+    assert result.finishes == {0: Finish.stop}
+
+
+def test_requests_beyond_the_rows_and_the_queue_are_refused_at_once(sampler) -> None:
+    engine = Engine(sampler, slots=2, max_queue=1)  # not started: nothing leaves the queue
+    job = Job(("x",), max_chars=10)
+    submit(engine, job)
+    submit(engine, job)  # the two fit the free rows
+    submit(engine, job)  # waits
+    assert engine.queue_length == 1
+    with pytest.raises(QueueFull):
+        submit(engine, job)
+    with pytest.raises(ValueError, match="more rows than the server's 2"):
+        submit(engine, Job(("x",), max_chars=10, n=3))
+
+
+def test_a_cancelled_request_frees_its_row_by_the_next_round(engine) -> None:
+    collector = Collector(1)
+    ticket = engine.submit(Job(("x",), max_chars=10**6), collector)
+    wait_until(lambda: collector.events)
+    engine.cancel(ticket)
+    wait_until(lambda: engine.busy_rows == 0, timeout=1.0)
+    assert not collector.done.is_set()
+
+
+def test_a_request_out_of_time_ends_saying_so(engine) -> None:
+    result = submit(engine, Job(("x",), max_chars=10**6, timeout=0.3)).wait()
+    assert result.finishes == {0: Finish.timeout}
+    assert result.texts[0]
+    assert engine.busy_rows == 0
+
+
+def test_draining_ends_running_and_queued_requests_and_refuses_new_ones(sampler) -> None:
+    engine = Engine(sampler, slots=1, max_queue=4)
+    engine.start()
+    assert engine.ready.wait(60)
+    running = submit(engine, Job(("x",), max_chars=10**6))
+    queued = submit(engine, Job(("y",), max_chars=10))
+    wait_until(lambda: running.events)
+    engine.drain(grace=0.2)
+    with pytest.raises(Draining):
+        submit(engine, Job(("z",), max_chars=10))
+    assert queued.wait(5).finishes == {0: Finish.shutdown}
+    assert running.wait(5).finishes == {0: Finish.shutdown}
+    assert engine.busy_rows == 0
+    engine.close()
+    assert not engine.thread.is_alive()

@@ -1,0 +1,409 @@
+"""Continuous batching: many requests share one sampler's batched step; no TensorFlow here.
+
+The engine holds ``slots`` rows of LSTM state. One scheduler thread repeats a round:
+
+* requests that were cancelled or ran out of time leave their rows (or the queue);
+* waiting requests take free rows, their states reset to zero;
+* each row still reading its prompt reads a piece of it (``PROMPT_STEPS``), all such rows in one call, so a long
+  prompt does not stall the others' streams;
+* every generating row draws its next characters in one ``Sampler.generate_steps`` call: the batch is the busy
+  rows only (one request runs at the single-stream speed), and a call is short (``CALL_CHARS`` characters over all
+  rows) so that text streams out and newcomers join within tens of milliseconds;
+* each request hears of its new text through its listener, and finished rows are freed.
+
+Each row draws at the uniforms of (its request's seed, its position, its number in the request), the numbers
+``textgen sample`` draws at: a seeded request gives the same text alone or among 63 others, and the text
+``textgen sample --seed`` gives for its prompt.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from textgen.generation import RowSettings, Sampler
+from textgen.npsampling import row_uniforms
+
+log = logging.getLogger(__name__)
+
+# Characters per generate call over all busy rows: the default model (1 x 512) runs 1,024 in ~20 ms at batch 64
+# and ~30 ms at batch 4 on 2 cores, so a newcomer waits about that long to join (benchmarks/serve.py). Per row
+# at least MIN_STEPS (fewer calls cost Python time per character) and at most MAX_STEPS.
+CALL_CHARS = 1024
+MIN_STEPS, MAX_STEPS = 16, 256
+# Prompt characters each reading row reads per round: 128 at batch 1 take ~15 ms.
+PROMPT_STEPS = 128
+IDLE_WAIT = 0.05  # seconds a round with nothing to do waits for a request (or a drain's deadline)
+
+
+class Finish(str, enum.Enum):
+    """Why a row stopped generating (OpenAI's ``finish_reason`` and textgen's own)."""
+
+    stop = "stop"  # a stop sequence was generated
+    length = "length"  # max_tokens characters were generated
+    timeout = "timeout"  # the request ran out of time
+    cancelled = "cancelled"  # the client went away
+    shutdown = "shutdown"  # the server is draining
+    error = "error"  # the sampler failed
+
+
+class QueueFull(Exception):
+    """More requests than free rows and queue places."""
+
+
+class Draining(Exception):
+    """The engine is draining and takes no new requests."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a request asks for: ``n`` continuations of each prompt, each ``max_chars`` long at most."""
+
+    prompts: tuple[str, ...]
+    max_chars: int
+    n: int = 1
+    temperature: float = 0.8
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    stops: tuple[str, ...] = ()
+    timeout: float | None = None  # seconds from submission
+
+    @property
+    def rows(self) -> int:
+        return len(self.prompts) * self.n
+
+
+@dataclass(frozen=True)
+class Event:
+    """New text of one of a request's continuations (``index`` = prompt number x n + sample number); ``finish``
+    is set on its last event."""
+
+    index: int
+    text: str
+    finish: Finish | None = None
+
+
+Listener = Callable[[Event], None]
+
+
+class StopScanner:
+    """Cuts a stream of text before the first of ``stops`` and holds back a tail that may begin one, so the pieces
+    it lets out join into exactly the text a whole response holds, wherever the stream's pieces split."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self.stops = tuple(s for s in stops if s)
+        self.held = ""
+
+    def push(self, text: str) -> tuple[str, bool]:
+        """What may be sent of the text so far, and whether a stop sequence ended it."""
+        buffer = self.held + text
+        cuts = [i for i in (buffer.find(s) for s in self.stops) if i >= 0]
+        if cuts:
+            self.held = ""
+            return buffer[: min(cuts)], True
+        keep = max((k for s in self.stops for k in range(len(s) - 1, 0, -1) if buffer.endswith(s[:k])), default=0)
+        self.held = buffer[len(buffer) - keep :]
+        return buffer[: len(buffer) - keep], False
+
+    def flush(self) -> str:
+        """The held-back tail, at the end of the stream (no stop sequence followed it)."""
+        text, self.held = self.held, ""
+        return text
+
+
+@dataclass(eq=False)
+class Ticket:
+    """A submitted job: its listener, its deadline, and how many of its rows are still running."""
+
+    job: Job
+    listener: Listener
+    submitted: float = field(default_factory=time.monotonic)
+    cancelled: bool = False
+    open_rows: int = 0
+    ended: bool = False
+
+    @property
+    def deadline(self) -> float:
+        return self.submitted + self.job.timeout if self.job.timeout is not None else float("inf")
+
+
+@dataclass(eq=False)
+class Row:
+    """One busy row: whose it is, what it still has to read, and where its generation stands."""
+
+    ticket: Ticket
+    index: int  # the continuation's number in its request
+    sample: int  # its number among the n of its prompt: the row number of its uniforms
+    prompt: np.ndarray
+    read: int = 0  # prompt ids read so far
+    generated: int = 0  # ids drawn so far (the position of its uniforms)
+    scanner: StopScanner = field(default_factory=lambda: StopScanner(()))
+
+    @property
+    def reading(self) -> bool:
+        return self.read < len(self.prompt)
+
+
+class Engine:
+    """Rows of LSTM state shared by many requests, advanced by one scheduler thread."""
+
+    def __init__(self, sampler: Sampler, slots: int = 64, max_queue: int = 256) -> None:
+        self.sampler, self.slots, self.max_queue = sampler, slots, max_queue
+        self.logits = np.zeros([slots, sampler.vocab.size], np.float32)
+        self.states = sampler.zero_states(slots)
+        self.temperature = np.zeros(slots, np.float32)
+        self.top_k = np.zeros(slots, np.int32)
+        self.top_p = np.ones(slots, np.float32)
+        self.seeds = np.zeros(slots, np.uint64)
+        self.rows: list[Row | None] = [None] * slots
+        self.waiting: deque[Ticket] = deque()
+        self.lock = threading.Condition()
+        self.drain_deadline: float | None = None
+        self.stopping = False
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="textgen-engine", daemon=True)
+
+    # --- the caller's side (any thread) -------------------------------------------------------
+
+    def start(self) -> None:
+        """Make a first call of the sampler's steps (any error is raised here), then start scheduling."""
+        self._warm_up()
+        self.ready.set()
+        self.thread.start()
+
+    def submit(self, job: Job, listener: Listener) -> Ticket:
+        """Queue ``job``; its events go to ``listener`` from the scheduler's thread. Raises ``QueueFull`` or
+        ``Draining``; a job with more rows than the engine has is a ``ValueError``."""
+        if job.rows > self.slots:
+            raise ValueError(f"{job.rows} continuations need more rows than the server's {self.slots}")
+        ticket = Ticket(job, listener)
+        with self.lock:
+            if self.drain_deadline is not None or self.stopping:
+                raise Draining
+            would_wait = self._queued() > 0 or self._rows_waiting() + job.rows > self.free_rows()
+            if would_wait and self._queued() >= self.max_queue:
+                raise QueueFull
+            self.waiting.append(ticket)
+            self.lock.notify()
+        return ticket
+
+    def cancel(self, ticket: Ticket) -> None:
+        """Give ``ticket``'s rows back by the next round (its client went away); no more events reach it."""
+        with self.lock:
+            ticket.cancelled = True
+            self.lock.notify()
+
+    def drain(self, grace: float) -> None:
+        """Take no new requests; end queued ones now and running ones after ``grace`` seconds."""
+        with self.lock:
+            if self.drain_deadline is None:
+                self.drain_deadline = time.monotonic() + grace
+            self.lock.notify()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the scheduler (requests still open end as ``shutdown``)."""
+        with self.lock:
+            self.stopping = True
+            self.lock.notify()
+        if self.thread.is_alive():
+            self.thread.join(timeout)
+
+    def free_rows(self) -> int:
+        return sum(row is None for row in self.rows)
+
+    @property
+    def busy_rows(self) -> int:
+        return self.slots - self.free_rows()
+
+    @property
+    def queue_length(self) -> int:
+        """Requests waiting for rows: those the free rows cannot take at once."""
+        return self._queued()
+
+    @property
+    def idle(self) -> bool:
+        """Nothing running and nothing queued."""
+        return not self.waiting and self.free_rows() == self.slots
+
+    def _rows_waiting(self) -> int:
+        return sum(t.job.rows for t in self.waiting)
+
+    def _queued(self) -> int:
+        free, queued = self.free_rows(), 0
+        for ticket in list(self.waiting):
+            if not queued and ticket.job.rows <= free:
+                free -= ticket.job.rows
+            else:
+                queued += 1
+        return queued
+
+    # --- the scheduler's thread ---------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self.lock:
+                if self.idle and not self.stopping:
+                    self.lock.wait(IDLE_WAIT)
+                stopping = self.stopping
+                admitted = self._take_waiting(time.monotonic())
+            self._start_rows(admitted)
+            if stopping:
+                self._end_all(Finish.shutdown)
+                return
+            try:
+                self._round(time.monotonic())
+            except Exception:  # one failed call ends the requests it served, not the server
+                log.exception("a sampler call failed")
+                self._end_all(Finish.error)
+
+    def _warm_up(self) -> None:
+        ids = self.sampler.encode_prompts([" "])[0][None, :]
+        logits, states = self.sampler.read(ids, self.sampler.zero_states(1))
+        self.sampler.generate_steps(
+            logits, states, row_uniforms(np.zeros(1), np.zeros(1), np.zeros(1), 2), self._settings([0])
+        )
+
+    def _take_waiting(self, now: float) -> list[Ticket]:
+        """Under the lock: drop queued tickets that were cancelled or timed out, end them all when draining, and
+        take those that fit the free rows, in order."""
+        ended = [t for t in self.waiting if t.cancelled or now >= t.deadline]
+        draining = self.drain_deadline is not None or self.stopping
+        if draining:
+            ended = list(self.waiting)
+        for ticket in ended:
+            self.waiting.remove(ticket)
+            reason = Finish.shutdown if draining else Finish.cancelled if ticket.cancelled else Finish.timeout
+            self._end_ticket(ticket, reason)
+        admitted = []
+        free = self.free_rows()
+        while self.waiting and self.waiting[0].job.rows <= free:
+            ticket = self.waiting.popleft()
+            free -= ticket.job.rows
+            admitted.append(ticket)
+            # Rows are claimed now, under the lock, so submit's queue check counts them.
+            self._claim(ticket)
+        return admitted
+
+    def _claim(self, ticket: Ticket) -> None:
+        free = (i for i, row in enumerate(self.rows) if row is None)
+        job = ticket.job
+        encoded = self.sampler.encode_prompts(job.prompts)
+        for p, prompt in enumerate(encoded):
+            for sample in range(job.n):
+                slot = next(free)
+                self.rows[slot] = Row(ticket, p * job.n + sample, sample, prompt, scanner=StopScanner(job.stops))
+        ticket.open_rows = job.rows
+
+    def _start_rows(self, tickets: list[Ticket]) -> None:
+        """Reset the state of the rows ``tickets`` took, and set their strategy."""
+        for slot, row in enumerate(self.rows):
+            if row is not None and row.ticket in tickets:
+                job = row.ticket.job
+                for state in self.states:
+                    state[slot] = 0.0
+                self.temperature[slot], self.top_k[slot], self.top_p[slot] = job.temperature, job.top_k, job.top_p
+                self.seeds[slot] = job.seed
+
+    def _round(self, now: float) -> None:
+        for slot, row in enumerate(self.rows):
+            if row is None:
+                continue
+            if row.ticket.cancelled:
+                self._free(slot, Finish.cancelled)
+            elif now >= row.ticket.deadline:
+                self._finish(slot, Finish.timeout)
+            elif self.drain_deadline is not None and now >= self.drain_deadline:
+                self._finish(slot, Finish.shutdown)
+        self._read_prompts()
+        self._generate()
+
+    def _read_prompts(self) -> None:
+        slots = [i for i, row in enumerate(self.rows) if row is not None and row.reading]
+        if not slots:
+            return
+        rows = [self.rows[i] for i in slots]
+        steps = min(PROMPT_STEPS, *(len(r.prompt) - r.read for r in rows if r is not None))
+        ids = np.stack([r.prompt[r.read : r.read + steps] for r in rows if r is not None]).astype(np.int32)
+        logits, states = self.sampler.read(ids, tuple(s[slots] for s in self.states))
+        self._store(slots, logits, states)
+        for r in rows:
+            if r is not None:
+                r.read += steps
+
+    def _generate(self) -> None:
+        slots = [i for i, row in enumerate(self.rows) if row is not None and not row.reading]
+        if not slots:
+            return
+        rows = [r for r in (self.rows[i] for i in slots) if r is not None]
+        left = max(r.ticket.job.max_chars - r.generated for r in rows)
+        steps = min(left, max(MIN_STEPS, min(MAX_STEPS, CALL_CHARS // len(slots))))
+        uniforms = row_uniforms(
+            self.seeds[slots], np.array([r.generated for r in rows]), np.array([r.sample for r in rows]), steps
+        )
+        ids, logits, states = self.sampler.generate_steps(
+            self.logits[slots], tuple(s[slots] for s in self.states), uniforms, self._settings(slots)
+        )
+        self._store(slots, logits, states)
+        for slot, row, row_ids in zip(slots, rows, ids, strict=True):
+            take = min(steps, row.ticket.job.max_chars - row.generated)
+            row.generated += take
+            text, stopped = row.scanner.push(self.sampler.vocab.decode(row_ids[:take]))
+            if stopped:
+                self._finish(slot, Finish.stop, text)
+            elif row.generated >= row.ticket.job.max_chars:
+                self._finish(slot, Finish.length, text)
+            elif text:
+                self._tell(row.ticket, Event(row.index, text))
+
+    def _settings(self, slots: list[int]) -> RowSettings:
+        return RowSettings(self.temperature[slots], self.top_k[slots], self.top_p[slots])
+
+    def _store(self, slots: list[int], logits: np.ndarray, states: tuple[np.ndarray, ...]) -> None:
+        self.logits[slots] = logits
+        for whole, part in zip(self.states, states, strict=True):
+            whole[slots] = part
+
+    def _finish(self, slot: int, reason: Finish, text: str = "") -> None:
+        """End a row's stream: its last ``text``, and what its stop scanner held back (nothing after a stop)."""
+        row = self.rows[slot]
+        if row is not None:
+            self._tell(row.ticket, Event(row.index, text + row.scanner.flush(), reason))
+        self._free(slot, reason)
+
+    def _free(self, slot: int, reason: Finish) -> None:
+        row = self.rows[slot]
+        if row is None:
+            return
+        with self.lock:
+            self.rows[slot] = None
+            row.ticket.open_rows -= 1
+            if row.ticket.open_rows == 0:
+                row.ticket.ended = True
+            self.lock.notify()
+
+    def _end_ticket(self, ticket: Ticket, reason: Finish) -> None:
+        """End a queued ticket: every continuation gets its last event."""
+        ticket.ended = True
+        if not ticket.cancelled:
+            for index in range(ticket.job.rows):
+                self._tell(ticket, Event(index, "", reason))
+
+    def _end_all(self, reason: Finish) -> None:
+        for slot in range(self.slots):
+            self._finish(slot, reason)
+
+    def _tell(self, ticket: Ticket, event: Event) -> None:
+        if ticket.cancelled:
+            return
+        try:
+            ticket.listener(event)
+        except Exception:  # a listener's failure is its request's problem, not the scheduler's
+            log.exception("a request's listener failed")
