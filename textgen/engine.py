@@ -4,11 +4,11 @@ The engine holds ``slots`` rows of LSTM state. One scheduler thread repeats a ro
 
 * requests that were cancelled or ran out of time leave their rows (or the queue);
 * waiting requests take free rows, their states reset to zero;
-* each row still reading its prompt reads a piece of it (``PROMPT_STEPS``), all such rows in one call, so a long
-  prompt does not stall the others' streams;
-* every generating row draws its next characters in one ``Sampler.generate_steps`` call: the batch is the busy
-  rows only (one request runs at the single-stream speed), and a call is short (``CALL_CHARS`` characters over all
-  rows) so that text streams out and newcomers join within tens of milliseconds;
+* every busy row advances in one ``Sampler.generate_steps`` call: a row still reading its prompt is fed its next
+  ids in the call (and starts drawing in it once the prompt ends), the others draw. The batch is the busy rows
+  only (one request runs at the single-stream speed), and a call is short (``CALL_CHARS`` characters over all
+  rows), so that text streams out, newcomers join within tens of milliseconds, and a 100 KB prompt is read a
+  call's steps at a time beside the others' streams;
 * each request hears of its new text through its listener, and finished rows are freed.
 
 Each row draws at the uniforms of (its request's seed, its position, its number in the request), the numbers
@@ -38,8 +38,6 @@ log = logging.getLogger(__name__)
 # at least MIN_STEPS (fewer calls cost Python time per character) and at most MAX_STEPS.
 CALL_CHARS = 1024
 MIN_STEPS, MAX_STEPS = 16, 256
-# Prompt characters each reading row reads per round: 128 at batch 1 take ~15 ms.
-PROMPT_STEPS = 128
 IDLE_WAIT = 0.05  # seconds a round with nothing to do waits for a request (or a drain's deadline)
 
 
@@ -146,10 +144,6 @@ class Row:
     read: int = 0  # prompt ids read so far
     generated: int = 0  # ids drawn so far (the position of its uniforms)
     scanner: StopScanner = field(default_factory=lambda: StopScanner(()))
-
-    @property
-    def reading(self) -> bool:
-        return self.read < len(self.prompt)
 
 
 class Engine:
@@ -265,8 +259,7 @@ class Engine:
                 self._end_all(Finish.error)
 
     def _warm_up(self) -> None:
-        ids = self.sampler.encode_prompts([" "])[0][None, :]
-        logits, states = self.sampler.read(ids, self.sampler.zero_states(1))
+        logits, states = self.logits[:1], self.sampler.zero_states(1)
         self.sampler.generate_steps(
             logits, states, row_uniforms(np.zeros(1), np.zeros(1), np.zeros(1), 2), self._settings([0])
         )
@@ -322,40 +315,35 @@ class Engine:
                 self._finish(slot, Finish.timeout)
             elif self.drain_deadline is not None and now >= self.drain_deadline:
                 self._finish(slot, Finish.shutdown)
-        self._read_prompts()
-        self._generate()
+        self._advance()
 
-    def _read_prompts(self) -> None:
-        slots = [i for i, row in enumerate(self.rows) if row is not None and row.reading]
-        if not slots:
-            return
-        rows = [self.rows[i] for i in slots]
-        steps = min(PROMPT_STEPS, *(len(r.prompt) - r.read for r in rows if r is not None))
-        ids = np.stack([r.prompt[r.read : r.read + steps] for r in rows if r is not None]).astype(np.int32)
-        logits, states = self.sampler.read(ids, tuple(s[slots] for s in self.states))
-        self._store(slots, logits, states)
-        for r in rows:
-            if r is not None:
-                r.read += steps
-
-    def _generate(self) -> None:
-        slots = [i for i, row in enumerate(self.rows) if row is not None and not row.reading]
-        if not slots:
-            return
+    def _advance(self) -> None:
+        """One generate call for every busy row: rows still reading their prompt are fed its next ids (forced),
+        and draw once it ends, in the same call; the rest draw."""
+        slots = [i for i, row in enumerate(self.rows) if row is not None]
         rows = [r for r in (self.rows[i] for i in slots) if r is not None]
-        left = max(r.ticket.job.max_chars - r.generated for r in rows)
+        if not rows:
+            return
+        left = max(len(r.prompt) - r.read + r.ticket.job.max_chars - r.generated for r in rows)
         steps = min(left, max(MIN_STEPS, min(MAX_STEPS, CALL_CHARS // len(slots))))
-        uniforms = row_uniforms(
-            self.seeds[slots], np.array([r.generated for r in rows]), np.array([r.sample for r in rows]), steps
-        )
+        forced = np.full([steps, len(rows)], -1, np.int32)
+        reads = np.array([min(steps, len(r.prompt) - r.read) for r in rows])
+        for b, (row, n) in enumerate(zip(rows, reads, strict=True)):
+            forced[:n, b] = row.prompt[row.read : row.read + n]
+        # A row's draws after its prompt are at positions generated, generated + 1, ...: as textgen sample's.
+        positions = (np.array([r.generated for r in rows], np.int64) - reads).astype(np.uint64)
+        uniforms = row_uniforms(self.seeds[slots], positions, np.array([r.sample for r in rows]), steps)
         ids, logits, states = self.sampler.generate_steps(
-            self.logits[slots], tuple(s[slots] for s in self.states), uniforms, self._settings(slots)
+            self.logits[slots], tuple(s[slots] for s in self.states), uniforms, self._settings(slots), forced
         )
         self._store(slots, logits, states)
-        for slot, row, row_ids in zip(slots, rows, ids, strict=True):
-            take = min(steps, row.ticket.job.max_chars - row.generated)
-            row.generated += take
-            text, stopped = row.scanner.push(self.sampler.vocab.decode(row_ids[:take]))
+        for slot, row, row_ids, n in zip(slots, rows, ids, reads, strict=True):
+            row.read += int(n)
+            drawn = row_ids[n : n + row.ticket.job.max_chars - row.generated]
+            if not drawn.size:
+                continue
+            row.generated += drawn.size
+            text, stopped = row.scanner.push(self.sampler.vocab.decode(drawn))
             if stopped:
                 self._finish(slot, Finish.stop, text)
             elif row.generated >= row.ticket.job.max_chars:

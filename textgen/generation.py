@@ -89,10 +89,16 @@ class Sampler(ABC):
 
     @abstractmethod
     def generate_steps(
-        self, logits: np.ndarray, states: States, uniforms: np.ndarray, settings: RowSettings
+        self,
+        logits: np.ndarray,
+        states: States,
+        uniforms: np.ndarray,
+        settings: RowSettings,
+        forced: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray, States]:
         """Draw one id per row for each row of ``uniforms`` (steps, B) from ``logits`` on, with each row's
-        ``settings``, feeding each back (B, steps); the logits and states after the last."""
+        ``settings``, feeding each back (B, steps); the logits and states after the last. Where ``forced``
+        (steps, B) is not -1, its id is fed (and returned) instead of a drawn one: a prompt read in the call."""
 
     def zero_states(self, batch: int) -> States:
         """All-zero (h, c) for every layer: the state at the start of training's epochs."""

@@ -85,11 +85,19 @@ class LiteRTGenerator(Sampler):
         return logits, states
 
     def generate_steps(
-        self, logits: np.ndarray, states: States, uniforms: np.ndarray, settings: RowSettings
+        self,
+        logits: np.ndarray,
+        states: States,
+        uniforms: np.ndarray,
+        settings: RowSettings,
+        forced: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray, States]:
         out = np.empty([len(logits), len(uniforms)], np.int32)
         for t, u in enumerate(uniforms):
-            out[:, t] = ids = choose_next(logits, settings.temperature, settings.top_k, settings.top_p, u)
+            ids = choose_next(logits, settings.temperature, settings.top_k, settings.top_p, u)
+            if forced is not None:
+                ids = np.where(forced[t] >= 0, forced[t], ids).astype(np.int32)
+            out[:, t] = ids
             logits, states = self.step(ids, states)
         return out, logits, states
 

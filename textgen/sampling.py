@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from textgen.checkpoint import Run
 from textgen.config import ModelConfig
+from textgen.errors import ConfigError
 from textgen.generation import RowSettings, Sampler, States
 from textgen.lstm import layer_norm, lstm_cell, run_unrolled
 from textgen.model import LAYER_NORM_WEIGHTS, build_model
@@ -161,23 +162,26 @@ class Generator(Sampler):
         self.feed_function = tf.function(
             self._feed_impl, input_signature=[tf.TensorSpec([None, None], tf.int32), state_spec], autograph=False
         )
-        self.generate_function = tf.function(
-            self._generate_impl,
-            autograph=False,
-            input_signature=[
-                tf.TensorSpec([None, vocab.size], tf.float32),
-                state_spec,
-                tf.TensorSpec([None, None], tf.float32),  # uniforms (steps, B): one draw per step and row
-                rows,  # temperature of each row
-                tf.TensorSpec([None], tf.int32),  # top_k of each row
-                rows,  # top_p of each row
-            ],
+        chunk_spec = [
+            tf.TensorSpec([None, vocab.size], tf.float32),
+            state_spec,
+            tf.TensorSpec([None, None], tf.float32),  # uniforms (steps, B): one draw per step and row
+            rows,  # temperature of each row
+            tf.TensorSpec([None], tf.int32),  # top_k of each row
+            rows,  # top_p of each row
+        ]
+        self.generate_function = tf.function(self._draw_impl, autograph=False, input_signature=chunk_spec)
+        # A server's rows read their prompts inside the generation call: a forced id (steps, B), -1 where the row
+        # draws. Its own function, so that textgen sample's loop does not pay the choice per character.
+        self.forced_function = tf.function(
+            self._generate_impl, autograph=False, input_signature=[*chunk_spec, tf.TensorSpec([None, None], tf.int32)]
         )
         # Called as concrete functions, not through the tf.function's dispatch: its cache raised a KeyError in one
         # suite run's REPL test (an entry found, then gone when popped; TensorFlow 2.21; three reruns passed), and
         # the sampler's one signature needs no dispatch.
         self.feed_concrete = self.feed_function.get_concrete_function()
         self.generate_concrete = self.generate_function.get_concrete_function()
+        self.forced_concrete = self.forced_function.get_concrete_function()
 
     @classmethod
     def from_run(
@@ -224,7 +228,7 @@ class Generator(Sampler):
         _, logits, states = tf.while_loop(lambda t, *_: t < steps, body, (tf.constant(0), logits, states))
         return logits, states
 
-    def _generate_impl(
+    def _draw_impl(
         self,
         logits: tf.Tensor,
         states: tuple[tf.Tensor, ...],
@@ -233,11 +237,25 @@ class Generator(Sampler):
         top_k: tf.Tensor,
         top_p: tf.Tensor,
     ) -> tuple[tf.Tensor, tf.Tensor, tuple[tf.Tensor, ...]]:
+        return self._generate_impl(logits, states, uniforms, temperature, top_k, top_p, None)
+
+    def _generate_impl(
+        self,
+        logits: tf.Tensor,
+        states: tuple[tf.Tensor, ...],
+        uniforms: tf.Tensor,
+        temperature: tf.Tensor,
+        top_k: tf.Tensor,
+        top_p: tf.Tensor,
+        forced: tf.Tensor | None,
+    ) -> tuple[tf.Tensor, tf.Tensor, tuple[tf.Tensor, ...]]:
         steps = tf.shape(uniforms)[0]
         rows = strategy(temperature, top_k, top_p)
 
         def advance(t: tf.Tensor, logits: tf.Tensor, states: tuple, tokens: tf.TensorArray) -> tuple:
             ids = choose_next(logits, rows, uniforms[t])
+            if forced is not None:
+                ids = tf.where(forced[t] >= 0, forced[t], ids)
             logits, states = self.step(ids, states)
             return t + 1, logits, states, tokens.write(t, ids)
 
@@ -251,9 +269,16 @@ class Generator(Sampler):
         return _numpy(self.feed_concrete(tf.constant(ids, tf.int32), _tensors(states)))
 
     def generate_steps(
-        self, logits: np.ndarray, states: States, uniforms: np.ndarray, settings: RowSettings
+        self,
+        logits: np.ndarray,
+        states: States,
+        uniforms: np.ndarray,
+        settings: RowSettings,
+        forced: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray, States]:
-        return _call_generate(self.generate_concrete, logits, states, uniforms, settings)
+        if forced is None:
+            return _call_generate(self.generate_concrete, logits, states, uniforms, settings)
+        return _call_generate(self.forced_concrete, logits, states, uniforms, settings, forced)
 
 
 class SavedModelGenerator(Sampler):
@@ -267,13 +292,24 @@ class SavedModelGenerator(Sampler):
         self.generate_concrete = self.loaded.generate_chunk.get_concrete_function()
         # An export from before the server took one setting for all rows (scalars, not one per row).
         self.per_row = self.generate_concrete.structured_input_signature[0][3].shape.rank == 1
+        forced = getattr(self.loaded, "generate_forced", None)  # an export from before textgen serve has none
+        self.forced_concrete = None if forced is None else forced.get_concrete_function()
 
     def read(self, ids: np.ndarray, states: States) -> tuple[np.ndarray, States]:
         return _numpy(self.feed_concrete(tf.constant(ids, tf.int32), _tensors(states)))
 
     def generate_steps(
-        self, logits: np.ndarray, states: States, uniforms: np.ndarray, settings: RowSettings
+        self,
+        logits: np.ndarray,
+        states: States,
+        uniforms: np.ndarray,
+        settings: RowSettings,
+        forced: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray, States]:
+        if forced is not None:
+            if self.forced_concrete is None:
+                raise ConfigError("this SavedModel was exported before textgen serve could serve one; export it again")
+            return _call_generate(self.forced_concrete, logits, states, uniforms, settings, forced)
         if self.per_row:
             return _call_generate(self.generate_concrete, logits, states, uniforms, settings)
         ids = np.empty([len(logits), len(uniforms)], np.int32)
@@ -304,18 +340,22 @@ def _call_generate(
     states: States,
     uniforms: np.ndarray,
     settings: RowSettings | tuple[np.generic, np.generic, np.generic],
+    forced: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, States]:
     temperature, top_k, top_p = (
         (settings.temperature, settings.top_k, settings.top_p) if isinstance(settings, RowSettings) else settings
     )
-    ids, new_logits, new_states = function(
+    arguments = [
         tf.constant(logits, tf.float32),
         _tensors(states),
         tf.constant(uniforms, tf.float32),
         tf.constant(temperature, tf.float32),
         tf.constant(top_k, tf.int32),
         tf.constant(top_p, tf.float32),
-    )
+    ]
+    if forced is not None:
+        arguments.append(tf.constant(forced, tf.int32))
+    ids, new_logits, new_states = function(*arguments)
     return ids.numpy(), new_logits.numpy(), tuple(s.numpy() for s in new_states)
 
 
