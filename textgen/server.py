@@ -17,6 +17,7 @@ import math
 import secrets
 import signal
 import socket
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableMapping
 from dataclasses import asdict, dataclass, field
@@ -239,6 +240,7 @@ def create_app(engine: Engine, card: ModelCard, config: ServeConfig, checkpoint_
             raise ApiError(401, message, kind="authentication_error", headers={"WWW-Authenticate": "Bearer"})
 
     api_key = [Depends(authorized)]
+    dispatchers: list[Dispatcher] = []  # one, made on the event loop by the first request
 
     @app.get("/", response_class=HTMLResponse)
     async def playground() -> HTMLResponse:
@@ -307,14 +309,11 @@ def create_app(engine: Engine, card: ModelCard, config: ServeConfig, checkpoint_
     async def completions(body: CompletionRequest, request: Request) -> Response:
         arrived = time.monotonic()
         job, warnings = _job(body, card, engine, config)
-        loop = asyncio.get_running_loop()
+        if not dispatchers:
+            dispatchers.append(Dispatcher(asyncio.get_running_loop()))
         events: asyncio.Queue[Event] = asyncio.Queue()
-
-        def listener(event: Event) -> None:  # called on the engine's thread
-            loop.call_soon_threadsafe(events.put_nowait, event)
-
         try:
-            ticket = engine.submit(job, listener)
+            ticket = engine.submit(job, dispatchers[0].listener(events))
         except QueueFull:
             message = f"all {engine.slots} rows are busy and {engine.max_queue} requests are waiting; retry shortly"
             raise ApiError(429, message, kind="rate_limit_error", headers={"Retry-After": str(RETRY_AFTER)}) from None
@@ -394,6 +393,7 @@ class Completion:
             "created": int(time.time()),
             "model": card.model,
         }
+        self.prefix = (json.dumps(self.head)[:-1] + ', "choices": [').encode()
         self.texts = [""] * job.rows
         self.finishes: list[str | None] = [None] * job.rows
         self.first_char: float | None = None
@@ -463,10 +463,11 @@ class Completion:
                 lines = []
                 for event in batch:
                     self.take(event)
-                    finish = None if event.finish is None else event.finish.value
-                    choice = {"index": event.index, "text": event.text, "logprobs": None, "finish_reason": finish}
-                    lines.append(_sse({**self.head, "choices": [choice], **extra}))
-                    extra = {}
+                    if extra:  # the first event says the seed used, and the warnings
+                        lines.append(_sse({**self.head, "choices": [_choice(event)], **extra}))
+                        extra = {}
+                    else:  # the rest differ only in their choice: ~3x cheaper than encoding each whole
+                        lines.append(b"data: " + self.prefix + json.dumps(_choice(event)).encode() + b"]}\n\n")
                 yield b"".join(lines)
             tail = []
             if self.body.stream_options is not None and self.body.stream_options.include_usage:
@@ -477,6 +478,37 @@ class Completion:
             if self.open_rows:  # the client went away mid-stream
                 cancel()
                 self.end("cancelled")
+
+
+def _choice(event: Event) -> dict[str, Any]:
+    finish = None if event.finish is None else event.finish.value
+    return {"index": event.index, "text": event.text, "logprobs": None, "finish_reason": finish}
+
+
+class Dispatcher:
+    """Hands the engine's events (from its thread) to the requests' queues on the event loop, waking the loop once
+    for all the events of a scheduler round rather than once per event."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.lock = threading.Lock()
+        self.pending: list[tuple[asyncio.Queue[Event], Event]] = []
+
+    def listener(self, queue: asyncio.Queue[Event]) -> Callable[[Event], None]:
+        def listen(event: Event) -> None:
+            with self.lock:
+                self.pending.append((queue, event))
+                first = len(self.pending) == 1
+            if first:
+                self.loop.call_soon_threadsafe(self.flush)
+
+        return listen
+
+    def flush(self) -> None:
+        with self.lock:
+            pending, self.pending = self.pending, []
+        for queue, event in pending:
+            queue.put_nowait(event)
 
 
 def _sse(payload: dict[str, Any]) -> bytes:
