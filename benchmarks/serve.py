@@ -33,6 +33,7 @@ from typing import Any
 PROMPTS = (10, 100, 1000)
 OUTPUTS = (50, 300, 1000)
 OFFLINE_BATCHES = (1, 8, 64)
+MIX = {"prompts": PROMPTS, "outputs": OUTPUTS}  # what clients pick from (--prompts, --outputs)
 
 
 @dataclass
@@ -42,6 +43,7 @@ class Load:
     clients: int
     seconds: float = 0.0
     chars: int = 0
+    prompt_chars: int = 0  # of the requests that got their first character: read by the model too
     completed: int = 0
     first_char: list[float] = field(default_factory=list)
     first_char_100: list[float] = field(default_factory=list)
@@ -80,8 +82,8 @@ async def sse_texts(reader: asyncio.StreamReader) -> AsyncIterator[list[str]]:
         size = int((await reader.readline()).strip() or b"0", 16)
         if size == 0:
             return
-        buffer += await reader.readexactly(size + 2)
-        *events, buffer = buffer.replace(b"\r\n", b"\n").split(b"\n\n")
+        buffer += (await reader.readexactly(size + 2))[:-2]  # a chunk ends with CRLF; an event may span chunks
+        *events, buffer = buffer.split(b"\n\n")
         texts = []
         for event in events:
             data = event.removeprefix(b"data: ")
@@ -94,7 +96,7 @@ async def sse_texts(reader: asyncio.StreamReader) -> AsyncIterator[list[str]]:
 
 async def client(host: str, port: int, model: str, corpus: str, load: Load, end: float, rng: random.Random) -> None:
     while time.monotonic() < end:
-        prompt_chars, out_chars = rng.choice(PROMPTS), rng.choice(OUTPUTS)
+        prompt_chars, out_chars = rng.choice(MIX["prompts"]), rng.choice(MIX["outputs"])
         start = rng.randrange(len(corpus) - prompt_chars)
         body = {"model": model, "prompt": corpus[start : start + prompt_chars], "max_tokens": out_chars, "stream": True}
         sent = time.monotonic()
@@ -116,6 +118,7 @@ async def client(host: str, port: int, model: str, corpus: str, load: Load, end:
                 chars = sum(len(t) for t in texts)
                 load.chars += chars
                 if last is None and chars:
+                    load.prompt_chars += prompt_chars
                     load.first_char.append(now - sent)
                     if prompt_chars == 100:
                         load.first_char_100.append(now - sent)
@@ -206,10 +209,13 @@ def main() -> None:
     parser.add_argument("--corpus", type=Path, default=Path("../shared/corpora/2600-0.txt"), help="prompts' text")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 64, 256])
     parser.add_argument("--seconds", type=float, default=20.0, help="load per concurrency")
+    parser.add_argument("--prompts", type=int, nargs="+", default=list(PROMPTS), help="prompt lengths to pick from")
+    parser.add_argument("--outputs", type=int, nargs="+", default=list(OUTPUTS), help="output lengths to pick from")
     parser.add_argument("--json", action="store_true", help="one JSON object instead of a table")
     args = parser.parse_args()
 
     corpus = args.corpus.read_text(encoding="utf-8-sig")[:2_000_000]
+    MIX.update(prompts=tuple(args.prompts), outputs=tuple(args.outputs))
     rates = offline_rates(args.run, args.checkpoint_dir, min(args.seconds, 10.0))
     proc, url = start_server(args.run, args.checkpoint_dir)
     host, port = url.removeprefix("http://").split(":")
@@ -226,6 +232,7 @@ def main() -> None:
                 {
                     "clients": clients,
                     "chars_per_s": rate,
+                    "with_prompts_chars_per_s": (load.chars + load.prompt_chars) / load.seconds,
                     "offline_batch": min(clients, 64),
                     "offline_chars_per_s": offline,
                     "ratio": rate / offline,
@@ -253,13 +260,15 @@ def main() -> None:
         return
     print("offline textgen sample chars/s: " + ", ".join(f"batch {b}: {r:,.0f}" for b, r in rates.items()))
     print(
-        "| clients | chars/s | vs offline (batch) | completed | first char p50/p95/p99 ms | p95, 100-char prompts | gap p95 ms | errors | rows busy after |"
+        "| clients | chars/s generated | vs offline (batch) | with prompts read | vs offline | completed | first char p50/p95/p99 ms | p95, 100-char prompts | gap p95 ms | errors | rows busy after |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
     for r in results:
         errors = ", ".join(f"{k}: {v}" for k, v in r["errors"].items()) or "none"
         print(
-            f"| {r['clients']} | {r['chars_per_s']:,.0f} | {r['ratio']:.2f} ({r['offline_batch']}) | {r['completed']} | "
+            f"| {r['clients']} | {r['chars_per_s']:,.0f} | {r['ratio']:.2f} ({r['offline_batch']}) | "
+            f"{r['with_prompts_chars_per_s']:,.0f} | {r['with_prompts_chars_per_s'] / r['offline_chars_per_s']:.2f} | "
+            f"{r['completed']} | "
             f"{r['first_char_p50_ms']} / {r['first_char_p95_ms']} / {r['first_char_p99_ms']} | "
             f"{r['first_char_p95_prompt100_ms']} | {r['gap_p95_ms']} | {errors} | {r['rows_busy_after']} |"
         )

@@ -319,3 +319,28 @@ def test_a_two_layer_layer_normalized_run_exports_with_its_four_states(tmp_path:
         sampler, info = open_artifact(exported)
         assert info.model.layers == 2 and info.model.layer_norm and len(sampler.zero_states(1)) == 4
         assert sampler.generate([PROMPT, "a"], greedy) == expected
+
+
+@pytest.mark.parametrize("name", ["litert", "savedmodel"])
+def test_an_export_is_served_with_the_text_its_sampler_gives(exports: dict[str, Path], name: str) -> None:
+    from starlette.testclient import TestClient
+
+    from textgen.config import SampleConfig, ServeConfig
+    from textgen.engine import Engine
+    from textgen.runtime import open_artifact
+    from textgen.server import card_of_export, create_app
+
+    sampler, info = open_artifact(exports[name])
+    engine = Engine(sampler, slots=4, max_queue=4)
+    engine.start()
+    card = card_of_export(exports[name].name, info)
+    body = {"model": card.model, "prompt": PROMPT, "max_tokens": 80, "seed": 3, "n": 2, "top_k": 5}
+    try:
+        with TestClient(create_app(engine, card, ServeConfig())) as client:
+            answer = client.post("/v1/completions", json=body).json()
+            assert client.get("/info").json()["source"] == info.format
+            assert client.get("/runs").status_code == 404  # an export has no checkpoint directory
+    finally:
+        engine.close()
+    expected = sampler.generate([PROMPT] * 2, SampleConfig(length=80, num=2, seed=3, top_k=5))
+    assert [c["text"] for c in answer["choices"]] == expected
