@@ -309,6 +309,8 @@ def test_sampler_settings_apply_to_exports(exports: dict[str, Path]) -> None:
     assert not sampler.vocab.unknown_chars("".join(texts).replace("\n", ""))
 
 
+# 31 s: trains and exports a second run (run with -m slow)
+@pytest.mark.slow
 def test_a_two_layer_layer_normalized_run_exports_with_its_four_states(tmp_path: Path) -> None:
     model = {"units": 16, "layers": 2, "embedding_dim": 8, "layer_norm": True}
     run = train_tiny_run(tmp_path, "two", model, {"epochs": 2, "lr": 0.02})

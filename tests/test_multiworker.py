@@ -144,6 +144,8 @@ def test_a_killed_worker_stops_the_other_with_a_clear_error_and_the_cluster_resu
     assert json.loads((checkpoint_dir / "mw" / "state.json").read_text())["step"] > state["step"]
 
 
+# 33 s; the killed chief above covers a cluster that stops (run with -m slow)
+@pytest.mark.slow
 def test_sigterm_on_one_worker_stops_the_cluster_cleanly_with_a_resumable_run(tmp_path: Path, corpus: Path) -> None:
     checkpoint_dir = tmp_path / "ck"
     args = [str(corpus), *SETTINGS, "--epochs", "2", "--run", "mw", "--checkpoint-dir", str(checkpoint_dir)]

@@ -226,6 +226,8 @@ def test_an_interrupted_trial_from_before_layer_norm_resumes_without_it() -> Non
         assert recipe["model"]["layer_norm"] is False and recipe["training"]["lr"] == 0.002
 
 
+# 61 s: a study killed mid-trial and resumed (run with -m slow)
+@pytest.mark.slow
 def test_a_stopped_study_resumes_its_trial(tmp_path: Path) -> None:
     """Ctrl-C saves the running trial; a kill leaves it running in the database. Either way the same command
     resumes it (a new trial trains its run on from its resume point) and never reruns a finished trial. One
