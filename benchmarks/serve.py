@@ -2,7 +2,7 @@
 
 The offline sampler (``textgen sample``'s ``Generator.generate``) is timed in this process at batch 1, 8 and 64;
 then ``textgen serve --slots 64 --max-queue 128`` is started on a loopback port and driven by C asynchronous
-clients (C = 1, 8, 64, 256) for ``--seconds`` each. Every client loops: a streamed completion with a prompt of
+clients (C = 1, 8, 64, 256) for ``--seconds`` each, arriving over its first second. Every client loops: a streamed completion with a prompt of
 10, 100 or 1,000 characters of the corpus and 50, 300 or 1,000 characters to generate, picked at random (seeded);
 a 429 waits its Retry-After. Reported per C: characters received per second and the ratio to the offline rate at
 batch min(C, 64), time to first character (p50/p95/p99, and p95 for the 100-character prompts), the p95 gap
@@ -95,6 +95,9 @@ async def sse_texts(reader: asyncio.StreamReader) -> AsyncIterator[list[str]]:
 
 
 async def client(host: str, port: int, model: str, corpus: str, load: Load, end: float, rng: random.Random) -> None:
+    # Clients arrive over the first second, as users do, not all in one instant: 64 requests at once would wait for
+    # one another's prompts, and at 64 clients that burst alone is over 5% of the requests of a 20 s load.
+    await asyncio.sleep(rng.random())
     while time.monotonic() < end:
         prompt_chars, out_chars = rng.choice(MIX["prompts"]), rng.choice(MIX["outputs"])
         start = rng.randrange(len(corpus) - prompt_chars)
@@ -167,6 +170,16 @@ def server_state(url: str) -> dict[str, Any]:
         return json.load(response)
 
 
+def first_char_buckets(url: str) -> dict[str, float]:
+    """The server's own count of requests by time to first character (cumulative, Prometheus buckets)."""
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as response:
+        text = response.read().decode()
+    found = re.findall(r'textgen_time_to_first_char_seconds_bucket\{le="([^"]+)"\} ([0-9.e+]+)', text)
+    return {le: float(n) for le, n in found}
+
+
 def percentile(values: list[float], q: int) -> float | None:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) >= 2 else None
 
@@ -191,8 +204,8 @@ def offline_rates(run: str, checkpoint_dir: Path, seconds: float) -> dict[int, f
     return rates
 
 
-def start_server(run: str, checkpoint_dir: Path) -> tuple[subprocess.Popen, str]:
-    command = [sys.executable, "-m", "textgen", "serve", "--run", run, "--checkpoint-dir", str(checkpoint_dir)]
+def start_server(run: str, checkpoint_dir: Path, flags: list[str]) -> tuple[subprocess.Popen, str]:
+    command = [sys.executable, "-m", "textgen", "serve", "--run", run, "--checkpoint-dir", str(checkpoint_dir), *flags]
     command += ["--port", "0", "--slots", "64", "--max-queue", "128"]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
@@ -212,19 +225,24 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, nargs="+", default=list(PROMPTS), help="prompt lengths to pick from")
     parser.add_argument("--outputs", type=int, nargs="+", default=list(OUTPUTS), help="output lengths to pick from")
     parser.add_argument("--json", action="store_true", help="one JSON object instead of a table")
+    parser.add_argument("--serve-flags", nargs="*", default=[], help="more flags for textgen serve, e.g. --prefill=128")
     args = parser.parse_args()
 
     corpus = args.corpus.read_text(encoding="utf-8-sig")[:2_000_000]
     MIX.update(prompts=tuple(args.prompts), outputs=tuple(args.outputs))
     rates = offline_rates(args.run, args.checkpoint_dir, min(args.seconds, 10.0))
-    proc, url = start_server(args.run, args.checkpoint_dir)
+    proc, url = start_server(args.run, args.checkpoint_dir, args.serve_flags)
     host, port = url.removeprefix("http://").split(":")
     results = []
     try:
         asyncio.run(drive(host, int(port), args.run, corpus, 1, 2.0))  # warm the server's paths
         for clients in args.clients:
+            before = first_char_buckets(url)
             load = asyncio.run(drive(host, int(port), args.run, corpus, clients, args.seconds))
             time.sleep(0.5)
+            after = first_char_buckets(url)
+            counted = after["+Inf"] - before["+Inf"]
+            within = {le: (after[le] - before[le]) / counted for le in ("0.1", "0.15", "0.25")} if counted else {}
             state = server_state(url)
             offline = rates[min((b for b in OFFLINE_BATCHES if b >= min(clients, 64)), default=64)]
             rate = load.chars / load.seconds
@@ -244,6 +262,7 @@ def main() -> None:
                     "gap_p95_ms": _ms(percentile(load.gaps, 95)),
                     "errors": load.errors,
                     "rows_busy_after": state["rows_busy"],
+                    "server_first_char_within_s": within,
                 }
             )
         left = time.monotonic()
@@ -272,6 +291,11 @@ def main() -> None:
             f"{r['first_char_p50_ms']} / {r['first_char_p95_ms']} / {r['first_char_p99_ms']} | "
             f"{r['first_char_p95_prompt100_ms']} | {r['gap_p95_ms']} | {errors} | {r['rows_busy_after']} |"
         )
+    for r in results:
+        shares = ", ".join(
+            f"{float(le) * 1000:.0f} ms: {share:.0%}" for le, share in r["server_first_char_within_s"].items()
+        )
+        print(f"{r['clients']} clients: first character within (server's own clock) {shares}")
     print(f"100 clients leaving after their first chunk: every row free {freed:.2f} s after the last left")
     print(f"SIGTERM: exit {exit_code}")
 

@@ -182,3 +182,19 @@ def test_draining_ends_running_and_queued_requests_and_refuses_new_ones(sampler)
     assert engine.busy_rows == 0
     engine.close()
     assert not engine.thread.is_alive()
+
+
+def test_prompts_read_on_arrival_give_the_same_text(sampler) -> None:
+    engine = Engine(sampler, slots=8, max_queue=8, prefill=64)
+    engine.start()
+    try:
+        short = submit(engine, Job(("The ",), max_chars=200, n=2, temperature=0.9, seed=4))
+        long = submit(engine, Job(("a prompt longer than the prefill " * 4,), max_chars=100, seed=5))
+        texts = short.wait().texts
+        long_text = long.wait().texts[0]
+    finally:
+        engine.close()
+    assert [texts[0], texts[1]] == sampler.generate(
+        ["The "] * 2, SampleConfig(length=200, num=2, temperature=0.9, seed=4)
+    )
+    assert long_text == sampler.generate(["a prompt longer than the prefill " * 4], SampleConfig(length=100, seed=5))[0]

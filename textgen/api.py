@@ -247,7 +247,7 @@ def serve(
             from textgen.runs import run_summary
 
             card = card_of_run(run_summary(find_run(checkpoint_dir, source.name)), sampler.cfg, sampler.vocab.size)
-        engine = Engine(sampler, config.slots, config.max_queue)
+        engine = Engine(sampler, config.slots, config.max_queue, config.prefill)
         engine.start()
         try:
             app = create_app(engine, card, config, None if model is not None else checkpoint_dir)

@@ -718,10 +718,17 @@ def serve(
     drain: Annotated[
         float, typer.Option(help="Seconds running streams may go on after SIGTERM or Ctrl-C")
     ] = SERVING.drain_seconds,
+    prefill: Annotated[
+        int,
+        typer.Option(
+            help="Read prompts of up to N characters on arrival, apart from the batch: a sooner first character, "
+            "paid for by the other streams (0: read every prompt in the batch)"
+        ),
+    ] = SERVING.prefill,
 ) -> None:
     """Serve a run (or an export) to many clients at once: an OpenAI-compatible API and a page to try it."""
     with _errors():
-        config = ServeConfig(host, port, slots, max_queue, api_key, max_body, request_timeout, drain)
+        config = ServeConfig(host, port, slots, max_queue, api_key, max_body, request_timeout, drain, prefill)
         api.serve(config, checkpoint_dir, run, model, lambda url, source: ui.show_serving(console, url, source, config))
     console.print("stopped")
 

@@ -637,12 +637,15 @@ class ServeConfig:
     max_body: int = 2**20  # bytes of a request body
     request_timeout: float = 600.0  # seconds a request may run, queued or generating
     drain_seconds: float = 3.0  # on SIGTERM or Ctrl-C, how long running streams may go on before they are ended
+    prefill: int = 128  # prompts up to this many characters are read on arrival, apart from the batch
 
     def __post_init__(self) -> None:
         _require(isinstance(self.port, int) and 0 <= self.port <= 65535, "port", "in 0..65535", self.port)
         _positive_int(self, "slots", "max_body")
         _require(self.slots <= MAX_SAMPLES, "slots", f"at most {MAX_SAMPLES:,}", self.slots)
-        _require(isinstance(self.max_queue, int) and self.max_queue >= 0, "max_queue", "0 or more", self.max_queue)
+        for name in ("max_queue", "prefill"):
+            value = getattr(self, name)
+            _require(isinstance(value, int) and value >= 0, name, "0 or more", value)
         _require(self.api_key is None or bool(self.api_key.strip()), "api_key", "a non-empty key", "")
         for name in ("request_timeout", "drain_seconds"):
             value = getattr(self, name)
