@@ -188,6 +188,23 @@ def test_a_client_that_goes_away_frees_its_row(client, served) -> None:
         time.sleep(0.01)
 
 
+def test_a_client_that_stops_waiting_for_a_whole_answer_frees_its_row(client, served) -> None:
+    body = {"model": served.model, "prompt": "x", "max_tokens": 10**6}
+    with pytest.raises(httpx.ReadTimeout):
+        client.post("/v1/completions", json=body, timeout=0.3)
+    deadline = time.monotonic() + 3.0
+    while served.engine.busy_rows:
+        assert time.monotonic() < deadline, "the row is still busy after its client left"
+        time.sleep(0.02)
+    assert 'textgen_requests_total{outcome="cancelled"}' in client.get("/metrics").text
+
+
+def test_a_union_field_says_each_reason_once(client, served) -> None:
+    error = completion(client, served, prompt="x", stop=["a", "b", "c", "d", "e"]).json()["error"]
+    assert error["param"] == "stop"
+    assert "at most 4" in error["message"] and error["message"].count("stop:") == 1
+
+
 def test_health_ready_metrics_and_info(client, served) -> None:
     completion(client, served, prompt="x", max_tokens=7)
     assert client.get("/health").json() == {"status": "ok"}

@@ -119,14 +119,12 @@ class StopScanner:
 
 @dataclass(eq=False)
 class Ticket:
-    """A submitted job: its listener, its deadline, and how many of its rows are still running."""
+    """A submitted job: its listener, its deadline, and whether its client went away."""
 
     job: Job
     listener: Listener
     submitted: float = field(default_factory=time.monotonic)
     cancelled: bool = False
-    open_rows: int = 0
-    ended: bool = False
 
     @property
     def deadline(self) -> float:
@@ -260,9 +258,8 @@ class Engine:
 
     def _warm_up(self) -> None:
         logits, states = self.logits[:1], self.sampler.zero_states(1)
-        self.sampler.generate_steps(
-            logits, states, row_uniforms(np.zeros(1), np.zeros(1), np.zeros(1), 2), self._settings([0])
-        )
+        uniforms, forced = row_uniforms(np.zeros(1), np.zeros(1), np.zeros(1), 2), np.full([2, 1], -1, np.int32)
+        self.sampler.generate_steps(logits, states, uniforms, self._settings([0]), forced)  # the call rounds make
 
     def _take_waiting(self, now: float) -> list[Ticket]:
         """Under the lock: drop queued tickets that were cancelled or timed out, end them all when draining, and
@@ -293,7 +290,6 @@ class Engine:
             for sample in range(job.n):
                 slot = next(free)
                 self.rows[slot] = Row(ticket, p * job.n + sample, sample, prompt, scanner=StopScanner(job.stops))
-        ticket.open_rows = job.rows
 
     def _start_rows(self, tickets: list[Ticket]) -> None:
         """Reset the state of the rows ``tickets`` took, and set their strategy."""
@@ -310,7 +306,7 @@ class Engine:
             if row is None:
                 continue
             if row.ticket.cancelled:
-                self._free(slot, Finish.cancelled)
+                self._free(slot)
             elif now >= row.ticket.deadline:
                 self._finish(slot, Finish.timeout)
             elif self.drain_deadline is not None and now >= self.drain_deadline:
@@ -380,25 +376,17 @@ class Engine:
         row = self.rows[slot]
         if row is not None:
             self._tell(row.ticket, Event(row.index, text + row.scanner.flush(), reason))
-        self._free(slot, reason)
+        self._free(slot)
 
-    def _free(self, slot: int, reason: Finish) -> None:
-        row = self.rows[slot]
-        if row is None:
-            return
-        with self.lock:
+    def _free(self, slot: int) -> None:
+        with self.lock:  # submit counts the free rows under it
             self.rows[slot] = None
-            row.ticket.open_rows -= 1
-            if row.ticket.open_rows == 0:
-                row.ticket.ended = True
             self.lock.notify()
 
     def _end_ticket(self, ticket: Ticket, reason: Finish) -> None:
         """End a queued ticket: every continuation gets its last event."""
-        ticket.ended = True
-        if not ticket.cancelled:
-            for index in range(ticket.job.rows):
-                self._tell(ticket, Event(index, "", reason))
+        for index in range(ticket.job.rows):
+            self._tell(ticket, Event(index, "", reason))
 
     def _end_all(self, reason: Finish) -> None:
         for slot in range(self.slots):

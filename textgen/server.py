@@ -41,6 +41,7 @@ from textgen.plot import loss_svg, read_history
 from textgen.results import RunSummary
 from textgen.runs import run_summaries
 
+DISCONNECT_CHECK = 0.5  # seconds between checks that a non-streamed request's client is still there
 RETRY_AFTER = 1  # seconds a refused client is told to wait: rows free every few tens of milliseconds under load
 MAX_PROMPTS = 64  # prompts in one request (each takes n rows)
 # Time to first character: tens of milliseconds when a row is free, up to seconds when queued.
@@ -218,11 +219,10 @@ def create_app(engine: Engine, card: ModelCard, config: ServeConfig, checkpoint_
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         metrics.requests.labels("invalid").inc()
-        first = exc.errors()[0]
-        location = [str(part) for part in first["loc"] if part != "body"]
-        param = ".".join(location) or None
-        reason = first["msg"][0].lower() + first["msg"][1:]
-        return ApiError(422, f"{param or 'the body'}: {reason}", param).response()
+        errors = exc.errors()
+        field = _field(errors[0])  # a union's field fails once per member: say each reason once
+        reasons = dict.fromkeys(e["msg"][:1].lower() + e["msg"][1:] for e in errors if _field(e) == field)
+        return ApiError(422, f"{field or 'the body'}: {' or '.join(reasons)}", field).response()
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
@@ -309,8 +309,8 @@ def create_app(engine: Engine, card: ModelCard, config: ServeConfig, checkpoint_
     async def completions(body: CompletionRequest, request: Request) -> Response:
         arrived = time.monotonic()
         job, warnings = _job(body, card, engine, config)
-        if not dispatchers:
-            dispatchers.append(Dispatcher(asyncio.get_running_loop()))
+        if not dispatchers or dispatchers[0].loop is not asyncio.get_running_loop():
+            dispatchers[:] = [Dispatcher(asyncio.get_running_loop())]
         events: asyncio.Queue[Event] = asyncio.Queue()
         try:
             ticket = engine.submit(job, dispatchers[0].listener(events))
@@ -326,9 +326,7 @@ def create_app(engine: Engine, card: ModelCard, config: ServeConfig, checkpoint_
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
-        finished = await completion.collect(events, request)
-        if not finished:
-            engine.cancel(ticket)
+        if not await completion.collect(events, request, lambda: engine.cancel(ticket)):
             return Response(status_code=499)  # nobody is listening
         return JSONResponse(completion.whole())
 
@@ -439,17 +437,21 @@ class Completion:
     def _warnings(self) -> dict[str, list[str]]:
         return {"warnings": self.warnings} if self.warnings else {}
 
-    async def collect(self, events: asyncio.Queue[Event], request: Request) -> bool:
-        """Wait for every row's last event (True), or for the client to go away (False)."""
-        while self.open_rows:
-            try:
-                self.take(await asyncio.wait_for(events.get(), 0.5))
-            except asyncio.TimeoutError:
-                if await request.is_disconnected():
-                    self.end("cancelled")
-                    return False
-        self.end(self.outcome())
-        return True
+    async def collect(self, events: asyncio.Queue[Event], request: Request, cancel: Callable[[], None]) -> bool:
+        """Wait for every row's last event (True), or for the client to go away (False), checked every
+        ``DISCONNECT_CHECK`` seconds."""
+        checked = time.monotonic()
+        try:
+            while self.open_rows:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    self.take(await asyncio.wait_for(events.get(), DISCONNECT_CHECK))
+                if self.open_rows and time.monotonic() - checked >= DISCONNECT_CHECK:
+                    checked = time.monotonic()
+                    if await request.is_disconnected():
+                        return False
+            return True
+        finally:
+            self._close(cancel)
 
     async def stream(self, events: asyncio.Queue[Event], cancel: Callable[[], None]) -> AsyncIterator[bytes]:
         """Server-sent events in OpenAI's chunk format: one per engine event (several characters), every event
@@ -473,11 +475,22 @@ class Completion:
             if self.body.stream_options is not None and self.body.stream_options.include_usage:
                 tail.append(_sse({**self.head, "choices": [], "usage": self.usage()}))
             yield b"".join([*tail, b"data: [DONE]\n\n"])
-            self.end(self.outcome())
         finally:
-            if self.open_rows:  # the client went away mid-stream
-                cancel()
-                self.end("cancelled")
+            self._close(cancel)
+
+    def _close(self, cancel: Callable[[], None]) -> None:
+        """Count the request by its outcome; give its rows back if its client went away before its end."""
+        if self.open_rows:
+            cancel()
+            self.end("cancelled")
+        else:
+            self.end(self.outcome())
+
+
+def _field(error: Any) -> str | None:
+    """The request field a validation error is about (None: the body as a whole, e.g. its JSON)."""
+    location = error["loc"]
+    return str(location[1]) if len(location) > 1 and isinstance(location[1], str) else None
 
 
 def _choice(event: Event) -> dict[str, Any]:
