@@ -1,0 +1,347 @@
+"""OpenAI's completions API in textgen's terms, for ``textgen serve``: the request body and its checks, the engine job
+it becomes, the answer built from the engine's events (whole, or streamed as server-sent events), the errors as
+that API words them, and the metrics the answers count. No TensorFlow here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+import prometheus_client as prom
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+from textgen.config import MAX_REQUEST_CHARS, SampleConfig, ServeConfig
+from textgen.engine import Engine, Event, Finish, Job
+from textgen.errors import FieldError
+
+DISCONNECT_CHECK = 0.5  # seconds between checks that a non-streamed request's client is still there
+
+
+MAX_PROMPTS = 64  # prompts in one request (each takes n rows)
+
+
+# Time to first character: tens of milliseconds when a row is free, up to seconds when queued.
+TTFC_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+# Our fields are named as the OpenAI API names them; SampleConfig's as the CLI does.
+API_FIELDS = {"length": "max_tokens", "num": "n"}
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    """What the server says of its model: ``GET /info`` and ``GET /v1/models``."""
+
+    model: str
+    source: str  # "run", "litert" or "savedmodel"
+    vocab_size: int
+    units: int
+    layers: int
+    embedding_dim: int
+    parameters: int
+    training: dict[str, Any] = field(default_factory=dict)  # best_val_loss, best_val_bpc, epochs, ...
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+class ApiError(Exception):
+    """An answer other than 200, as OpenAI's API words errors: ``{"error": {"message", "type", "param", "code"}}``."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        kind: str = "invalid_request_error",
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind, self.headers = status, message, param, kind, headers
+
+    def response(self) -> JSONResponse:
+        error = {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}
+        return JSONResponse({"error": error}, self.status, headers=self.headers)
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: StrictBool = False
+
+
+Finite = Annotated[float, Field(allow_inf_nan=False, strict=True)]  # an integer is a number too; a string is not
+
+
+class CompletionRequest(BaseModel):
+    """``POST /v1/completions``' body: OpenAI's fields (``max_tokens`` counts characters), and textgen's ``top_k``.
+    Fields of that API that a character model cannot honour are refused when set, not ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: StrictStr
+    prompt: StrictStr | Annotated[list[StrictStr], Field(min_length=1, max_length=MAX_PROMPTS)] = ""
+    max_tokens: Annotated[int, Field(strict=True, ge=1, le=MAX_REQUEST_CHARS)] = SampleConfig.length
+    temperature: Finite = SampleConfig.temperature
+    top_p: Finite = 1.0
+    top_k: StrictInt = 0
+    n: Annotated[int, Field(strict=True, ge=1)] = 1
+    seed: StrictInt | None = None
+    stop: StrictStr | Annotated[list[StrictStr], Field(max_length=4)] | None = None
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    user: StrictStr | None = None  # recorded by OpenAI for abuse reports; accepted and unused here
+    echo: Literal[False] = False
+    logprobs: None = None
+    suffix: None = None
+    best_of: Literal[1] | None = None
+    presence_penalty: Literal[0] | None = None
+    frequency_penalty: Literal[0] | None = None
+    logit_bias: Annotated[dict[str, float], Field(max_length=0)] | None = None
+
+    @property
+    def prompts(self) -> tuple[str, ...]:
+        return (self.prompt,) if isinstance(self.prompt, str) else tuple(self.prompt)
+
+    @property
+    def stops(self) -> tuple[str, ...]:
+        return () if self.stop is None else (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+
+class Metrics:
+    """The server's Prometheus metrics, in a registry of its own."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.registry = prom.CollectorRegistry()
+        self.requests = prom.Counter(
+            "textgen_requests", "Completion requests by outcome", ["outcome"], registry=self.registry
+        )
+        prom.Gauge("textgen_queue_length", "Requests waiting for rows", registry=self.registry).set_function(
+            lambda: engine.queue_length
+        )
+        prom.Gauge("textgen_rows_busy", "Rows generating or reading a prompt", registry=self.registry).set_function(
+            lambda: engine.busy_rows
+        )
+        self.chars = prom.Counter("textgen_chars_generated", "Characters sent to clients", registry=self.registry)
+        self.first_char = prom.Histogram(
+            "textgen_time_to_first_char_seconds",
+            "From a request's arrival to its first generated character",
+            buckets=TTFC_BUCKETS,
+            registry=self.registry,
+        )
+        self.duration = prom.Histogram(
+            "textgen_request_duration_seconds",
+            "From a request's arrival to its last event",
+            buckets=DURATION_BUCKETS,
+            registry=self.registry,
+        )
+
+
+def check_model(name: str, card: ModelCard) -> None:
+    if name != card.model:
+        message = f"the model {name!r} is not served here; this server serves {card.model!r} (GET /v1/models)"
+        raise ApiError(404, message, "model", kind="not_found")
+
+
+def completion_job(
+    body: CompletionRequest, card: ModelCard, engine: Engine, config: ServeConfig
+) -> tuple[Job, list[str]]:
+    """The engine's job for a checked request, and the warnings its answer carries."""
+    check_model(body.model, card)
+    try:  # the sampling settings' bounds are the CLI's
+        settings = SampleConfig(
+            length=body.max_tokens,
+            temperature=float(body.temperature),
+            top_k=body.top_k,
+            top_p=float(body.top_p),
+            seed=body.seed,
+        ).seeded()
+    except FieldError as exc:
+        param = API_FIELDS.get(exc.field, exc.field)
+        raise ApiError(422, f"{param} must be {exc.rule}", param) from None
+    rows = len(body.prompts) * body.n
+    if rows > engine.slots:
+        message = f"{rows} continuations (prompts x n) are more than the server's {engine.slots} rows"
+        raise ApiError(422, message, "n")
+    vocab = engine.sampler.vocab
+    warnings = [note for note in (vocab.unknown_note(p) for p in body.prompts) if note]
+    job = Job(
+        body.prompts,
+        body.max_tokens,
+        body.n,
+        settings.temperature,
+        settings.top_k,
+        settings.top_p,
+        settings.seed or 0,
+        body.stops,
+        config.request_timeout,
+    )
+    return job, warnings
+
+
+class Completion:
+    """One request's answer as it builds up: streamed as OpenAI's chunks, or whole."""
+
+    def __init__(
+        self, body: CompletionRequest, job: Job, card: ModelCard, warnings: list[str], arrived: float, metrics: Metrics
+    ) -> None:
+        self.body, self.job, self.warnings, self.arrived, self.metrics = body, job, warnings, arrived, metrics
+        self.head = {
+            "id": "cmpl-" + secrets.token_hex(12),
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": card.model,
+        }
+        self.prefix = (json.dumps(self.head)[:-1] + ', "choices": [').encode()
+        self.texts = [""] * job.rows
+        self.finishes: list[str | None] = [None] * job.rows
+        self.first_char: float | None = None
+
+    def take(self, event: Event) -> None:
+        """Record one of the engine's events."""
+        if event.text:
+            self.texts[event.index] += event.text
+            self.metrics.chars.inc(len(event.text))
+            if self.first_char is None:
+                self.first_char = time.monotonic()
+                self.metrics.first_char.observe(self.first_char - self.arrived)
+        if event.finish is not None:
+            self.finishes[event.index] = event.finish.value
+
+    @property
+    def open_rows(self) -> int:
+        return sum(f is None for f in self.finishes)
+
+    def end(self, outcome: str) -> None:
+        self.metrics.requests.labels(outcome).inc()
+        self.metrics.duration.observe(time.monotonic() - self.arrived)
+
+    def outcome(self) -> str:
+        reasons = set(self.finishes)
+        for worst in (Finish.error, Finish.shutdown, Finish.timeout):
+            if worst.value in reasons:
+                return worst.value
+        return "completed"
+
+    def usage(self) -> dict[str, int]:
+        prompt = sum(len(p) for p in self.job.prompts) * self.job.n
+        completion = sum(len(t) for t in self.texts)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def whole(self) -> dict[str, Any]:
+        choices = [
+            {"index": i, "text": text, "logprobs": None, "finish_reason": finish}
+            for i, (text, finish) in enumerate(zip(self.texts, self.finishes, strict=True))
+        ]
+        return {**self.head, "choices": choices, "usage": self.usage(), "seed": self.job.seed, **self._warnings()}
+
+    def _warnings(self) -> dict[str, list[str]]:
+        return {"warnings": self.warnings} if self.warnings else {}
+
+    async def collect(self, events: asyncio.Queue[Event], request: Request, cancel: Callable[[], None]) -> bool:
+        """Wait for every row's last event (True), or for the client to go away (False), checked every
+        ``DISCONNECT_CHECK`` seconds."""
+        checked = time.monotonic()
+        try:
+            while self.open_rows:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    self.take(await asyncio.wait_for(events.get(), DISCONNECT_CHECK))
+                if self.open_rows and time.monotonic() - checked >= DISCONNECT_CHECK:
+                    checked = time.monotonic()
+                    if await request.is_disconnected():
+                        return False
+            return True
+        finally:
+            self._close(cancel)
+
+    async def stream(self, events: asyncio.Queue[Event], cancel: Callable[[], None]) -> AsyncIterator[bytes]:
+        """Server-sent events in OpenAI's chunk format: one per engine event (several characters), every event
+        waiting at once sent in one write, ``data: [DONE]`` last."""
+        extra: dict[str, Any] = {"seed": self.job.seed, **self._warnings()}
+        try:
+            while self.open_rows:
+                batch = [await events.get()]
+                while not events.empty():
+                    batch.append(events.get_nowait())
+                lines = []
+                for event in batch:
+                    self.take(event)
+                    if extra:  # the first event says the seed used, and the warnings
+                        lines.append(_sse({**self.head, "choices": [_choice(event)], **extra}))
+                        extra = {}
+                    else:  # the rest differ only in their choice: ~3x cheaper than encoding each whole
+                        lines.append(b"data: " + self.prefix + json.dumps(_choice(event)).encode() + b"]}\n\n")
+                yield b"".join(lines)
+            tail = []
+            if self.body.stream_options is not None and self.body.stream_options.include_usage:
+                tail.append(_sse({**self.head, "choices": [], "usage": self.usage()}))
+            yield b"".join([*tail, b"data: [DONE]\n\n"])
+        finally:
+            self._close(cancel)
+
+    def _close(self, cancel: Callable[[], None]) -> None:
+        """Count the request by its outcome; give its rows back if its client went away before its end."""
+        if self.open_rows:
+            cancel()
+            self.end("cancelled")
+        else:
+            self.end(self.outcome())
+
+
+def _field(error: Any) -> str | None:
+    """The request field a validation error is about (None: the body as a whole, e.g. its JSON)."""
+    location = error["loc"]
+    return str(location[1]) if len(location) > 1 and isinstance(location[1], str) else None
+
+
+def _choice(event: Event) -> dict[str, Any]:
+    finish = None if event.finish is None else event.finish.value
+    return {"index": event.index, "text": event.text, "logprobs": None, "finish_reason": finish}
+
+
+def _sse(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
+
+
+def validation_error(errors: Sequence[Any]) -> ApiError:
+    """A 422 naming the field the first of pydantic's ``errors`` is about; a union's field fails once per member,
+    so each reason is said once."""
+    field = _field(errors[0])
+    reasons = dict.fromkeys(e["msg"][:1].lower() + e["msg"][1:] for e in errors if _field(e) == field)
+    return ApiError(422, f"{field or 'the body'}: {' or '.join(reasons)}", field)
+
+
+class Dispatcher:
+    """Hands the engine's events (from its thread) to the requests' queues on the event loop, waking the loop once
+    for all the events of a scheduler round rather than once per event."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.lock = threading.Lock()
+        self.pending: list[tuple[asyncio.Queue[Event], Event]] = []
+
+    def listener(self, queue: asyncio.Queue[Event]) -> Callable[[Event], None]:
+        def listen(event: Event) -> None:
+            with self.lock:
+                self.pending.append((queue, event))
+                first = len(self.pending) == 1
+            if first:
+                self.loop.call_soon_threadsafe(self.flush)
+
+        return listen
+
+    def flush(self) -> None:
+        with self.lock:
+            pending, self.pending = self.pending, []
+        for queue, event in pending:
+            queue.put_nowait(event)
