@@ -1,14 +1,18 @@
 """`textgen serve` under load, side by side with the offline sampler on the same weights, in one run.
 
-The offline sampler (``textgen sample``'s ``Generator.generate``) is timed in this process at batch 1, 8 and 64;
-then ``textgen serve --slots 64 --max-queue 128`` is started on a loopback port and driven by C asynchronous
-clients (C = 1, 8, 64, 256) for ``--seconds`` each, arriving over its first second. Every client loops: a streamed completion with a prompt of
-10, 100 or 1,000 characters of the corpus and 50, 300 or 1,000 characters to generate, picked at random (seeded);
-a 429 waits its Retry-After. Reported per C: characters received per second and the ratio to the offline rate at
-batch min(C, 64), time to first character (p50/p95/p99, and p95 for the 100-character prompts), the p95 gap
-between streamed chunks, and errors by kind. Last, 100 clients open streams and leave after their first chunk:
-how long until every row is free. The clients speak HTTP/1.1 on raw asyncio streams, so that the client side
-costs little of the 2 cores the server needs.
+``textgen serve --slots 64 --max-queue 128`` is started on a loopback port and driven by C asynchronous clients
+(C = 1, 8, 64, 256) for ``--seconds`` each, arriving over its first second. Every client loops: a streamed
+completion with a prompt of 10, 100 or 1,000 characters of the corpus and 50, 300 or 1,000 characters to generate,
+picked at random (seeded); a 429 waits its Retry-After. The clients speak HTTP/1.1 on raw asyncio streams, so that
+the client side costs little of the 2 cores the server needs.
+
+Reported per C: the total characters per second (prompt characters read plus characters generated, as LLM serving
+benchmarks count tokens: reading a character costs the model a step as generating one does) and the generated ones
+alone, each with its ratio to the offline sampler (``textgen sample``'s ``Generator.generate``) at batch min(C, 64),
+timed in this process just before and just after the load with the server idle (this machine's speed drifts by up to
+25% over minutes, so one rate taken at the start would make the ratios noise); time to first character
+(p50/p95/p99, and p95 for the 100-character prompts), the p95 gap between streamed chunks, and errors by kind.
+Last, 100 clients open streams and leave after their first chunk: how long until every row is free.
 
     python benchmarks/serve.py --run wp --checkpoint-dir checkpoints --seconds 20
 """
@@ -32,7 +36,6 @@ from typing import Any
 
 PROMPTS = (10, 100, 1000)
 OUTPUTS = (50, 300, 1000)
-OFFLINE_BATCHES = (1, 8, 64)
 MIX = {"prompts": PROMPTS, "outputs": OUTPUTS}  # what clients pick from (--prompts, --outputs)
 
 
@@ -184,24 +187,21 @@ def percentile(values: list[float], q: int) -> float | None:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) >= 2 else None
 
 
-def offline_rates(run: str, checkpoint_dir: Path, seconds: float) -> dict[int, float]:
-    """``textgen sample``'s characters per second at each batch size, on the weights the server serves."""
+def open_sampler(run: str, checkpoint_dir: Path) -> Any:
+    from textgen.api import open_generator
+
+    return open_generator(checkpoint_dir, run)[0]
+
+
+def offline_rate(sampler: Any, batch: int, seconds: float) -> float:
+    """``textgen sample``'s characters per second at ``batch``, on the weights the server serves."""
     from common import timed
 
-    from textgen.api import open_generator
     from textgen.config import SampleConfig
 
-    sampler, _ = open_generator(checkpoint_dir, run)
-    rates = {}
-    for batch in OFFLINE_BATCHES:
-        settings = SampleConfig(length=2000, num=batch, seed=0)
-
-        def generate(settings: SampleConfig = settings) -> None:
-            sampler.generate(["The "] * settings.num, settings)
-
-        calls, elapsed = timed(generate, seconds, warmup=1)
-        rates[batch] = calls * batch * settings.length / elapsed
-    return rates
+    settings = SampleConfig(length=2000, num=batch, seed=0)
+    calls, elapsed = timed(lambda: sampler.generate(["The "] * batch, settings), seconds, warmup=1)
+    return calls * batch * settings.length / elapsed
 
 
 def start_server(run: str, checkpoint_dir: Path, flags: list[str]) -> tuple[subprocess.Popen, str]:
@@ -230,13 +230,18 @@ def main() -> None:
 
     corpus = args.corpus.read_text(encoding="utf-8-sig")[:2_000_000]
     MIX.update(prompts=tuple(args.prompts), outputs=tuple(args.outputs))
-    rates = offline_rates(args.run, args.checkpoint_dir, min(args.seconds, 10.0))
+    sampler = open_sampler(args.run, args.checkpoint_dir)
+    offline_seconds = min(args.seconds / 4, 5.0)
     proc, url = start_server(args.run, args.checkpoint_dir, args.serve_flags)
     host, port = url.removeprefix("http://").split(":")
     results = []
     try:
         asyncio.run(drive(host, int(port), args.run, corpus, 1, 2.0))  # warm the server's paths
         for clients in args.clients:
+            # The offline rate just before and just after each load, with the server idle: this machine's speed
+            # drifts by up to 25% over minutes, so a rate taken once at the start makes the ratios noise.
+            batch = min(clients, 64)
+            offline_before = offline_rate(sampler, batch, offline_seconds)
             before = first_char_buckets(url)
             load = asyncio.run(drive(host, int(port), args.run, corpus, clients, args.seconds))
             time.sleep(0.5)
@@ -244,15 +249,17 @@ def main() -> None:
             counted = after["+Inf"] - before["+Inf"]
             within = {le: (after[le] - before[le]) / counted for le in ("0.1", "0.15", "0.25")} if counted else {}
             state = server_state(url)
-            offline = rates[min((b for b in OFFLINE_BATCHES if b >= min(clients, 64)), default=64)]
+            offline_after = offline_rate(sampler, batch, offline_seconds)
+            offline = (offline_before + offline_after) / 2
             rate = load.chars / load.seconds
             results.append(
                 {
                     "clients": clients,
                     "chars_per_s": rate,
                     "with_prompts_chars_per_s": (load.chars + load.prompt_chars) / load.seconds,
-                    "offline_batch": min(clients, 64),
+                    "offline_batch": batch,
                     "offline_chars_per_s": offline,
+                    "offline_before_after": [offline_before, offline_after],
                     "ratio": rate / offline,
                     "completed": load.completed,
                     "first_char_p50_ms": _ms(percentile(load.first_char, 50)),
@@ -273,20 +280,23 @@ def main() -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         exit_code = proc.wait(30)
-    report = {"offline_chars_per_s": rates, "loads": results, "leave_early_100_freed_s": freed, "exit_code": exit_code}
+    report = {"loads": results, "leave_early_100_freed_s": freed, "exit_code": exit_code}
     if args.json:
         print(json.dumps(report))
         return
-    print("offline textgen sample chars/s: " + ", ".join(f"batch {b}: {r:,.0f}" for b, r in rates.items()))
     print(
-        "| clients | chars/s generated | vs offline (batch) | with prompts read | vs offline | completed | first char p50/p95/p99 ms | p95, 100-char prompts | gap p95 ms | errors | rows busy after |"
+        "| clients | total chars/s (prompts read + generated) | vs offline | generated chars/s | vs offline | "
+        "offline chars/s before / after (batch) | completed | first char p50/p95/p99 ms | p95, 100-char prompts | "
+        "gap p95 ms | errors | rows busy after |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
     for r in results:
         errors = ", ".join(f"{k}: {v}" for k, v in r["errors"].items()) or "none"
+        before, after = r["offline_before_after"]
         print(
-            f"| {r['clients']} | {r['chars_per_s']:,.0f} | {r['ratio']:.2f} ({r['offline_batch']}) | "
-            f"{r['with_prompts_chars_per_s']:,.0f} | {r['with_prompts_chars_per_s'] / r['offline_chars_per_s']:.2f} | "
+            f"| {r['clients']} | {r['with_prompts_chars_per_s']:,.0f} | "
+            f"{r['with_prompts_chars_per_s'] / r['offline_chars_per_s']:.2f} | "
+            f"{r['chars_per_s']:,.0f} | {r['ratio']:.2f} | {before:,.0f} / {after:,.0f} ({r['offline_batch']}) | "
             f"{r['completed']} | "
             f"{r['first_char_p50_ms']} / {r['first_char_p95_ms']} / {r['first_char_p99_ms']} | "
             f"{r['first_char_p95_prompt100_ms']} | {r['gap_p95_ms']} | {errors} | {r['rows_busy_after']} |"

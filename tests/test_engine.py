@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from textgen import engine as engine_module
 from textgen.config import SampleConfig
 from textgen.engine import Draining, Engine, Event, Finish, Job, QueueFull, StopScanner
 
@@ -184,17 +185,27 @@ def test_draining_ends_running_and_queued_requests_and_refuses_new_ones(sampler)
     assert not engine.thread.is_alive()
 
 
-def test_prompts_read_on_arrival_give_the_same_text(sampler) -> None:
+def test_prompts_read_on_arrival_give_the_same_text(sampler, monkeypatch) -> None:
+    # Calls of 4 steps: a prompt of 4 or more ids is read on arrival, a shorter one by the call itself.
+    monkeypatch.setattr(engine_module, "CALL_CHARS", 4)
+    monkeypatch.setattr(engine_module, "MIN_STEPS", 4)
+    reads: list[tuple[int, ...]] = []
+    read = sampler.read
+    monkeypatch.setattr(sampler, "read", lambda ids, states: reads.append(ids.shape) or read(ids, states))
     engine = Engine(sampler, slots=8, max_queue=8, prefill=64)
     engine.start()
     try:
-        short = submit(engine, Job(("The ",), max_chars=200, n=2, temperature=0.9, seed=4))
+        short = submit(engine, Job(("The old ",), max_chars=200, n=2, temperature=0.9, seed=4))
         long = submit(engine, Job(("a prompt longer than the prefill " * 4,), max_chars=100, seed=5))
+        tiny = submit(engine, Job(("He ",), max_chars=50, seed=6))
         texts = short.wait().texts
         long_text = long.wait().texts[0]
+        tiny_text = tiny.wait().texts[0]
     finally:
         engine.close()
+    assert reads == [(2, sampler.encode_prompts(["The old "])[0].size)]
     assert [texts[0], texts[1]] == sampler.generate(
-        ["The "] * 2, SampleConfig(length=200, num=2, temperature=0.9, seed=4)
+        ["The old "] * 2, SampleConfig(length=200, num=2, temperature=0.9, seed=4)
     )
     assert long_text == sampler.generate(["a prompt longer than the prefill " * 4], SampleConfig(length=100, seed=5))[0]
+    assert tiny_text == sampler.generate(["He "], SampleConfig(length=50, seed=6))[0]
