@@ -26,6 +26,7 @@ from textgen.config import (
     Device,
     DistillConfig,
     DistillSettings,
+    InitSettings,
     ModelConfig,
     ModelSettings,
     PruneConfig,
@@ -72,10 +73,12 @@ def train(
     prune: PruneSettings | None = None,
     recipe: Path | None = None,
     from_study: str | None = None,
+    init_from: InitSettings | None = None,
 ) -> TrainResult:
     """Plan a new run (or reload one with ``resume``) and train it; ``data``, ``model`` and ``training`` hold the
     settings the user gave (fields left ``None`` take the defaults). ``distill`` trains a student of another run,
-    ``prune`` a pruned copy of one, on that run's corpus.
+    ``prune`` a pruned copy of one, on that run's corpus. ``init_from`` starts the new run from another run's
+    weights on its own corpus (fine-tuning: the base run's vocabulary extended, never renumbered).
 
     Under ``--strategy multiworker`` every worker makes this call with the same arguments; the chief
     plans and writes the run, the others plan a copy in scratch space and train in step with it.
@@ -90,6 +93,12 @@ def train(
         data, model, training = _with_recipe(checkpoint_dir, resume, data, model, training, recipe, from_study)
     saved = find_run(checkpoint_dir, run_name).load_config() if resume else None
     _check_train_settings(saved, run_name, device, threads, data, model, training, distill, prune)
+    if init_from and (resume or distill or prune):
+        what = "--resume" if resume else "textgen distill" if distill else "textgen prune"
+        raise ConfigError(
+            f"--init-from starts a new run from another run's weights; {what} does not take it "
+            "(a fine-tuned run resumes with --resume alone)"
+        )
     strategy_name = training.strategy or (saved.training.strategy if saved else Strategy.none)
     role = cluster_role(strategy_name, saved=training.strategy is None)
     if names and strategy_name is not Strategy.multiworker:  # a missing file is said at once, not after TF's ~4 s
@@ -106,7 +115,7 @@ def train(
     plan_run = functools.partial(
         plan_training, names, profile, run_name=run_name, resume=resume, download=download,
         keep_boilerplate=keep_boilerplate, encoding=encoding, data=data, model=model, training=training,
-        distill=distill, prune=prune,
+        distill=distill, prune=prune, init_from=init_from,
     )  # fmt: skip
     with contextlib.ExitStack() as cleanup:
         if role.chief:

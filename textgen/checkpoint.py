@@ -32,6 +32,7 @@ import json
 import math
 import os
 import re
+import shutil
 import warnings
 import weakref
 from collections.abc import Iterable, Iterator
@@ -150,6 +151,7 @@ class Run:
     config_path = property(lambda self: self.path / "config.json")
     vocab_path = property(lambda self: self.path / "vocab.json")
     best_weights_path = property(lambda self: self.path / "best.weights.h5")
+    init_weights_path = property(lambda self: self.path / "init.weights.h5")  # a fine-tuned run's base weights
     state_path = property(lambda self: self.path / "state.json")
     history_path = property(lambda self: self.path / "history.csv")
     loss_curve_path = property(lambda self: self.path / "loss_curve.txt")
@@ -169,6 +171,23 @@ class Run:
         that a plain ``--resume`` after that keeps the extension."""
         with self._saving("the run's config"):
             atomic_write_text(self.config_path, json.dumps(cfg.to_dict(), indent=2) + "\n")
+
+    def copy_in_weights(self, source: Path) -> str:
+        """Copy a base run's weights file into this run (``init.weights.h5``), atomically, checked against its
+        checksum; the checksum of its arrays."""
+        import h5py
+
+        with self._saving("the base run's weights"), atomic_path(self.init_weights_path) as tmp:
+            shutil.copyfile(source, tmp)
+            with h5py.File(tmp, "r") as fh:
+                digest = _weights_digest(fh)
+                if fh.attrs.get(WEIGHTS_DIGEST, digest) != digest:
+                    raise CheckpointError(f"{source} is corrupt (its weights differ from the checksum saved with them)")
+        return digest
+
+    def load_init_weights(self, model: keras.Model) -> None:
+        """Load the base run's weights that ``copy_in_weights`` kept into ``model`` (the base run's shape)."""
+        self._load_weights_file(model, self.init_weights_path)
 
     def save_best(self, model: keras.Model, val_loss: float) -> None:
         """Replace the best weights atomically; the file carries its validation loss, so a run killed

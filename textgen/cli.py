@@ -34,6 +34,9 @@ from textgen.config import (
     Device,
     DistillConfig,
     DistillSettings,
+    Freeze,
+    InitConfig,
+    InitSettings,
     LRSchedule,
     ModelConfig,
     ModelSettings,
@@ -50,7 +53,7 @@ from textgen.config import (
     parse_budget,
     parse_duration,
 )
-from textgen.errors import ClusterError, TextgenError, TextgenWarning
+from textgen.errors import ClusterError, ConfigError, TextgenError, TextgenWarning
 from textgen.repl import GREETING, Session
 
 console = Console(highlight=False, soft_wrap=True, emoji=False)  # user text is data: ":fire:" stays ":fire:"
@@ -294,6 +297,8 @@ TRAIN_EXAMPLES = """
     textgen train my_book.txt --layers 2 --layer-norm --time-budget 2h
     textgen train my_book.txt --from-study my_book    # tune's best recipe
     textgen train other.txt --config checkpoints/studies/my_book/best.json
+    textgen train my_book.txt --init-from 2600-0 --time-budget 10m   # fine-tune
+    textgen train tiny.txt --init-from 2600-0 --freeze embedding --run tiny
     TF_CONFIG='{...}' textgen train books/ --strategy multiworker --run lib
 
 A name without a path is looked up in ./corpora and in $TEXTGEN_CORPUS_PATH.
@@ -437,6 +442,36 @@ def train(
     from_study: Annotated[
         str | None, _option("Train the best recipe of a textgen tune study (by name)", "Recipe", None)
     ] = None,
+    init_from: Annotated[
+        str | None,
+        _option(
+            "Fine-tune: start from this run's best weights, on the text given; the model's shape comes from it, "
+            "and its vocabulary is extended by the characters only the new text has",
+            "Fine-tuning",
+            None,
+        ),
+    ] = None,
+    last: Annotated[
+        bool,
+        _option("With --init-from: start from the run's last weights, not its best", "Fine-tuning", None, "--last"),
+    ] = False,
+    freeze: Annotated[
+        Freeze | None,
+        _option(
+            "With --init-from: keep the embedding (embedding), or the embedding and the LSTM layers (lstm), as the "
+            "base run left them; for very small texts",
+            "Fine-tuning",
+            Freeze.none,
+        ),
+    ] = None,
+    warmup: Annotated[
+        int | None,
+        _option(
+            "Raise the learning rate from 0 over this many first updates (hold and cosine schedules)",
+            "Optimisation",
+            f"0; {InitConfig.WARMUP_STEPS} with --init-from",
+        ),
+    ] = None,
     as_json: Annotated[bool, _option("One JSON object per epoch and one at the end", "Run", None, "--json")] = False,
 ) -> None:
     """Train a character-level LSTM on text files, saving checkpoints as it goes."""
@@ -472,12 +507,23 @@ def train(
                 sample_every=parse_duration(sample_every, "--sample-every", zero=True) if sample_every else None,
                 accumulate=accumulate,
                 strategy=strategy,
+                warmup=warmup,
             ),
             progress=ui.TrainingDisplay(console, as_json=as_json),
             recipe=recipe,
             from_study=from_study,
+            init_from=_init_settings(init_from, last, freeze),
         )
         ui.show_train_result(console, result, as_json)
+
+
+def _init_settings(init_from: str | None, last: bool, freeze: Freeze | None) -> InitSettings | None:
+    """``--init-from``'s settings; ``--last`` and ``--freeze`` say nothing without it."""
+    if init_from is None:
+        if last or freeze is not None:
+            raise ConfigError(f"{'--last' if last else '--freeze'} goes with --init-from RUN (fine-tuning a run)")
+        return None
+    return InitSettings(init_from, "last" if last else "best", freeze or Freeze.none)
 
 
 # Options shared by the commands that train a run from another (distill, prune).

@@ -90,6 +90,9 @@ class DataConfig:
     # Start each epoch's training streams a seeded 0 to seq_len - 1 characters in (docs/quality.md: War and Peace's
     # test split at 60 minutes, 1.1536 against 1.1643 with the windows fixed; False in runs saved before it existed).
     shift_windows: bool = True
+    # A fine-tuned run's corpus is encoded with its base run's vocabulary (these characters, in id order), extended
+    # by the characters only this corpus has; None: the corpus's own vocabulary.
+    base_vocab: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "files", tuple(self.files))  # a list when read from JSON
@@ -196,6 +199,14 @@ class Optimizer(Choice):
     sgd = "sgd"  # with Nesterov momentum: 0.9 unless given
 
 
+class Freeze(Choice):
+    """What of a fine-tuned run's weights stays as its base run left it."""
+
+    none = "none"
+    embedding = "embedding"  # the character embedding (new characters' rows included)
+    lstm = "lstm"  # the embedding and every LSTM layer: only the output layer trains
+
+
 class Device(Choice):
     """What ``--device`` accepts: a device profile's name, or ``auto`` (gpu when TensorFlow sees one)."""
 
@@ -237,6 +248,7 @@ class TrainConfig:
     optimizer: Optimizer = Optimizer.adam
     weight_decay: float = 0.0  # decoupled: each update shrinks the kernels and the embedding by lr x this
     momentum: float = 0.0  # SGD's Nesterov momentum
+    warmup: int = 0  # optimizer steps over which the learning rate rises from 0 to its schedule's (hold, cosine)
 
     @classmethod
     def of(cls, **given: Any) -> TrainConfig:
@@ -255,6 +267,10 @@ class TrainConfig:
         decay_ok = _finite(self.weight_decay) and 0.0 <= self.weight_decay < 1.0
         _require(decay_ok, "weight_decay", "in [0, 1)", self.weight_decay)
         _require(_finite(self.momentum) and 0.0 <= self.momentum < 1.0, "momentum", "in [0, 1)", self.momentum)
+        warmup_ok = isinstance(self.warmup, int) and 0 <= self.warmup <= 1_000_000
+        _require(warmup_ok, "warmup", "a number of steps from 0 to 1,000,000", self.warmup)
+        if self.warmup and self.lr_schedule == "plateau":
+            raise ConfigError("--warmup works with --lr-schedule hold or cosine, not plateau; drop one of them")
         if self.momentum and self.optimizer != "sgd":
             raise ConfigError(
                 f"--momentum is SGD's (got --optimizer {self.optimizer}, which keeps its own moving averages); "
@@ -338,6 +354,7 @@ class TrainSettings(Settings):
     optimizer: Optimizer | None = None
     weight_decay: float | None = None
     momentum: float | None = None
+    warmup: int | None = None
 
     def given(self) -> dict[str, Any]:
         """The ``TrainConfig`` settings given (``more_time`` becomes a ``time_budget`` when the run is planned)."""
@@ -360,6 +377,16 @@ class PruneSettings(Settings):
     source: str
     sparsity: float | None = None
     ramp: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class InitSettings:
+    """A new run that starts from the run ``source``'s ``weights`` (best or last) on its own corpus
+    (``textgen train --init-from``), with what of them stays ``freeze``-d."""
+
+    source: str
+    weights: str = "best"
+    freeze: Freeze = Freeze.none
 
 
 def settings_given(values: dict[str, Any]) -> dict[str, Any]:
@@ -555,6 +582,30 @@ class PruneConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class InitConfig:
+    """Where a fine-tuned run's first weights came from: a copy of them is kept in the run (``init.weights.h5``),
+    so the base run may change or go without harm to this one."""
+
+    # Warm-up measured on a 50 KB text from a War and Peace run: see docs/finetuning.md.
+    WARMUP_STEPS: ClassVar[int] = 100
+
+    source: str  # the base run's directory, when this run started
+    name: str  # the base run's name
+    weights: str  # which of its weights: best or last
+    weights_hash: str  # blake2b of the weights file copied in
+    val_loss: float | None  # the base run's best validation loss (on its own corpus)
+    corpus: str  # what the base run trained on
+    model: ModelConfig  # the base run's model; this run's is the same with the vocabulary extended
+    freeze: Freeze = Freeze.none
+
+    def __post_init__(self) -> None:
+        if isinstance(self.model, dict):  # as JSON reads it back
+            object.__setattr__(self, "model", from_dict(ModelConfig, self.model, "init_from.model"))
+        object.__setattr__(self, "freeze", Freeze.parse(self.freeze, "freeze"))
+        _require(self.weights in ("best", "last"), "weights", "best or last", self.weights)
+
+
+@dataclasses.dataclass(frozen=True)
 class RunConfig:
     """Everything ``train`` decided, enough for ``sample`` to rebuild the model."""
 
@@ -564,6 +615,7 @@ class RunConfig:
     profile: DeviceProfile
     distill: DistillConfig | None = None  # a student trained by ``textgen distill``
     prune: PruneConfig | None = None  # a run made by ``textgen prune``
+    init_from: InitConfig | None = None  # a run started from another's weights (``textgen train --init-from``)
 
     @property
     def train_streams(self) -> int:
@@ -580,7 +632,7 @@ class RunConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:
         parts = {"data": DataConfig, "model": ModelConfig, "training": TrainConfig, "profile": DeviceProfile}
-        optional = {"distill": DistillConfig, "prune": PruneConfig}
+        optional = {"distill": DistillConfig, "prune": PruneConfig, "init_from": InitConfig}
         missing, unknown = sorted(set(parts) - set(data)), sorted(set(data) - set(parts) - set(optional))
         if missing or unknown:
             raise ConfigError(f"config sections differ (missing {missing}, unknown {unknown})")

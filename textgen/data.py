@@ -51,6 +51,7 @@ def corpus_source(cfg: DataConfig) -> CorpusSource:
         cfg.max_vocab,
         cfg.val_fraction,
         cfg.test_fraction,
+        cfg.base_vocab,
     )
 
 

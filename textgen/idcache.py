@@ -3,7 +3,7 @@
 An entry holds ``train.ids``, ``val.ids`` and ``test.ids`` (raw uint8 ids when the vocabulary fits in
 256, else uint16) and ``meta.json`` (the vocabulary, counts, and each id file's size and checksum). Its name is
 a hash of the files' bytes and of everything that changes the ids (cleaning, encodings, ``--max-vocab``, split
-fractions), so a second run on the same corpus opens it at once, and an edited file gets a new entry.
+fractions, the vocabulary a fine-tuned run extends), so a second run on the same corpus opens it at once, and an edited file gets a new entry.
 
 An entry is verified, not trusted: it is built in a scratch directory, ``meta.json`` last, and renamed into
 place, so an entry without ``meta.json`` never finished. Each open checks every id file against ``meta.json``
@@ -55,6 +55,7 @@ class CorpusSource:
     max_vocab: int | None
     val_fraction: float
     test_fraction: float
+    base_vocab: str | None = None  # extend this vocabulary (its characters in id order), not the corpus's own
 
     def key(self) -> str:
         """The cache entry's name."""
@@ -67,6 +68,8 @@ class CorpusSource:
             "max_vocab": self.max_vocab,
             "fractions": [self.val_fraction, self.test_fraction],
         }
+        if self.base_vocab is not None:  # a scratch run on the same text has its own entry, and keeps its old key
+            described["base_vocab"] = self.base_vocab
         return hashlib.blake2b(json.dumps(described).encode(), digest_size=16).hexdigest()
 
 
@@ -226,7 +229,10 @@ def _encode(source: CorpusSource, entry: Path) -> None:
     scans = [scan_text(f, c, source.strip_boilerplate) for f, c in zip(source.files, source.codecs, strict=True)]
     codes, counts = merge_counts([(s.codes, s.counts) for s in scans])
     many = len(scans) > 1
-    vocab = Vocabulary.from_counts(codes, counts, source.max_vocab, boundary=many)
+    if source.base_vocab is not None:
+        vocab = Vocabulary(tuple(source.base_vocab)).extending(codes, counts, source.max_vocab, boundary=many)
+    else:
+        vocab = Vocabulary.from_counts(codes, counts, source.max_vocab, boundary=many)
     known = np.isin(codes, np.array([ord(c) for c in vocab.chars], dtype=np.uint32))
     entry.parent.mkdir(parents=True, exist_ok=True)
     for stale in entry.parent.glob(f".tmp-{entry.name}-*"):  # left by a killed encoding (or one running now,

@@ -49,9 +49,16 @@ def run_summary(run: Run) -> RunSummary:
 
 
 def made_from(cfg: RunConfig) -> str:
-    """What a run made by ``textgen distill`` or ``textgen prune`` was made from; empty for others."""
+    """What a run made by ``textgen distill``, ``textgen prune`` or ``textgen train --init-from`` was made from; empty
+    for others."""
     if cfg.distill:
         return f"distilled from {Path(cfg.distill.teacher).name}"
     if cfg.prune:
         return f"pruned to {cfg.prune.sparsity:.0%} from {Path(cfg.prune.source).name}"
+    if cfg.init_from:
+        init = cfg.init_from
+        added = cfg.model.vocab_size - init.model.vocab_size
+        frozen = f", {init.freeze} frozen" if init.freeze != "none" else ""
+        weights = " (last weights)" if init.weights == "last" else ""
+        return f"fine-tuned from {init.name}{weights}, {added} new character{'s' * (added != 1)}{frozen}"
     return ""

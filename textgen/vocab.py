@@ -45,7 +45,8 @@ def merge_counts(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray
 
 @dataclass(frozen=True)
 class Vocabulary:
-    """A sorted character set; character ``chars[i]`` has id ``i + 1``."""
+    """A character set; character ``chars[i]`` has id ``i + 1``. A run's own vocabulary is in code point order; a
+    fine-tuned run's keeps its base's ids and appends the characters only its text has (``extending``)."""
 
     chars: tuple[str, ...]
     # Lookup tables derived from chars in __post_init__.
@@ -68,6 +69,22 @@ class Vocabulary:
         kept = codes[order[:max_chars]] if max_chars is not None else codes
         chars = {chr(c) for c in kept} | ({DOCUMENT_BOUNDARY} if boundary else set())
         return cls(tuple(sorted(chars)))
+
+    def extending(
+        self, codes: np.ndarray, counts: np.ndarray, max_chars: int | None = None, boundary: bool = False
+    ) -> Vocabulary:
+        """This vocabulary with every id kept, and the characters of ``codes`` it lacks appended in code point order:
+        the most frequent of them while the whole holds at most ``max_chars`` characters (all without it), plus
+        ``DOCUMENT_BOUNDARY`` with ``boundary``. Renumbering would scramble what the base run learned."""
+        known = set(self.chars)
+        new = np.array([c not in known for c in map(chr, codes)], dtype=bool)
+        codes, counts = np.asarray(codes)[new], np.asarray(counts)[new]
+        room = None if max_chars is None else max(0, max_chars - len(self.chars))
+        order = np.lexsort((codes, -np.asarray(counts, np.int64)))
+        added = {chr(c) for c in (codes[order[:room]] if room is not None else codes)}
+        if boundary and DOCUMENT_BOUNDARY not in known:
+            added.add(DOCUMENT_BOUNDARY)
+        return Vocabulary(self.chars + tuple(sorted(added)))
 
     def __post_init__(self) -> None:
         self_codes = np.array([ord(c) for c in self.chars], dtype=np.uint32)

@@ -56,6 +56,7 @@ from textgen.training.stopping import (
     lost_peers,
     stop_signals,
 )
+from textgen.training.warmstart import start_from_base
 
 
 def train(
@@ -102,6 +103,8 @@ def _train(
         run.load_optimizer(trainer.optimizer)
     elif cfg.prune:  # a pruned run starts from the run it prunes
         Run(Path(cfg.prune.source)).load_weights(trainer.model, "best")
+    elif cfg.init_from:  # a fine-tuned run starts from its base run's weights, kept in the run
+        start_from_base(trainer.model, run, cfg)
     started = plan.started if plan.started is not None else time.monotonic()
     clock = Clock(before=resume.seconds if resume else 0.0, budget=cfg.training.time_budget,
                   agree=compile_agreement(strategy), started=started)  # fmt: skip

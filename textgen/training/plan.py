@@ -31,6 +31,8 @@ from textgen.config import (
     DeviceProfile,
     DistillConfig,
     DistillSettings,
+    InitConfig,
+    InitSettings,
     ModelConfig,
     ModelSettings,
     PruneConfig,
@@ -87,10 +89,12 @@ def plan_training(
     cache_dir: Path | None = None,
     distill: DistillSettings | None = None,
     prune: PruneSettings | None = None,
+    init_from: InitSettings | None = None,
 ) -> TrainPlan:
     """Resolve the corpus (files, directories, globs) and configs for a new run, or reload a run to resume;
     either way the run is locked for this process until ``train`` returns. With ``distill`` (a teacher run) or
-    ``prune`` (a run to prune), the new run trains on that run's corpus, splits and vocabulary.
+    ``prune`` (a run to prune), the new run trains on that run's corpus, splits and vocabulary; with ``init_from``,
+    it starts from another run's weights on its own corpus, the base run's vocabulary extended.
 
     ``data``, ``model`` and ``training`` hold the settings the user gave (fields left ``None`` take the defaults).
     On resume, only epochs, time budget, save interval and strategy may change. Encoded corpora are cached in
@@ -121,22 +125,61 @@ def plan_training(
         )
     if not names:
         raise ConfigError("give a corpus to train on, e.g. textgen train 2600-0.txt")
+    base = _base_of(checkpoint_dir, init_from, model_given) if init_from else None
     files = resolve_corpora(names, download=download)
     run, lock = reserve_run(checkpoint_dir, run_name, corpus_stem(names, files))  # before the corpus is encoded
     try:
+        data_given = {**data_given, "base_vocab": "".join(base.load_vocab().chars)} if base else data_given
         data_cfg = new_data_config(
             names, files, keep_boilerplate, encoding, **{"batch_size": profile.batch_size, **data_given}
         )
         data_cfg, layout_note = fit_small_corpus(data_cfg, cache_dir, _accumulate(training_given), set(data_given))
         splits = load_splits(data_cfg, cache_dir, train_streams=data_cfg.batch_size * _accumulate(training_given))
-        model_cfg = ModelConfig(vocab_size=splits.vocab.size, **model_given)
+        init_cfg = None
+        if base is not None and init_from is not None:
+            base_config = base.load_config()
+            model_cfg = cfgmod.replace(base_config.model, vocab_size=splits.vocab.size, **model_given)
+            training_given = {"warmup": InitConfig.WARMUP_STEPS, **training_given}
+            init_cfg = InitConfig(
+                source=str(base.path.resolve()),
+                name=base.name,
+                weights=init_from.weights,
+                weights_hash=run.copy_in_weights(base.weights_path(init_from.weights)),
+                val_loss=_finite_or_none(base.best_weights_loss()),
+                corpus=base_config.data.corpus_name,
+                model=base_config.model,
+                freeze=init_from.freeze,
+            )
+        else:
+            model_cfg = ModelConfig(vocab_size=splits.vocab.size, **model_given)
         check_fits_in_memory(model_cfg)
-        config = RunConfig(data_cfg, model_cfg, TrainConfig.of(**training_given), profile)
+        config = RunConfig(data_cfg, model_cfg, TrainConfig.of(**training_given), profile, init_from=init_cfg)
         run.create(config, splits.vocab)
     except BaseException:
         discard_reserved(run, lock)
         raise
     return TrainPlan(run, config, splits, lock=lock, layout_note=layout_note)
+
+
+SHAPE_SETTINGS = ("units", "layers", "embedding_dim", "layer_norm")  # what a fine-tuned run takes from its base
+
+
+def _base_of(checkpoint_dir: Path, init_from: InitSettings, model: dict[str, Any]) -> Run:
+    """The run ``--init-from`` names, checked: it has the weights asked for, and no flag would change its model's
+    shape."""
+    shaped = [cfgmod.flag(k) for k in SHAPE_SETTINGS if k in model]
+    base = find_run(checkpoint_dir, init_from.source, init_from.weights)
+    if shaped:
+        raise ConfigError(
+            f"{', '.join(shaped)} would change the model, which a fine-tuned run takes from {base.name!r}; "
+            "drop it (or train a new model without --init-from)"
+        )
+    base.weights_path(init_from.weights)  # refused before a run is made from it, not by the first load
+    return base
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if np.isfinite(value) else None
 
 
 def new_data_config(

@@ -34,7 +34,7 @@ def learning_rate_schedule(
         return keras.callbacks.ReduceLROnPlateau(
             monitor="val_loss", factor=tcfg.lr_factor, patience=tcfg.lr_patience, min_lr=tcfg.lr / 64
         )
-    return CosineSchedule(optimizer, tcfg.lr, progress, annealed_part(tcfg))
+    return CosineSchedule(optimizer, tcfg.lr, progress, annealed_part(tcfg), tcfg.warmup)
 
 
 def annealed_part(tcfg: TrainConfig) -> float:
@@ -49,8 +49,16 @@ def cosine_lr(peak: float, progress: float, anneal: float = 1.0) -> float:
     return peak * 0.5 * (1.0 + math.cos(math.pi * min(max(annealed, 0.0), 1.0)))
 
 
+def warmup_factor(update: int, warmup: int) -> float:
+    """The share of its schedule's rate that update number ``update`` (from 0) takes during a linear warm-up over
+    ``warmup`` updates: a fine-tuned run's first updates, from a fresh optimizer, must not wreck what it starts
+    from."""
+    return min(1.0, (update + 1) / warmup) if warmup else 1.0
+
+
 class CosineSchedule(keras.callbacks.Callback):
-    """Set the learning rate before every batch from how far the run has got (see ``cosine_lr``)."""
+    """Set the learning rate before every batch from how far the run has got (see ``cosine_lr``), warmed up over
+    the run's first ``warmup`` updates (counted by the optimizer, which a resume restores)."""
 
     def __init__(
         self,
@@ -58,16 +66,21 @@ class CosineSchedule(keras.callbacks.Callback):
         peak: float,
         progress: Callable[[int, int], float],
         anneal: float = 1.0,
+        warmup: int = 0,
     ) -> None:
         super().__init__()
         self.optimizer, self.peak, self.progress, self.anneal = optimizer, peak, progress, anneal
+        self.warmup = warmup
         self.epoch = 0
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self.epoch = epoch
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-        self.optimizer.learning_rate = cosine_lr(self.peak, self.progress(self.epoch, batch), self.anneal)
+        rate = cosine_lr(self.peak, self.progress(self.epoch, batch), self.anneal)
+        if self.warmup:
+            rate *= warmup_factor(int(self.optimizer.iterations), self.warmup)
+        self.optimizer.learning_rate = rate
 
 
 class EarlyStoppingAfterHold(keras.callbacks.EarlyStopping):

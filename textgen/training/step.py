@@ -19,6 +19,7 @@ from textgen.errors import ConfigError
 from textgen.model import LAYER_NORM_WEIGHTS, build_model, lstm_layers, reset_states
 from textgen.scoring import EvalStep, compile_eval_step, model_logits, summed_cross_entropy
 from textgen.training.pruning import prunable_kernels
+from textgen.training.warmstart import freeze
 
 
 @dataclass
@@ -66,6 +67,8 @@ def build_trainer(cfg: RunConfig, strategy: tf.distribute.Strategy | None = None
     replica_batch = cfg.data.batch_size // strategy.num_replicas_in_sync
     with strategy.scope():
         model = build_model(cfg.model, replica_batch, precision)
+        if cfg.init_from:
+            freeze(model, cfg.init_from.freeze)
         optimizer = make_optimizer(cfg.training)
         if precision == "mixed_float16":
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)

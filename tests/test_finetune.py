@@ -1,0 +1,215 @@
+"""Fine-tuning (``textgen train --init-from``): the vocabulary extended, never renumbered; the base's predictions
+kept exactly before any update; the run's provenance, resume, evaluation and frozen layers."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from helpers import TINY_DATA, assert_one_line_error, invoke, make_text
+from hypothesis import given
+from hypothesis import strategies as st
+
+from textgen.checkpoint import Run
+from textgen.config import DataSettings, Freeze, InitSettings
+from textgen.data import corpus_source
+from textgen.device import CPU
+from textgen.model import build_model
+from textgen.training.plan import plan_training
+from textgen.training.schedules import warmup_factor
+from textgen.training.warmstart import NEW_CHAR_MARGIN, extended_output, freeze, start_from_base
+from textgen.vocab import DOCUMENT_BOUNDARY, Vocabulary, char_counts
+
+BASE = "tiny"
+NEW_CHARS = "Ω!¶"  # none in the tiny run's text; "!" sorts before its letters
+
+
+@pytest.fixture(scope="module")
+def checkpoints(trained_run, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("finetune") / "checkpoints"
+    trained_run.copy_to(directory, BASE)
+    return directory
+
+
+def new_text(path: Path, seed: int = 7) -> Path:
+    """A text like the base run's, with characters it never saw."""
+    text = make_text(2500, seed).replace(" cat ", f" {NEW_CHARS[0]}at ").replace(" dog ", f" {NEW_CHARS[1:]}og ")
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+text_strategy = st.text(
+    st.characters(codec="utf-8", exclude_categories=("Cs",), exclude_characters=DOCUMENT_BOUNDARY), max_size=200
+)
+
+
+@given(text_strategy, text_strategy, st.none() | st.integers(1, 60), st.booleans())
+def test_an_extended_vocabulary_keeps_every_id_and_appends_the_rest(
+    base_text: str, new: str, max_chars: int | None, boundary: bool
+) -> None:
+    base = Vocabulary.from_text(base_text)
+    extended = base.extending(*char_counts(new), max_chars, boundary)
+    assert extended.chars[: len(base.chars)] == base.chars
+    added = extended.chars[len(base.chars) :]
+    assert not set(added) & set(base.chars)
+    assert set(added) - {DOCUMENT_BOUNDARY} <= set(new)
+    assert (DOCUMENT_BOUNDARY in extended.chars) == (boundary or DOCUMENT_BOUNDARY in base.chars)
+    room = len(set(new) - set(base.chars)) if max_chars is None else max(0, max_chars - len(base.chars))
+    assert len(set(added) - {DOCUMENT_BOUNDARY} - set(base.chars)) == min(room, len(set(new) - set(base.chars)))
+    ids = base.encode(base_text)
+    assert np.array_equal(extended.encode(base_text), ids)  # a text the base reads keeps its ids
+
+
+def test_extending_keeps_the_most_frequent_new_characters_under_a_cap() -> None:
+    base = Vocabulary.from_text("abc")
+    extended = base.extending(*char_counts("zzzz yy x"), max_chars=5)
+    assert extended.chars == ("a", "b", "c", " ", "z")
+
+
+def test_a_new_output_column_is_silent_for_every_state() -> None:
+    rng = np.random.default_rng(0)
+    kernel, bias = rng.normal(size=(16, 5)).astype(np.float32), rng.normal(size=5).astype(np.float32)
+    new_kernel, new_bias = extended_output(kernel, bias, 7)
+    assert np.array_equal(new_kernel[:, :5], kernel) and np.array_equal(new_bias[:5], bias)
+    for h in (np.ones(16), -np.ones(16), np.sign(kernel[:, 0]), rng.uniform(-1, 1, 16)):
+        logits = h @ new_kernel + new_bias
+        assert logits[5:].max() <= logits[:5].max() - NEW_CHAR_MARGIN
+
+
+def test_warmup_rises_linearly_then_holds() -> None:
+    assert [warmup_factor(u, 4) for u in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert warmup_factor(0, 0) == 1.0
+
+
+def test_a_fine_tuned_run_predicts_as_its_base_before_training(checkpoints: Path, tmp_path: Path) -> None:
+    plan = plan_training(
+        str(new_text(tmp_path / "new.txt")),
+        CPU,
+        checkpoint_dir=checkpoints,
+        run_name="exact",
+        data=DataSettings(**TINY_DATA),
+        init_from=InitSettings(BASE),
+    )
+    try:
+        base_run = Run(checkpoints / BASE)
+        base_vocab, vocab = base_run.load_vocab(), plan.splits.vocab
+        assert vocab.chars[: len(base_vocab.chars)] == base_vocab.chars
+        assert set(NEW_CHARS) <= set(vocab.chars[len(base_vocab.chars) :])
+        base_model = build_model(base_run.load_config().model, 1, stateful=False)
+        base_run.load_weights(base_model, "best")
+        model = build_model(plan.config.model, 1, stateful=False)
+        start_from_base(model, plan.run, plan.config)
+        ids = base_vocab.encode(make_text(60, seed=3))[None, :]  # a text the base run could read
+        before = np.asarray(base_model(ids, training=False))
+        after = np.asarray(model(vocab.encode(base_vocab.decode(ids[0]))[None, :], training=False))
+        assert np.abs(after[..., : base_vocab.size] - before).max() <= 1e-6
+        new_mass = np.exp(after - after.max(-1, keepdims=True))
+        new_mass = new_mass[..., base_vocab.size :].sum(-1) / new_mass.sum(-1)
+        assert new_mass.max() < 1e-4
+    finally:
+        assert plan.lock is not None
+        plan.lock.release()
+
+
+def test_a_fine_tuned_corpus_has_its_own_cache_entry(checkpoints: Path, tmp_path: Path) -> None:
+    text = new_text(tmp_path / "new.txt")
+    plan = plan_training(
+        str(text), CPU, checkpoint_dir=checkpoints, run_name="cached", data=DataSettings(**TINY_DATA),
+        init_from=InitSettings(BASE),
+    )  # fmt: skip
+    assert plan.lock is not None
+    plan.lock.release()
+    scratch = plan_training(str(text), CPU, checkpoint_dir=checkpoints, run_name="scratch",
+                            data=DataSettings(**TINY_DATA))  # fmt: skip
+    assert scratch.lock is not None
+    scratch.lock.release()
+    assert corpus_source(plan.config.data).key() != corpus_source(scratch.config.data).key()
+    assert scratch.splits.vocab == Vocabulary(tuple(sorted(scratch.splits.vocab.chars)))  # its own, in order
+    assert plan.splits.vocab != scratch.splits.vocab
+    assert plan.splits.vocab.decode(plan.splits.train[:500]) == scratch.splits.vocab.decode(scratch.splits.train[:500])
+
+
+def test_fine_tune_resume_evaluate_and_runs_from_the_cli(checkpoints: Path, tmp_path: Path) -> None:
+    text = str(new_text(tmp_path / "new.txt"))
+    where = ("--checkpoint-dir", str(checkpoints))
+    result = invoke("train", text, "--init-from", BASE, "--run", "ft", "--epochs", "1", "--batch-size", "8",
+                    "--seq-len", "32", "--sample-every", "0", *where)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    config = json.loads((checkpoints / "ft" / "config.json").read_text())
+    base = json.loads((checkpoints / BASE / "config.json").read_text())
+    init = config["init_from"]
+    assert init["name"] == BASE and init["weights"] == "best" and init["model"] == base["model"]
+    assert init["val_loss"] == pytest.approx(Run(checkpoints / BASE).best_weights_loss())
+    with h5py.File(checkpoints / BASE / "best.weights.h5") as fh:
+        assert init["weights_hash"] == fh.attrs["textgen_sha256"]
+    assert config["model"]["vocab_size"] == base["model"]["vocab_size"] + len(NEW_CHARS)
+    assert config["training"]["warmup"] > 0
+    # The base run may change or go: its weights were copied in.
+    moved = checkpoints.parent / "moved-base"
+    shutil.move(checkpoints / BASE, moved)
+    try:
+        result = invoke("train", "--resume", "--run", "ft", "--epochs", "2", *where)
+        assert result.exit_code == 0, result.output
+        result = invoke("evaluate", "--run", "ft", "--json", *where)
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout)["nats_per_char"] > 0
+        result = invoke("runs", *where)
+        assert "fine-tuned from tiny, 3 new characters" in result.stdout
+    finally:
+        shutil.move(moved, checkpoints / BASE)
+
+
+def test_a_frozen_embedding_stays_as_the_base_left_it(checkpoints: Path, tmp_path: Path) -> None:
+    text = str(new_text(tmp_path / "new.txt"))
+    result = invoke("train", text, "--init-from", BASE, "--freeze", "embedding", "--run", "frozen", "--epochs", "1",
+                    "--batch-size", "8", "--seq-len", "32", "--sample-every", "0", "--checkpoint-dir",
+                    str(checkpoints))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    run = Run(checkpoints / "frozen")
+    config = run.load_config()
+    assert config.init_from is not None and config.init_from.freeze is Freeze.embedding
+    base = build_model(config.init_from.model, 1, stateful=False)
+    Run(checkpoints / BASE).load_weights(base, "best")
+    trained = build_model(config.model, 1, stateful=False)
+    run.load_weights(trained, "best")
+    (base_rows,), (rows,) = base.get_layer("embedding").get_weights(), trained.get_layer("embedding").get_weights()
+    assert np.array_equal(rows[: len(base_rows)], base_rows)
+    assert not np.array_equal(base.get_layer("lstm_0").get_weights()[0], trained.get_layer("lstm_0").get_weights()[0])
+
+
+@pytest.mark.parametrize(
+    ("what", "trained"),
+    [
+        (Freeze.none, {"embedding", "lstm_0", "logits"}),
+        (Freeze.embedding, {"lstm_0", "logits"}),
+        (Freeze.lstm, {"logits"}),
+    ],
+)
+def test_freezing_leaves_only_the_rest_to_train(what: Freeze, trained: set[str]) -> None:
+    from textgen.config import ModelConfig
+
+    model = build_model(ModelConfig(vocab_size=20, units=8, embedding_dim=4), 2)
+    freeze(model, what)
+    assert {v.path.split("/")[0] for v in model.trainable_variables} == trained
+
+
+@pytest.mark.parametrize(
+    ("flags", "fragments"),
+    [
+        (["--init-from", BASE, "--units", "64"], ["--units", "would change the model", BASE]),
+        (["--init-from", BASE, "--layer-norm"], ["--layer-norm", "would change the model"]),
+        (["--freeze", "lstm"], ["--freeze goes with --init-from"]),
+        (["--last"], ["--last goes with --init-from"]),
+        (["--init-from", "nope"], ["no run 'nope'"]),
+        (["--init-from", BASE, "--warmup", "-1"], ["--warmup"]),
+    ],
+)
+def test_bad_fine_tuning_flags_get_one_line(checkpoints: Path, tmp_path: Path, flags, fragments) -> None:
+    text = str(new_text(tmp_path / "new.txt"))
+    result = invoke("train", text, *flags, "--run", "refused", "--checkpoint-dir", str(checkpoints))
+    assert_one_line_error(result, *fragments)
+    assert not (checkpoints / "refused").exists()
