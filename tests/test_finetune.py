@@ -213,3 +213,13 @@ def test_bad_fine_tuning_flags_get_one_line(checkpoints: Path, tmp_path: Path, f
     result = invoke("train", text, *flags, "--run", "refused", "--checkpoint-dir", str(checkpoints))
     assert_one_line_error(result, *fragments)
     assert not (checkpoints / "refused").exists()
+
+
+def test_an_export_is_refused_naming_the_run_it_came_from(checkpoints: Path, tmp_path: Path) -> None:
+    export = tmp_path / "exported"
+    result = invoke("export", "--run", BASE, "--format", "savedmodel", "-o", str(export), "--checkpoint-dir",
+                    str(checkpoints))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    result = invoke("train", str(new_text(tmp_path / "new.txt")), "--init-from", str(export), "--checkpoint-dir",
+                    str(checkpoints))  # fmt: skip
+    assert_one_line_error(result, "is an export", f"--init-from {BASE}")

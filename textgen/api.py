@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from textgen import __version__
+from textgen.artifact import INFO_FILE, ArtifactInfo
 from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, ensure_writable, find_run, study_path
 from textgen.cluster import cluster_role, make_strategy
 from textgen.config import (
@@ -93,6 +94,12 @@ def train(
         data, model, training = _with_recipe(checkpoint_dir, resume, data, model, training, recipe, from_study)
     saved = find_run(checkpoint_dir, run_name).load_config() if resume else None
     _check_train_settings(saved, run_name, device, threads, data, model, training, distill, prune)
+    if init_from and (Path(init_from.source) / INFO_FILE).is_file():
+        info = ArtifactInfo.read(Path(init_from.source))
+        raise ConfigError(
+            f"--init-from {init_from.source} is an export ({info.format}, {info.quantize} weights); fine-tuning "
+            f"starts from a run's weights: give the run it was exported from, --init-from {info.run}"
+        )
     if init_from and (resume or distill or prune):
         what = "--resume" if resume else "textgen distill" if distill else "textgen prune"
         raise ConfigError(
@@ -247,8 +254,6 @@ def serve(
     with contextlib.closing(sock):
         sampler, source = open_generator(checkpoint_dir, run_name, "best", model)
         if model is not None:
-            from textgen.artifact import ArtifactInfo
-
             path = Path(model)
             directory = path.parent if path.is_file() else path
             card = card_of_export(directory.name, ArtifactInfo.read(directory))
