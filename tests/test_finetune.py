@@ -159,6 +159,14 @@ def test_fine_tune_resume_evaluate_and_runs_from_the_cli(checkpoints: Path, tmp_
         assert json.loads(result.stdout)["nats_per_char"] > 0
         result = invoke("runs", *where)
         assert "fine-tuned from tiny, 3 new characters" in result.stdout
+        result = invoke("sample", "--run", "ft", "--length", "40", "--seed", "1", "--json", *where)
+        assert result.exit_code == 0, result.output
+        # Downstream commands read the run's corpus as it did: with its extended vocabulary.
+        for command in (["prune", "--source", "ft", "--run", "ft-pruned"], ["distill", "--teacher", "ft", "--units",
+                        "16", "--run", "ft-small"]):  # fmt: skip
+            result = invoke(*command, "--epochs", "1", *where)
+            assert result.exit_code == 0, result.output
+            assert Run(checkpoints / command[-1]).load_vocab() == Run(checkpoints / "ft").load_vocab()
     finally:
         shutil.move(moved, checkpoints / BASE)
 
