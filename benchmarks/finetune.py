@@ -2,6 +2,8 @@
 
     python benchmarks/finetune.py --base wp --checkpoint-dir checkpoints
     python benchmarks/finetune.py --base wp --seeds 0 --budgets 2m --dry-run   # the commands, run nothing
+    python benchmarks/finetune.py --base wp --sizes 50k --books ../shared/corpora/gutenberg/1400-0.txt \\
+        --budgets 1m --warmups 0 100 300                                        # how long to warm up
 
 ``--base`` is a War and Peace run trained by the default recipe, already in ``--checkpoint-dir`` (this script does
 not train it). The books (``--books``) are Great Expectations (1400-0.txt, a 19th-century novel like War and Peace)
@@ -198,6 +200,33 @@ def measure_pair(
     return rows
 
 
+def measure_warmups(book: str, size: str, cut: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Fine-tuned runs of one cut trained to the first budget with each ``--warmups``, per seed: their test loss."""
+    rows = []
+    for seed in args.seeds:
+        for warmup in args.warmups:
+            name = f"warmup{warmup}-{Path(book).stem}-{size}-s{seed}"
+            command = ["train", str(cut), "--init-from", args.base, "--warmup", str(warmup), "--run", name, "--seed"]
+            command += [str(seed), "--device", args.device, "--time-budget", args.budgets[0], "--sample-every", "0"]
+            textgen([*command, "--checkpoint-dir", str(args.checkpoint_dir)], args.dry_run)
+            batch = str(run_config(args.checkpoint_dir, name).get("data", {}).get("batch_size", "FT_BATCH_SIZE"))
+            test = score(name, args, batch).get("nats_per_char", math.nan)
+            rows.append({"book": Path(book).name, "size": size, "seed": seed, "warmup": warmup, "test": test})
+    return rows
+
+
+def warmup_table(rows: list[dict[str, Any]], budget: str) -> str:
+    """Test nats/char by warm-up, a column per seed and their mean."""
+    seeds = sorted({r["seed"] for r in rows})
+    lines = [f"| book | size | --warmup | {' | '.join(f'seed {s}' for s in seeds)} | mean (at {budget}) |"]
+    lines.append("|---|---|---:|" + "---:|" * (len(seeds) + 1))
+    for key in dict.fromkeys((r["book"], r["size"], r["warmup"]) for r in rows):
+        tests = [r["test"] for r in rows if (r["book"], r["size"], r["warmup"]) == key]
+        cells = " | ".join(f"{t:.4f}" for t in tests)
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {cells} | {statistics.fmean(tests):.4f} |")
+    return "\n".join(lines)
+
+
 def flat(row: dict[str, Any]) -> dict[str, Any]:
     """The numbers of a row the tables show."""
     ft, scratch = row["fine_tuned"]["test"]["nats_per_char"], row["scratch"]["test"]["nats_per_char"]
@@ -266,6 +295,9 @@ def main() -> None:
     parser.add_argument("--sample-length", type=int, default=300)
     parser.add_argument("--json", action="store_true", help="one JSON object instead of the tables")
     parser.add_argument("--dry-run", action="store_true", help="print the textgen commands without running them")
+    parser.add_argument(
+        "--warmups", type=int, nargs="+", help="instead: fine-tune with each --warmup to the first budget, no scratch"
+    )
     args = parser.parse_args()
     seconds = [parse_duration(b) for b in args.budgets]
     if seconds != sorted(set(seconds)):
@@ -298,9 +330,15 @@ def main() -> None:
             cut_record = {"book": Path(book).name, "size": size, "path": str(cut), "bytes": len(text.encode())}
             cut_record.update(chars=len(text), train_chars=len(training_part(text)))
             cuts.append({**cut_record, "base_verbatim": verbatim(base["sample"], seen)})
+            if args.warmups:
+                rows += measure_warmups(book, size, cut, args)
+                continue
             for seed in args.seeds:
                 rows += measure_pair(book, size, cut, seen, seed, shape, wp, args)
     if args.dry_run:
+        return
+    if args.warmups:
+        print(json.dumps(rows) if args.json else warmup_table(rows, args.budgets[0]))
         return
     before = base["wp_test_before"]["nats_per_char"]
     means = averages(rows)
