@@ -131,6 +131,8 @@ def train(
             scratch = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix=f"textgen-worker-{role.index}-")))
             if resume:  # the chief's resume point, read before any worker trains (and the chief writes)
                 copy_run(find_run(checkpoint_dir, run_name).path, scratch)
+            elif init_from:  # the run to start from, where this worker plans
+                copy_run(find_run(checkpoint_dir, init_from.source).path, scratch)
             plan = plan_run(checkpoint_dir=scratch, cache_dir=cache_root(checkpoint_dir))
         plan.chief, plan.started = role.chief, started
         return train_plan(plan, progress, strategy)

@@ -79,7 +79,8 @@ class CosineSchedule(keras.callbacks.Callback):
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
         rate = cosine_lr(self.peak, self.progress(self.epoch, batch), self.anneal)
         if self.warmup:
-            rate *= warmup_factor(int(self.optimizer.iterations), self.warmup)
+            # .numpy(): a multi-worker run's MirroredVariable has no int().
+            rate *= warmup_factor(int(self.optimizer.iterations.numpy()), self.warmup)
         self.optimizer.learning_rate = rate
 
 

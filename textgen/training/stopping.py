@@ -184,6 +184,8 @@ def check_same_plan(plan: TrainPlan, strategy: tf.distribute.Strategy) -> None:
     resume = plan.resume_state
     settings = plan.config.to_dict()
     settings["data"] = {k: v for k, v in settings["data"].items() if k not in ("corpus", "files")}  # paths may differ
+    if "init_from" in settings:  # a worker reads the base run from its scratch copy
+        settings["init_from"] = {k: v for k, v in settings["init_from"].items() if k != "source"}
     described = json.dumps([settings, [resume.epoch, resume.batch, resume.step] if resume else [None] * 3])
     # 16 bytes of digest, one per value: sums of values and of their squares stay exact in float32, and
     # n * sum(v^2) == sum(v)^2 holds only when all n workers hold the same v.
