@@ -78,9 +78,12 @@ class CosineSchedule(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
         rate = cosine_lr(self.peak, self.progress(self.epoch, batch), self.anneal)
-        if self.warmup:
+        if self.warmup:  # read the step (a variable read) only until the warm-up is over
             # .numpy(): a multi-worker run's MirroredVariable has no int().
-            rate *= warmup_factor(int(self.optimizer.iterations.numpy()), self.warmup)
+            update = int(self.optimizer.iterations.numpy())
+            rate *= warmup_factor(update, self.warmup)
+            if update >= self.warmup:
+                self.warmup = 0
         self.optimizer.learning_rate = rate
 
 
