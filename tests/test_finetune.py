@@ -18,6 +18,7 @@ from textgen.checkpoint import Run
 from textgen.config import DataSettings, Freeze, InitSettings
 from textgen.data import corpus_source
 from textgen.device import CPU
+from textgen.errors import ConfigError
 from textgen.model import build_model
 from textgen.training.plan import plan_training
 from textgen.training.schedules import warmup_factor
@@ -223,11 +224,75 @@ def test_bad_fine_tuning_flags_get_one_line(checkpoints: Path, tmp_path: Path, f
     assert not (checkpoints / "refused").exists()
 
 
-def test_an_export_is_refused_naming_the_run_it_came_from(checkpoints: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("format", "quantize", "tolerance"),
+                         [("savedmodel", "none", 0.0), ("litert", "none", 0.0), ("litert", "float16", 1e-3)])  # fmt: skip
+def test_a_float_export_starts_a_run_with_its_run_s_weights(
+    checkpoints: Path, tmp_path: Path, format: str, quantize: str, tolerance: float
+) -> None:
     export = tmp_path / "exported"
-    result = invoke("export", "--run", BASE, "--format", "savedmodel", "-o", str(export), "--checkpoint-dir",
-                    str(checkpoints))  # fmt: skip
+    result = invoke("export", "--run", BASE, "--format", format, "--quantize", quantize, "-o", str(export),
+                    "--checkpoint-dir", str(checkpoints))  # fmt: skip
     assert result.exit_code == 0, result.output
-    result = invoke("train", str(new_text(tmp_path / "new.txt")), "--init-from", str(export), "--checkpoint-dir",
-                    str(checkpoints))  # fmt: skip
-    assert_one_line_error(result, "is an export", f"--init-from {BASE}")
+    name = f"from-{format}-{quantize}"
+    result = invoke("train", str(new_text(tmp_path / "new.txt")), "--init-from", str(export), "--run", name,
+                    "--epochs", "1", "--batch-size", "8", "--seq-len", "32", "--sample-every", "0",
+                    "--checkpoint-dir", str(checkpoints))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    run = Run(checkpoints / name)
+    init = run.load_config().init_from
+    assert init is not None and init.name == BASE and init.export == f"{format} {quantize}".removesuffix(" none")
+    assert init.source == str(export.resolve()) and init.val_loss is None and init.corpus is None
+    original, read_back = (build_model(init.model, 1, stateful=False) for _ in range(2))
+    Run(checkpoints / BASE).load_weights(original, "best")
+    run.load_init_weights(read_back)
+    for want, got in zip(original.get_weights(), read_back.get_weights(), strict=True):
+        assert np.abs(want - got).max() <= tolerance * max(1.0, np.abs(want).max())
+    assert f"fine-tuned from tiny ({init.export} export)" in invoke("runs", "--checkpoint-dir", str(checkpoints)).stdout
+
+
+@pytest.mark.parametrize(
+    ("quantize", "flags", "fragments"),
+    [("int8", [], ["int8 export", "rounded to 8 bits", f"--init-from {BASE}"]),
+     ("none", ["--last"], ["one set of weights", "drop --last"])],
+)  # fmt: skip
+def test_an_export_without_float_weights_is_refused(
+    checkpoints: Path, tmp_path: Path, quantize: str, flags: list[str], fragments: list[str]
+) -> None:
+    export = tmp_path / "exported"
+    result = invoke("export", "--run", BASE, "--format", "litert", "--quantize", quantize, "-o", str(export),
+                    "--checkpoint-dir", str(checkpoints))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    result = invoke("train", str(new_text(tmp_path / "new.txt")), "--init-from", str(export), *flags,
+                    "--run", "refused", "--checkpoint-dir", str(checkpoints))  # fmt: skip
+    assert_one_line_error(result, *fragments)
+    assert not (checkpoints / "refused").exists()
+
+
+@pytest.mark.parametrize("format", ["litert", "savedmodel"])
+@pytest.mark.parametrize(("layers", "layer_norm"), [(2, False), (1, True), (2, True)])
+def test_the_weights_read_out_of_an_export_are_the_model_s(
+    tmp_path: Path, format: str, layers: int, layer_norm: bool
+) -> None:
+    from textgen.artifact import ArtifactInfo
+    from textgen.config import ModelConfig
+    from textgen.export import _write, export_base
+    from textgen.sampling import Generator
+
+    # Units equal to the embedding's width and the vocabulary's: every kernel is square, the hardest to place.
+    cfg = ModelConfig(vocab_size=9, units=8, embedding_dim=8, layers=layers, layer_norm=layer_norm, dropout=0.0)
+    vocab = Vocabulary(tuple("abcdefgh"))
+    model = build_model(cfg, 1, stateful=False)
+    rng = np.random.default_rng(1)
+    model.set_weights([rng.normal(size=w.shape).astype(np.float32) for w in model.get_weights()])
+    generator = Generator(cfg, vocab, model.get_weights(), 1 if format == "litert" else 4, input_table=False)
+    info = ArtifactInfo(format, "none", cfg, vocab, "random", "best", 4, 16, False)
+    _write(generator, info, tmp_path / "export", lambda: None)
+    if layers == 2 and layer_norm:  # 17,280 orders of its vectors: refused
+        with pytest.raises(ConfigError, match="do not reproduce its logits; give the run it was exported from"):
+            export_base(tmp_path / "export", tmp_path)
+        return
+    base = export_base(tmp_path / "export", tmp_path)
+    read_back = build_model(cfg, 1, stateful=False)
+    read_back.load_weights(base.weights_file)
+    for want, got in zip(model.get_weights(), read_back.get_weights(), strict=True):
+        assert np.array_equal(want, got)

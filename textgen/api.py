@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from textgen import __version__
-from textgen.artifact import INFO_FILE, ArtifactInfo
+from textgen.artifact import ArtifactInfo, Quantize, is_artifact
 from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, ensure_writable, find_run, study_path
 from textgen.cluster import cluster_role, make_strategy
 from textgen.config import (
@@ -94,12 +94,7 @@ def train(
         data, model, training = _with_recipe(checkpoint_dir, resume, data, model, training, recipe, from_study)
     saved = find_run(checkpoint_dir, run_name).load_config() if resume else None
     _check_train_settings(saved, run_name, device, threads, data, model, training, distill, prune)
-    if init_from and (Path(init_from.source) / INFO_FILE).is_file():
-        info = ArtifactInfo.read(Path(init_from.source))
-        raise ConfigError(
-            f"--init-from {init_from.source} is an export ({info.format}, {info.quantize} weights); fine-tuning "
-            f"starts from a run's weights: give the run it was exported from, --init-from {info.run}"
-        )
+    export = _float_export(init_from) if init_from else None
     if init_from and (resume or distill or prune):
         what = "--resume" if resume else "textgen distill" if distill else "textgen prune"
         raise ConfigError(
@@ -119,24 +114,50 @@ def train(
     from textgen.training.loop import train as train_plan
     from textgen.training.plan import plan_training
 
-    plan_run = functools.partial(
-        plan_training, names, profile, run_name=run_name, resume=resume, download=download,
-        keep_boilerplate=keep_boilerplate, encoding=encoding, data=data, model=model, training=training,
-        distill=distill, prune=prune, init_from=init_from,
-    )  # fmt: skip
     with contextlib.ExitStack() as cleanup:
+        base = None
+        if export is not None:  # its weights read back into a file that the new run copies in
+            from textgen.export import export_base
+
+            base = export_base(export, Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="textgen-"))))
+        plan_run = functools.partial(
+            plan_training, names, profile, run_name=run_name, resume=resume, download=download,
+            keep_boilerplate=keep_boilerplate, encoding=encoding, data=data, model=model, training=training,
+            distill=distill, prune=prune, init_from=init_from, base=base,
+        )  # fmt: skip
         if role.chief:
             plan = plan_run(checkpoint_dir=checkpoint_dir)
         else:
             scratch = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix=f"textgen-worker-{role.index}-")))
             if resume:  # the chief's resume point, read before any worker trains (and the chief writes)
                 copy_run(find_run(checkpoint_dir, run_name).path, scratch)
-            elif init_from:  # the run to start from, where this worker plans
+            elif init_from and base is None:  # the run to start from, where this worker plans
                 copy_run(find_run(checkpoint_dir, init_from.source).path, scratch)
             plan = plan_run(checkpoint_dir=scratch, cache_dir=cache_root(checkpoint_dir))
         plan.chief, plan.started = role.chief, started
         return train_plan(plan, progress, strategy)
     raise AssertionError("unreachable")  # for the type checker: the with block returns or raises
+
+
+def _float_export(init_from: InitSettings) -> Path | None:
+    """The export directory ``--init-from`` names, if it names one, once it is known to hold float weights."""
+    path = Path(init_from.source)
+    if path.is_file() and is_artifact(path.parent):  # its model.tflite, say
+        path = path.parent
+    if not is_artifact(path):
+        return None
+    info = ArtifactInfo.read(path)
+    if info.quantize == Quantize.int8.value:
+        raise ConfigError(
+            f"--init-from {init_from.source} is an int8 export: its weights were rounded to 8 bits, and training "
+            f"on from them would start from a worse model; give a float export or the run, --init-from {info.run}"
+        )
+    if init_from.weights != "best" and init_from.weights != info.weights:
+        raise ConfigError(
+            f"--init-from {init_from.source} holds one set of weights (run {info.run}'s {info.weights}); "
+            "drop --last, or give the run"
+        )
+    return path
 
 
 def _with_recipe(

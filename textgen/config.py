@@ -591,14 +591,17 @@ class InitConfig:
     # gain, and leaves a short budget's first epochs their rate.
     WARMUP_STEPS: ClassVar[int] = 100
 
-    source: str  # the base run's directory, when this run started
-    name: str  # the base run's name
+    source: str  # the base run's directory (or the export's), when this run started
+    name: str  # the base run's name (an export's: the run it was exported from)
     weights: str  # which of its weights: best or last
     weights_hash: str  # blake2b of the weights file copied in
-    val_loss: float | None  # the base run's best validation loss (on its own corpus)
-    corpus: str  # what the base run trained on
+    val_loss: float | None  # the base run's best validation loss (on its own corpus); None from an export
+    corpus: str | None  # what the base run trained on; None from an export
     model: ModelConfig  # the base run's model; this run's is the same with the vocabulary extended
     freeze: Freeze = Freeze.none
+    export: str | None = (
+        None  # the weights came from an export: its format, and its weights unless float32 ("litert float16")
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.model, dict):  # as JSON reads it back

@@ -21,13 +21,15 @@ directory and leaves an earlier export as it was.
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import secrets
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.lite.python.convert_phase import ConverterError
 
@@ -45,8 +47,10 @@ from textgen.artifact import (
 from textgen.checkpoint import Run
 from textgen.errors import CheckpointError, ConfigError, ExportInterrupted, one_line
 from textgen.files import fsync_path, fsync_tree
+from textgen.model import build_model
 from textgen.results import ExportResult
 from textgen.sampling import Generator
+from textgen.training.plan import Base
 from textgen.training.stopping import stop_signals
 from textgen.vocab import UNKNOWN_CHAR
 
@@ -211,3 +215,137 @@ def _replace_directory(new: Path, path: Path) -> None:
     fsync_path(path.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+# --- reading a float export's weights back (train --init-from EXPORT) ---------------------------------------
+
+
+def export_base(path: Path, scratch: Path) -> Base:
+    """The weights a float export was written from, as a run's that ``train --init-from`` starts from: read out
+    of the network's constants into a Keras weights file in ``scratch``, and checked to give the export's own
+    logits on a probe text, so that a misread array is refused rather than trained on."""
+    from textgen.runtime import open_artifact
+
+    sampler, info = open_artifact(path)
+    model = build_model(info.model, batch_size=1, stateful=False)
+    try:
+        weights = _assemble([w.shape for w in model.get_weights()], _network_constants(path, info))
+    except ValueError as exc:
+        raise ConfigError(
+            f"cannot read float weights out of {path} ({exc}); give the run, --init-from {info.run}"
+        ) from None
+    probe = np.random.default_rng(0).integers(1, info.vocab.size, size=(2, 48), dtype=np.int32)
+    want, _ = sampler.read(probe, sampler.zero_states(len(probe)))
+    for candidate in itertools.islice(_vectors_permuted(weights), MAX_PROBES):
+        model.set_weights(candidate)
+        got = np.asarray(model(probe, training=False))[:, -1]
+        if np.abs(got - want).max() <= PROBE_TOLERANCE * max(1.0, float(np.abs(want).max())):
+            break
+    else:
+        raise ConfigError(
+            f"the weights read out of {path} do not reproduce its logits; give the run it was exported from, "
+            f"--init-from {info.run}"
+        )
+    weights_file = scratch / "export.weights.h5"
+    model.save_weights(str(weights_file))
+    return Base(
+        source=path.resolve(),
+        name=info.run,
+        weights=info.weights,
+        weights_file=weights_file,
+        vocab=info.vocab,
+        model=info.model,
+        corpus=None,
+        val_loss=None,
+        export=info.format if info.quantize == Quantize.none.value else f"{info.format} {info.quantize}",
+    )
+
+
+# The export's logits and the Keras model's from the same float32 arrays differ by summation order only: ~1e-6
+# relative on the default model; a misplaced array is off by whole units.
+PROBE_TOLERANCE = 1e-4
+# A LiteRT file names a layer norm's gains and a bias alike (Const_3, Const_7, ...), so the vectors of one shape
+# are tried in every order: 12 orders for a layer-normalized layer, 17,280 for two (refused).
+MAX_PROBES = 120
+
+
+def _vectors_permuted(weights: list[np.ndarray]) -> Iterator[list[np.ndarray]]:
+    """``weights``, then the same with the one-dimensional arrays of each shape in every other order."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for slot, array in enumerate(weights):
+        if array.ndim == 1:
+            groups.setdefault(array.shape, []).append(slot)
+    slots = list(groups.values())
+    for orders in itertools.product(*(itertools.permutations(group) for group in slots)):
+        permuted = list(weights)
+        for group, order in zip(slots, orders, strict=True):
+            for slot, source in zip(group, order, strict=True):
+                permuted[slot] = weights[source]
+        yield permuted
+
+
+def _network_constants(path: Path, info: ArtifactInfo) -> list[tuple[str, np.ndarray]]:
+    """The float arrays of the export's step, in an order that keeps arrays of one shape in the model's order: a
+    SavedModel's in the order its step captured them (``Generator.step`` reads them in the model's order); a
+    LiteRT file's by the TensorFlow op each came from (``MatMul``, ``MatMul_1``, ... are numbered in the step's
+    order), float16 ones widened."""
+    if info.format == ExportFormat.savedmodel.value:
+        step = tf.saved_model.load(str(path)).signatures[STEP_SIGNATURE]
+        return [(str(i), t.numpy()) for i, t in enumerate(step.captured_inputs) if t.dtype == tf.float32]
+    from ai_edge_litert.interpreter import Interpreter
+
+    interpreter = Interpreter(model_path=str(path / LITERT_FILE))
+    constants = []
+    for detail in interpreter.get_tensor_details():
+        if detail["dtype"] not in (np.float32, np.float16) or len(detail["shape"]) == 0:
+            continue
+        try:
+            array = interpreter.get_tensor(detail["index"])
+        except ValueError:  # an activation: no data before the interpreter runs
+            continue
+        constants.append((detail["name"], array.astype(np.float32)))
+    return sorted(constants, key=lambda item: _op_order(item[0]))
+
+
+def _op_order(name: str) -> tuple[str, int]:
+    """``MatMul_12`` -> ("MatMul", 12), ``MatMul`` -> ("MatMul", 0)."""
+    op, _, number = name.rpartition("_")
+    return (op, int(number)) if op and number.isdigit() else (name, 0)
+
+
+def _assemble(shapes: list[tuple[int, ...]], constants: list[tuple[str, np.ndarray]]) -> list[np.ndarray]:
+    """Each of the model's arrays (``shapes``, in ``get_weights`` order) from the first unused constant that can be
+    it: one of its shape, one transposed (LiteRT keeps a matmul's kernel as (out, in)), or consecutive column blocks
+    (a SavedModel's sampler splits a recurrent kernel in four)."""
+    arrays = [array for _, array in constants]
+    unused = list(range(len(arrays)))
+    weights = []
+    for shape in shapes:
+        for start, i in enumerate(unused):
+            taken = _blocks(shape, [arrays[j] for j in unused[start:]])
+            if taken:
+                weights.append(np.concatenate([arrays[j] for j in unused[start : start + taken]], axis=1))
+            elif arrays[i].shape == shape or arrays[i].shape == shape[::-1]:
+                weights.append(arrays[i] if arrays[i].shape == shape else arrays[i].T.copy())
+                taken = 1
+            else:
+                continue
+            del unused[start : start + taken]
+            break
+        else:
+            raise ValueError(f"no array of shape {shape} in it")
+    return weights
+
+
+def _blocks(shape: tuple[int, ...], arrays: list[np.ndarray]) -> int:
+    """How many of ``arrays``, from the first, are column blocks that make up an array of ``shape`` (0: none)."""
+    if len(shape) != 2:
+        return 0
+    width = 0
+    for count, array in enumerate(arrays, start=1):
+        if array.ndim != 2 or array.shape[0] != shape[0] or width + array.shape[1] > shape[1]:
+            return 0
+        width += array.shape[1]
+        if width == shape[1]:
+            return count if count > 1 else 0
+    return 0

@@ -59,6 +59,6 @@ def made_from(cfg: RunConfig) -> str:
         init = cfg.init_from
         added = cfg.model.vocab_size - init.model.vocab_size
         frozen = f", {init.freeze} frozen" if init.freeze != "none" else ""
-        weights = " (last weights)" if init.weights == "last" else ""
+        weights = f" ({init.export} export)" if init.export else " (last weights)" if init.weights == "last" else ""
         return f"fine-tuned from {init.name}{weights}, {added} new character{'s' * (added != 1)}{frozen}"
     return ""

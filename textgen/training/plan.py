@@ -49,6 +49,7 @@ from textgen.errors import ConfigError
 from textgen.idcache import cache_root
 from textgen.layout import StreamLayout
 from textgen.results import StopReason
+from textgen.vocab import Vocabulary
 
 
 @dataclass
@@ -73,6 +74,36 @@ class TrainPlan:
         return f"saved {self.run.path}; {resume_hint(self.run)}"
 
 
+@dataclass(frozen=True)
+class Base:
+    """What a fine-tuned run starts from (``--init-from``): a run's best or last weights, or the float weights of
+    an export, read back into a weights file of its model's shape."""
+
+    source: Path  # the run's or the export's directory
+    name: str  # the run's name (an export's: the run it was exported from)
+    weights: str  # best or last
+    weights_file: Path
+    vocab: Vocabulary
+    model: ModelConfig
+    corpus: str | None  # what it trained on (an export does not say)
+    val_loss: float | None  # its best validation loss (an export does not say)
+    export: str | None = None  # an export's format and weights, e.g. "litert float16"; None for a run
+
+    @classmethod
+    def of_run(cls, run: Run, weights: str) -> Base:
+        config = run.load_config()
+        return cls(
+            source=run.path.resolve(),
+            name=run.name,
+            weights=weights,
+            weights_file=run.weights_path(weights),  # refused before a run is made from it, not by the first load
+            vocab=run.load_vocab(),
+            model=config.model,
+            corpus=config.data.corpus_name,
+            val_loss=_finite_or_none(run.best_weights_loss()),
+        )
+
+
 def plan_training(
     corpus: str | list[str] | None,
     profile: DeviceProfile,
@@ -90,11 +121,13 @@ def plan_training(
     distill: DistillSettings | None = None,
     prune: PruneSettings | None = None,
     init_from: InitSettings | None = None,
+    base: Base | None = None,
 ) -> TrainPlan:
     """Resolve the corpus (files, directories, globs) and configs for a new run, or reload a run to resume;
     either way the run is locked for this process until ``train`` returns. With ``distill`` (a teacher run) or
     ``prune`` (a run to prune), the new run trains on that run's corpus, splits and vocabulary; with ``init_from``,
-    it starts from another run's weights on its own corpus, the base run's vocabulary extended.
+    it starts from another run's weights (or ``base``, an export's, read back) on its own corpus, the base's
+    vocabulary extended.
 
     ``data``, ``model`` and ``training`` hold the settings the user gave (fields left ``None`` take the defaults).
     On resume, only epochs, time budget, save interval and strategy may change. Encoded corpora are cached in
@@ -125,11 +158,14 @@ def plan_training(
         )
     if not names:
         raise ConfigError("give a corpus to train on, e.g. textgen train 2600-0.txt")
-    base = _base_of(checkpoint_dir, init_from, model_given) if init_from else None
+    if init_from and base is None:
+        base = Base.of_run(find_run(checkpoint_dir, init_from.source, init_from.weights), init_from.weights)
+    if base is not None:
+        _check_shape_kept(model_given, base)
     files = resolve_corpora(names, download=download)
     run, lock = reserve_run(checkpoint_dir, run_name, corpus_stem(names, files))  # before the corpus is encoded
     try:
-        data_given = {**data_given, "base_vocab": "".join(base.load_vocab().chars)} if base else data_given
+        data_given = {**data_given, "base_vocab": "".join(base.vocab.chars)} if base else data_given
         data_cfg = new_data_config(
             names, files, keep_boilerplate, encoding, **{"batch_size": profile.batch_size, **data_given}
         )
@@ -137,18 +173,18 @@ def plan_training(
         splits = load_splits(data_cfg, cache_dir, train_streams=data_cfg.batch_size * _accumulate(training_given))
         init_cfg = None
         if base is not None and init_from is not None:
-            base_config = base.load_config()
-            model_cfg = cfgmod.replace(base_config.model, vocab_size=splits.vocab.size, **model_given)
+            model_cfg = cfgmod.replace(base.model, vocab_size=splits.vocab.size, **model_given)
             training_given = {"warmup": InitConfig.WARMUP_STEPS, **training_given}
             init_cfg = InitConfig(
-                source=str(base.path.resolve()),
+                source=str(base.source),
                 name=base.name,
-                weights=init_from.weights,
-                weights_hash=run.copy_in_weights(base.weights_path(init_from.weights)),
-                val_loss=_finite_or_none(base.best_weights_loss()),
-                corpus=base_config.data.corpus_name,
-                model=base_config.model,
+                weights=base.weights,
+                weights_hash=run.copy_in_weights(base.weights_file),
+                val_loss=base.val_loss,
+                corpus=base.corpus,
+                model=base.model,
                 freeze=init_from.freeze,
+                export=base.export,
             )
         else:
             model_cfg = ModelConfig(vocab_size=splits.vocab.size, **model_given)
@@ -164,18 +200,14 @@ def plan_training(
 SHAPE_SETTINGS = ("units", "layers", "embedding_dim", "layer_norm")  # what a fine-tuned run takes from its base
 
 
-def _base_of(checkpoint_dir: Path, init_from: InitSettings, model: dict[str, Any]) -> Run:
-    """The run ``--init-from`` names, checked: it has the weights asked for, and no flag would change its model's
-    shape."""
+def _check_shape_kept(model: dict[str, Any], base: Base) -> None:
+    """No flag may change the model's shape, which a fine-tuned run takes from its base."""
     shaped = [cfgmod.flag(k) for k in SHAPE_SETTINGS if k in model]
-    base = find_run(checkpoint_dir, init_from.source, init_from.weights)
     if shaped:
         raise ConfigError(
             f"{', '.join(shaped)} would change the model, which a fine-tuned run takes from {base.name!r}; "
             "drop it (or train a new model without --init-from)"
         )
-    base.weights_path(init_from.weights)  # refused before a run is made from it, not by the first load
-    return base
 
 
 def _finite_or_none(value: float) -> float | None:
