@@ -166,6 +166,14 @@ async def leave_early(host: str, port: int, model: str, clients: int) -> None:
     await asyncio.gather(*(one() for _ in range(clients)))
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of process ``pid`` so far, from /proc."""
+    import os
+
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def server_state(url: str) -> dict[str, Any]:
     import urllib.request
 
@@ -243,7 +251,9 @@ def main() -> None:
             batch = min(clients, 64)
             offline_before = offline_rate(sampler, batch, offline_seconds)
             before = first_char_buckets(url)
+            cpu_before = cpu_seconds(proc.pid), time.process_time()
             load = asyncio.run(drive(host, int(port), args.run, corpus, clients, args.seconds))
+            cpu_server, cpu_clients = cpu_seconds(proc.pid) - cpu_before[0], time.process_time() - cpu_before[1]
             time.sleep(0.5)
             after = first_char_buckets(url)
             counted = after["+Inf"] - before["+Inf"]
@@ -269,6 +279,9 @@ def main() -> None:
                     "gap_p95_ms": _ms(percentile(load.gaps, 95)),
                     "errors": load.errors,
                     "rows_busy_after": state["rows_busy"],
+                    # Cores busy during the load: the server's, and the clients' (this process) on the same 2.
+                    "server_cores": cpu_server / load.seconds,
+                    "client_cores": cpu_clients / load.seconds,
                     "server_first_char_within_s": within,
                 }
             )
@@ -287,9 +300,9 @@ def main() -> None:
     print(
         "| clients | total chars/s (prompts read + generated) | vs offline | generated chars/s | vs offline | "
         "offline chars/s before / after (batch) | completed | first char p50/p95/p99 ms | p95, 100-char prompts | "
-        "gap p95 ms | errors | rows busy after |"
+        "gap p95 ms | errors | rows busy after | cores: server / clients |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|")
     for r in results:
         errors = ", ".join(f"{k}: {v}" for k, v in r["errors"].items()) or "none"
         before, after = r["offline_before_after"]
@@ -299,7 +312,8 @@ def main() -> None:
             f"{r['chars_per_s']:,.0f} | {r['ratio']:.2f} | {before:,.0f} / {after:,.0f} ({r['offline_batch']}) | "
             f"{r['completed']} | "
             f"{r['first_char_p50_ms']} / {r['first_char_p95_ms']} / {r['first_char_p99_ms']} | "
-            f"{r['first_char_p95_prompt100_ms']} | {r['gap_p95_ms']} | {errors} | {r['rows_busy_after']} |"
+            f"{r['first_char_p95_prompt100_ms']} | {r['gap_p95_ms']} | {errors} | {r['rows_busy_after']} | "
+            f"{r['server_cores']:.2f} / {r['client_cores']:.2f} |"
         )
     for r in results:
         shares = ", ".join(

@@ -139,6 +139,27 @@ def train(
     raise AssertionError("unreachable")  # for the type checker: the with block returns or raises
 
 
+def _tuned_from(
+    checkpoint_dir: Path, init_from: InitSettings, model: dict[str, Any]
+) -> tuple[InitSettings, dict[str, Any]]:
+    """A study's ``--init-from``: the run by its full path (trials are runs in the study's directory), and the
+    fixed model settings with the run's shape."""
+    from textgen.training.plan import SHAPE_SETTINGS, check_shape_kept
+
+    if is_artifact(Path(init_from.source)):
+        info = ArtifactInfo.read(Path(init_from.source))
+        raise ConfigError(
+            f"textgen tune --init-from takes a run (each trial copies its weights); {init_from.source} is an "
+            f"export of run {info.run}: --init-from {info.run}"
+        )
+    base = find_run(checkpoint_dir, init_from.source, init_from.weights)
+    base.weights_path(init_from.weights)  # refused now, not by the first trial
+    shape = base.load_config().model
+    check_shape_kept(model, base.name, shape)
+    source = dataclasses.replace(init_from, source=str(base.path.resolve()))
+    return source, {**model, **{k: getattr(shape, k) for k in SHAPE_SETTINGS}}
+
+
 def _float_export(init_from: InitSettings) -> Path | None:
     """The export directory ``--init-from`` names, if it names one, once it is known to hold float weights."""
     path = Path(init_from.source)
@@ -367,10 +388,12 @@ def tune(
     data: DataSettings | None = None,
     model: ModelSettings | None = None,
     training: TrainSettings | None = None,
+    init_from: InitSettings | None = None,
     progress: TuneProgress | None = None,
 ) -> StudyResult:
     """Run or continue a ``textgen tune`` study (see ``textgen.tune``); ``data``, ``model`` and ``training`` hold
-    the recipe settings the user fixed, which are not searched."""
+    the recipe settings the user fixed, which are not searched. With ``init_from``, every trial fine-tunes that
+    run: its model's shape is fixed."""
     if trials is not None and not 0 < trials <= 10_000:
         raise ConfigError(f"--trials must be between 1 and 10000 (got {trials})")
     fixed = {
@@ -378,6 +401,8 @@ def tune(
         for part, settings in (("data", data), ("model", model), ("training", training))
     }
     _check_settings(fixed["data"], fixed["model"], {**fixed["training"], "seed": seed})
+    if init_from is not None:
+        init_from, fixed["model"] = _tuned_from(checkpoint_dir, init_from, fixed["model"])
     if trial_budget is not None and trial_budget < MIN_TRIAL_SECONDS:
         raise ConfigError(f"--trial-budget must be at least {MIN_TRIAL_SECONDS:g}s (got {trial_budget:g}s)")
     from textgen.study import DATABASE, check_fixed_settings, locate_study
@@ -399,6 +424,7 @@ def tune(
         trials=trials,
         seed=seed,
         fixed=fixed,
+        init_from=init_from,
         progress=progress,
     )
 

@@ -283,6 +283,30 @@ SHIFT_WINDOWS_HELP = (
     "windows, and where backpropagation through time is cut, fall elsewhere each epoch"
 )
 
+# Fine-tuning's options: textgen train's, and textgen tune's for a study whose every trial starts from a run.
+FINE_TUNING = "Fine-tuning"
+InitFromOption = Annotated[
+    str | None,
+    _option(
+        "Fine-tune: start from this run's best weights (or a float export's), on the text given; the model's shape "
+        "comes from it, and its vocabulary is extended by the characters only the new text has",
+        FINE_TUNING,
+        None,
+    ),
+]
+InitLastOption = Annotated[
+    bool, _option("With --init-from: start from the run's last weights, not its best", FINE_TUNING, None, "--last")
+]
+FreezeOption = Annotated[
+    Freeze | None,
+    _option(
+        "With --init-from: keep the embedding (embedding), or the embedding and the LSTM layers (lstm), as the "
+        "base run left them; for very small texts",
+        FINE_TUNING,
+        Freeze.none,
+    ),
+]
+
 TRAIN_EXAMPLES = """
 **Examples**
 
@@ -442,28 +466,9 @@ def train(
     from_study: Annotated[
         str | None, _option("Train the best recipe of a textgen tune study (by name)", "Recipe", None)
     ] = None,
-    init_from: Annotated[
-        str | None,
-        _option(
-            "Fine-tune: start from this run's best weights, on the text given; the model's shape comes from it, "
-            "and its vocabulary is extended by the characters only the new text has",
-            "Fine-tuning",
-            None,
-        ),
-    ] = None,
-    last: Annotated[
-        bool,
-        _option("With --init-from: start from the run's last weights, not its best", "Fine-tuning", None, "--last"),
-    ] = False,
-    freeze: Annotated[
-        Freeze | None,
-        _option(
-            "With --init-from: keep the embedding (embedding), or the embedding and the LSTM layers (lstm), as the "
-            "base run left them; for very small texts",
-            "Fine-tuning",
-            Freeze.none,
-        ),
-    ] = None,
+    init_from: InitFromOption = None,
+    last: InitLastOption = False,
+    freeze: FreezeOption = None,
     warmup: Annotated[
         int | None,
         _option(
@@ -857,6 +862,8 @@ TUNE_EXAMPLES = """
     textgen tune --show                              # the latest study's trials
     textgen tune my_book.txt --units 256             # search all but --units
     textgen train 2600-0.txt --from-study 2600-0     # train the best recipe
+    textgen tune my_book.txt --init-from wp --trial-budget 5m   # fine-tuning's
+    textgen train my_book.txt --from-study my_book --init-from wp
 
 The first trial is textgen train's default recipe; trials behind the others at the same training time are
 stopped early. Each trial is a run in CHECKPOINT_DIR/studies/STUDY/. Ctrl-C saves the running trial; the same
@@ -918,6 +925,9 @@ def tune(
         float | None, _option("Decoupled weight decay, for any optimizer (searched for adamw only)", FIXED)
     ] = None,
     clip_norm: Annotated[float | None, _option("Clip the global gradient norm to this", FIXED)] = None,
+    init_from: InitFromOption = None,
+    last: InitLastOption = False,
+    freeze: FreezeOption = None,
     device: Annotated[Device, typer.Option(help="Device profile of every trial")] = Device.auto,
     checkpoint_dir: CheckpointDirOption = DEFAULT_CHECKPOINT_DIR,
     show: Annotated[bool, typer.Option("--show", help="List a study's trials and best recipe, and exit")] = False,
@@ -939,6 +949,7 @@ def tune(
                 "--trials": trials,
                 "--seed": seed,
                 "--device": None if device is Device.auto else device,
+                "--init-from": init_from,
                 **{flag(k): v for settings in (data, model, training) for k, v in settings.given().items()},
             }
             given = [name for name, value in searching.items() if value is not None]
@@ -957,6 +968,7 @@ def tune(
             data=data,
             model=model,
             training=training,
+            init_from=_init_settings(init_from, last, freeze),
             progress=display,
         )
         tuneview.show_study(console, result, as_json, shown_live=display.live is not None)

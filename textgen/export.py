@@ -20,13 +20,13 @@ directory and leaves an earlier export as it was.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
-import itertools
 import os
 import secrets
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -49,10 +49,10 @@ from textgen.errors import CheckpointError, ConfigError, ExportInterrupted, one_
 from textgen.files import fsync_path, fsync_tree
 from textgen.model import build_model
 from textgen.results import ExportResult
-from textgen.sampling import Generator
+from textgen.sampling import RECURRENT_BLOCKS, Generator
 from textgen.training.plan import Base
 from textgen.training.stopping import stop_signals
-from textgen.vocab import UNKNOWN_CHAR
+from textgen.vocab import UNKNOWN_CHAR, Vocabulary
 
 
 def default_path(run: Run, format: str, quantize: str) -> Path:
@@ -80,7 +80,9 @@ def export_run(run: Run, format: str, quantize: str, path: Path | None = None, w
         cfg = run.load_config()
         # LiteRT: one recurrent matmul per step (the column blocks that help TensorFlow's executor do not help it).
         litert = format == ExportFormat.litert.value
-        generator = Generator.from_run(run, which, recurrent_blocks=1 if litert else None, input_table=False)
+        generator = Generator.from_run(
+            run, which, recurrent_blocks=1 if litert else RECURRENT_BLOCKS, input_table=False
+        )
         info = ArtifactInfo(
             format=format,
             quantize=quantize,
@@ -228,24 +230,16 @@ def export_base(path: Path, scratch: Path) -> Base:
 
     sampler, info = open_artifact(path)
     model = build_model(info.model, batch_size=1, stateful=False)
+    refused = f"give the run it was exported from, --init-from {info.run}"
     try:
-        weights = _assemble([w.shape for w in model.get_weights()], _network_constants(path, info))
+        model.set_weights(_place(_network_constants(path, info.format), _placement(info), len(model.weights)))
     except ValueError as exc:
-        raise ConfigError(
-            f"cannot read float weights out of {path} ({exc}); give the run, --init-from {info.run}"
-        ) from None
+        raise ConfigError(f"cannot read float weights out of {path} ({exc}); {refused}") from None
     probe = np.random.default_rng(0).integers(1, info.vocab.size, size=(2, 48), dtype=np.int32)
     want, _ = sampler.read(probe, sampler.zero_states(len(probe)))
-    for candidate in itertools.islice(_vectors_permuted(weights), MAX_PROBES):
-        model.set_weights(candidate)
-        got = np.asarray(model(probe, training=False))[:, -1]
-        if np.abs(got - want).max() <= PROBE_TOLERANCE * max(1.0, float(np.abs(want).max())):
-            break
-    else:
-        raise ConfigError(
-            f"the weights read out of {path} do not reproduce its logits; give the run it was exported from, "
-            f"--init-from {info.run}"
-        )
+    got = np.asarray(model(probe, training=False))[:, -1]
+    if not np.abs(got - want).max() <= PROBE_TOLERANCE * max(1.0, float(np.abs(want).max())):
+        raise ConfigError(f"the weights read out of {path} do not reproduce its logits; {refused}")
     weights_file = scratch / "export.weights.h5"
     model.save_weights(str(weights_file))
     return Base(
@@ -264,32 +258,55 @@ def export_base(path: Path, scratch: Path) -> Base:
 # The export's logits and the Keras model's from the same float32 arrays differ by summation order only: ~1e-6
 # relative on the default model; a misplaced array is off by whole units.
 PROBE_TOLERANCE = 1e-4
-# A LiteRT file names a layer norm's gains and a bias alike (Const_3, Const_7, ...), so the vectors of one shape
-# are tried in every order: 12 orders for a layer-normalized layer, 17,280 for two (refused).
-MAX_PROBES = 120
+Placement = dict[str, tuple[int, bool]]  # a constant's key -> (the model array it is part of, transposed)
 
 
-def _vectors_permuted(weights: list[np.ndarray]) -> Iterator[list[np.ndarray]]:
-    """``weights``, then the same with the one-dimensional arrays of each shape in every other order."""
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for slot, array in enumerate(weights):
-        if array.ndim == 1:
-            groups.setdefault(array.shape, []).append(slot)
-    slots = list(groups.values())
-    for orders in itertools.product(*(itertools.permutations(group) for group in slots)):
-        permuted = list(weights)
-        for group, order in zip(slots, orders, strict=True):
-            for slot, source in zip(group, order, strict=True):
-                permuted[slot] = weights[source]
-        yield permuted
+def _placement(info: ArtifactInfo) -> Placement:
+    """Where each constant of an export like ``info``'s goes in the model, learnt by exporting a small model of
+    the same kind whose array i holds i + a ramp below 0.25 (no two entries alike, so nothing is folded away). A
+    SavedModel's step captures the arrays in the order it reads them, a recurrent kernel as four column blocks;
+    a LiteRT file keeps each matmul's kernel transposed, under a name the converter chose."""
+    # No two of the small model's arrays have one shape, even transposed, whatever the real model's shapes.
+    cfg = dataclasses.replace(info.model, vocab_size=5, embedding_dim=3, units=4)
+    vocab = Vocabulary(tuple("abcd"))
+    shapes = [tuple(w.shape) for w in build_model(cfg, batch_size=1, stateful=False).weights]
+    marked = [i + 0.25 * np.arange(np.prod(s), dtype=np.float32).reshape(s) / np.prod(s) for i, s in enumerate(shapes)]
+    litert = info.format == ExportFormat.litert.value
+    generator = Generator(cfg, vocab, marked, recurrent_blocks=1 if litert else RECURRENT_BLOCKS, input_table=False)
+    small = dataclasses.replace(info, model=cfg, vocab=vocab)
+    with tempfile.TemporaryDirectory(prefix="textgen-marked-") as directory:
+        _write(generator, small, Path(directory), lambda: None)
+        constants = _network_constants(Path(directory), info.format)
+    placement = {}
+    for key, array in constants:
+        slot = int(np.floor(array.min()))
+        if 0 <= slot < len(shapes) and array.ndim == len(shapes[slot]):
+            shape = shapes[slot]
+            if array.shape == shape[::-1] and array.shape != shape:
+                placement[key] = (slot, True)
+            elif array.shape[0] == shape[0]:  # the array, or a column block of it
+                placement[key] = (slot, False)
+    return placement
 
 
-def _network_constants(path: Path, info: ArtifactInfo) -> list[tuple[str, np.ndarray]]:
-    """The float arrays of the export's step, in an order that keeps arrays of one shape in the model's order: a
-    SavedModel's in the order its step captured them (``Generator.step`` reads them in the model's order); a
-    LiteRT file's by the TensorFlow op each came from (``MatMul``, ``MatMul_1``, ... are numbered in the step's
-    order), float16 ones widened."""
-    if info.format == ExportFormat.savedmodel.value:
+def _place(constants: list[tuple[str, np.ndarray]], placement: Placement, count: int) -> list[np.ndarray]:
+    """The model's ``count`` arrays from an export's constants: each placed, transposed back, and a kernel's
+    column blocks joined in order."""
+    parts: list[list[np.ndarray]] = [[] for _ in range(count)]
+    for key, array in constants:
+        if key in placement:
+            slot, transposed = placement[key]
+            parts[slot].append(array.T if transposed else array)
+    missing = [i for i, part in enumerate(parts) if not part]
+    if missing:
+        raise ValueError(f"{len(missing)} of the model's {count} arrays are not among its constants")
+    return [part[0] if len(part) == 1 else np.concatenate(part, axis=1) for part in parts]
+
+
+def _network_constants(path: Path, format: str) -> list[tuple[str, np.ndarray]]:
+    """The float arrays of an export's step, each with a key that names its place: a SavedModel's by the order its
+    step captured them, a LiteRT file's by name (float16 ones widened)."""
+    if format == ExportFormat.savedmodel.value:
         step = tf.saved_model.load(str(path)).signatures[STEP_SIGNATURE]
         return [(str(i), t.numpy()) for i, t in enumerate(step.captured_inputs) if t.dtype == tf.float32]
     from ai_edge_litert.interpreter import Interpreter
@@ -304,48 +321,4 @@ def _network_constants(path: Path, info: ArtifactInfo) -> list[tuple[str, np.nda
         except ValueError:  # an activation: no data before the interpreter runs
             continue
         constants.append((detail["name"], array.astype(np.float32)))
-    return sorted(constants, key=lambda item: _op_order(item[0]))
-
-
-def _op_order(name: str) -> tuple[str, int]:
-    """``MatMul_12`` -> ("MatMul", 12), ``MatMul`` -> ("MatMul", 0)."""
-    op, _, number = name.rpartition("_")
-    return (op, int(number)) if op and number.isdigit() else (name, 0)
-
-
-def _assemble(shapes: list[tuple[int, ...]], constants: list[tuple[str, np.ndarray]]) -> list[np.ndarray]:
-    """Each of the model's arrays (``shapes``, in ``get_weights`` order) from the first unused constant that can be
-    it: one of its shape, one transposed (LiteRT keeps a matmul's kernel as (out, in)), or consecutive column blocks
-    (a SavedModel's sampler splits a recurrent kernel in four)."""
-    arrays = [array for _, array in constants]
-    unused = list(range(len(arrays)))
-    weights = []
-    for shape in shapes:
-        for start, i in enumerate(unused):
-            taken = _blocks(shape, [arrays[j] for j in unused[start:]])
-            if taken:
-                weights.append(np.concatenate([arrays[j] for j in unused[start : start + taken]], axis=1))
-            elif arrays[i].shape == shape or arrays[i].shape == shape[::-1]:
-                weights.append(arrays[i] if arrays[i].shape == shape else arrays[i].T.copy())
-                taken = 1
-            else:
-                continue
-            del unused[start : start + taken]
-            break
-        else:
-            raise ValueError(f"no array of shape {shape} in it")
-    return weights
-
-
-def _blocks(shape: tuple[int, ...], arrays: list[np.ndarray]) -> int:
-    """How many of ``arrays``, from the first, are column blocks that make up an array of ``shape`` (0: none)."""
-    if len(shape) != 2:
-        return 0
-    width = 0
-    for count, array in enumerate(arrays, start=1):
-        if array.ndim != 2 or array.shape[0] != shape[0] or width + array.shape[1] > shape[1]:
-            return 0
-        width += array.shape[1]
-        if width == shape[1]:
-            return count if count > 1 else 0
-    return 0
+    return constants

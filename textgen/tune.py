@@ -15,6 +15,7 @@ decay), and its storage makes the study resumable. What a study searches, and it
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import signal
 import time
@@ -30,6 +31,8 @@ from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, Run, RunLock
 from textgen.config import (
     DataSettings,
     DeviceProfile,
+    Freeze,
+    InitSettings,
     ModelSettings,
     TrainSettings,
     flag_setting,
@@ -150,12 +153,14 @@ def tune(
     trials: int | None = None,
     seed: int | None = None,
     fixed: Recipe | None = None,
+    init_from: InitSettings | None = None,
     progress: TuneProgress | None = None,
 ) -> StudyResult:
     """Run (or continue) a study until its wall-clock ``time_budget`` has no room for another trial, or it has
     ``trials`` trials; Ctrl-C saves the running trial, which the next call resumes. ``fixed`` holds the recipe
-    settings not to search. A continued study keeps its corpus, trial budget, device profile, seed and fixed
-    settings (each may be given again, not changed), and its time budget unless a new one is given."""
+    settings not to search; ``init_from``, the run every trial fine-tunes. A continued study keeps its corpus,
+    trial budget, device profile, seed, fixed settings and ``init_from`` (each may be given again, not changed),
+    and its time budget unless a new one is given."""
     name, files, directory = locate_study(checkpoint_dir, corpus, study_name)
     given: dict[str, Any] = {
         "corpus": [str(f) for f in files],
@@ -164,6 +169,7 @@ def tune(
         "device": None if device == "auto" else device,
         "seed": seed,
         "fixed": {part: kept for part, values in (fixed or {}).items() if (kept := settings_given(values))},
+        "init_from": dataclasses.asdict(init_from) if init_from else None,
     }
     directory.mkdir(parents=True, exist_ok=True)
     busy = "study {name!r} is being tuned by process {pid}; wait for it, stop it, or pick another --study"
@@ -216,7 +222,9 @@ def _continued_settings(study: optuna.Study, name: str, given: dict[str, Any]) -
     be given again but not changed: its trials are compared with each other."""
     saved = dict(study.user_attrs["settings"])
     changed = [
-        k for k in ("corpus", "trial_budget", "device", "seed") if given[k] not in (None, []) and given[k] != saved[k]
+        k
+        for k in ("corpus", "trial_budget", "device", "seed", "init_from")
+        if given[k] not in (None, []) and given[k] != saved.get(k)
     ]
     fixed = [
         flag_setting(k, v)
@@ -225,7 +233,7 @@ def _continued_settings(study: optuna.Study, name: str, given: dict[str, Any]) -
         if saved["fixed"].get(part, {}).get(k) != v
     ]
     if changed or fixed:
-        was = [f"{k.replace('_', ' ')} {_describe(k, saved[k])}" for k in changed]
+        was = [f"{k.replace('_', ' ') + ' ' if k != 'init_from' else ''}{_describe(k, saved.get(k))}" for k in changed]
         if fixed:
             was.append(f"{_describe('fixed', saved['fixed'])} (not {', '.join(fixed)} as given)")
         raise ConfigError(
@@ -255,6 +263,8 @@ def _describe(key: str, value: Any) -> str:
         return " ".join(value)
     if key == "trial_budget":
         return f"{value:g}s"
+    if key == "init_from":
+        return f"--init-from {value['source']}" if value else "no --init-from"
     if key == "fixed":
         settings = (flag_setting(k, v) for part in value.values() for k, v in part.items())
         return " ".join(settings) or "nothing fixed"
@@ -470,5 +480,12 @@ def _train_trial(
             sample_every=0.0,  # nobody reads a trial's samples
         ),
         cache_dir=cache_root(checkpoint_dir),
+        init_from=_init_settings(settings) if not run.config_path.is_file() else None,
     )
     return train(plan, reporter, judge=reporter)
+
+
+def _init_settings(settings: dict[str, Any]) -> InitSettings | None:
+    """The run a study's trials fine-tune, if any (a study from before ``--init-from`` has no entry)."""
+    init = settings.get("init_from")
+    return InitSettings(init["source"], init["weights"], Freeze.parse(init["freeze"], "freeze")) if init else None

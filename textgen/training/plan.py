@@ -161,7 +161,7 @@ def plan_training(
     if init_from and base is None:
         base = Base.of_run(find_run(checkpoint_dir, init_from.source, init_from.weights), init_from.weights)
     if base is not None:
-        _check_shape_kept(model_given, base)
+        check_shape_kept(model_given, base.name, base.model)
     files = resolve_corpora(names, download=download)
     run, lock = reserve_run(checkpoint_dir, run_name, corpus_stem(names, files))  # before the corpus is encoded
     try:
@@ -200,12 +200,13 @@ def plan_training(
 SHAPE_SETTINGS = ("units", "layers", "embedding_dim", "layer_norm")  # what a fine-tuned run takes from its base
 
 
-def _check_shape_kept(model: dict[str, Any], base: Base) -> None:
-    """No flag may change the model's shape, which a fine-tuned run takes from its base."""
-    shaped = [cfgmod.flag(k) for k in SHAPE_SETTINGS if k in model]
-    if shaped:
+def check_shape_kept(model: dict[str, Any], name: str, shape: ModelConfig) -> None:
+    """No setting may change the model's shape, which a fine-tuned run takes from its base, the run ``name`` of
+    model ``shape`` (the same value again changes nothing: a recipe may hold it)."""
+    changed = [cfgmod.flag(k) for k in SHAPE_SETTINGS if k in model and model[k] != getattr(shape, k)]
+    if changed:
         raise ConfigError(
-            f"{', '.join(shaped)} would change the model, which a fine-tuned run takes from {base.name!r}; "
+            f"{', '.join(changed)} would change the model, which a fine-tuned run takes from {name!r}; "
             "drop it (or train a new model without --init-from)"
         )
 
