@@ -12,7 +12,8 @@ alone, each with its ratio to the offline sampler (``textgen sample``'s ``Genera
 timed in this process just before and just after the load with the server idle (this machine's speed drifts by up to
 25% over minutes, so one rate taken at the start would make the ratios noise); time to first character
 (p50/p95/p99, and p95 for the 100-character prompts), the p95 gap between streamed chunks, and errors by kind.
-Last, 100 clients open streams and leave after their first chunk: how long until every row is free.
+It also reports the cores the server and the clients (this process) kept busy during each load. Last, 100 clients
+open streams and leave after their first chunk: how long until every row is free.
 
     python benchmarks/serve.py --run wp --checkpoint-dir checkpoints --seconds 20
 """
