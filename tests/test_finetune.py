@@ -275,16 +275,17 @@ def test_the_weights_read_out_of_an_export_are_the_model_s(
 ) -> None:
     from textgen.artifact import ArtifactInfo
     from textgen.config import ModelConfig
-    from textgen.export import _write, export_base
+    from textgen.export import _generator_options, _write, export_base
     from textgen.sampling import Generator
 
-    # Units equal to the embedding's width and the vocabulary's: every kernel is square, the hardest to place.
+    # Units equal to the embedding's width: both kernels of a layer have one shape, and the embedding (9 x 8) is
+    # the output kernel's (8 x 9) transposed, as LiteRT keeps a kernel: shapes alone could not place them.
     cfg = ModelConfig(vocab_size=9, units=8, embedding_dim=8, layers=layers, layer_norm=layer_norm, dropout=0.0)
     vocab = Vocabulary(tuple("abcdefgh"))
     model = build_model(cfg, 1, stateful=False)
     rng = np.random.default_rng(1)
     model.set_weights([rng.normal(size=w.shape).astype(np.float32) for w in model.get_weights()])
-    generator = Generator(cfg, vocab, model.get_weights(), 1 if format == "litert" else 4, input_table=False)
+    generator = Generator(cfg, vocab, model.get_weights(), **_generator_options(format))
     info = ArtifactInfo(format, "none", cfg, vocab, "random", "best", 4, 16, False)
     _write(generator, info, tmp_path / "export", lambda: None)
     base = export_base(tmp_path / "export", tmp_path)
@@ -320,34 +321,57 @@ def test_weights_that_do_not_give_the_export_s_logits_are_refused(
 def test_a_study_fine_tunes_a_run_in_every_trial(checkpoints: Path, tmp_path: Path) -> None:
     text = str(new_text(tmp_path / "new.txt", seed=11, words=4000))  # a validation split of a batch of 16 x 50
     where = ("--checkpoint-dir", str(checkpoints))
-    tune = ("tune", text, "--study", "ft", "--init-from", BASE, "--time-budget", "1m", "--trial-budget", "3s")
+    shutil.copytree(checkpoints / BASE, checkpoints / "base-of-study")
+    tune = (
+        "tune",
+        text,
+        "--study",
+        "ft",
+        "--init-from",
+        "base-of-study",
+        "--time-budget",
+        "1m",
+        "--trial-budget",
+        "3s",
+    )
     out = invoke(*tune, "--trials", "2", "--json", *where)
     assert out.exit_code == 0, out.stderr
     *trials, study = (json.loads(line) for line in out.stdout.splitlines())
     assert len(trials) == 2 and study["event"] == "study"
-    base = Run(checkpoints / BASE)
+    base = Run(checkpoints / "base-of-study")
     shape = base.load_config().model
     for trial in trials:  # each trial is a fine-tuned run of the base, its shape fixed, its vocabulary extended
         run = Run(checkpoints / "studies" / "ft" / trial["run"])
         config = run.load_config()
-        assert config.init_from is not None and config.init_from.name == BASE
+        assert config.init_from is not None and config.init_from.name == "base-of-study"
         assert config.init_from.source == str(base.path.resolve())
         assert (config.model.units, config.model.layers, config.model.embedding_dim) == (
             shape.units, shape.layers, shape.embedding_dim)  # fmt: skip
         assert run.load_vocab().chars[: shape.vocab_size - 1] == base.load_vocab().chars
     # The best recipe trains again from the base: the shape it holds is the base's, so it is no change.
-    out = invoke("train", text, "--from-study", "ft", "--init-from", BASE, "--epochs", "1", "--run", "best-ft", *where)
+    out = invoke("train", text, "--from-study", "ft", "--init-from", "base-of-study", "--epochs", "1", "--run", "best-ft",
+                 *where)  # fmt: skip
     assert out.exit_code == 0, out.stderr
     # A continued study keeps its base; another one, a shape of its own or an export are refused.
     out = invoke("tune", "--study", "ft", "--trials", "3", "--json", *where)
     assert out.exit_code == 0, out.stderr
     assert Run(checkpoints / "studies" / "ft" / "trial-002").load_config().init_from is not None
-    assert_one_line_error(invoke("tune", "--study", "ft", "--init-from", "best-ft", *where),
-                          "was started with --init-from", "cannot change")  # fmt: skip
-    assert_one_line_error(invoke(*tune, "--study", "other", "--units", "64", *where), "--units would change the model")
+    assert_one_line_error(invoke("tune", "--study", "ft", "--init-from", "base-of-study", "--freeze", "lstm", *where),
+                          "was started with --init-from", "not --init-from", "--freeze lstm", "cannot change")  # fmt: skip
+    # The base trained further (other best weights), or gone: the study's trials would not compare.
+    model = build_model(shape, 1, stateful=False)
+    base.load_weights(model, "best")
+    model.set_weights([w * 0.5 for w in model.get_weights()])
+    base.save_best(model, 1.0)
+    best = base.best_weights_path
+    assert_one_line_error(invoke("tune", "--study", "ft", "--trials", "4", *where), "changed since the study started")
+    best.unlink()
+    assert_one_line_error(invoke("tune", "--study", "ft", "--trials", "4", *where), "put the run back")
+    assert_one_line_error(invoke("tune", text, "--study", "other", "--init-from", BASE, "--units", "64", *where),
+                          "--units would change the model")  # fmt: skip
     export = tmp_path / "exported"
     assert invoke("export", "--run", BASE, "--format", "litert", "-o", str(export), *where).exit_code == 0
-    assert_one_line_error(invoke("tune", text, "--study", "x", "--init-from", str(export), *where),
+    assert_one_line_error(invoke("tune", text, "--study", "x", "--init-from", str(export / "model.tflite"), *where),
                           "takes a run", f"--init-from {BASE}")  # fmt: skip
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from textgen import __version__
-from textgen.artifact import ArtifactInfo, Quantize, is_artifact
+from textgen.artifact import ArtifactInfo, Quantize, artifact_dir
 from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, ensure_writable, find_run, study_path
 from textgen.cluster import cluster_role, make_strategy
 from textgen.config import (
@@ -94,13 +94,13 @@ def train(
         data, model, training = _with_recipe(checkpoint_dir, resume, data, model, training, recipe, from_study)
     saved = find_run(checkpoint_dir, run_name).load_config() if resume else None
     _check_train_settings(saved, run_name, device, threads, data, model, training, distill, prune)
-    export = _float_export(init_from) if init_from else None
     if init_from and (resume or distill or prune):
         what = "--resume" if resume else "textgen distill" if distill else "textgen prune"
         raise ConfigError(
             f"--init-from starts a new run from another run's weights; {what} does not take it "
             "(a fine-tuned run resumes with --resume alone)"
         )
+    export = _float_export(init_from, model) if init_from else None
     strategy_name = training.strategy or (saved.training.strategy if saved else Strategy.none)
     role = cluster_role(strategy_name, saved=training.strategy is None)
     if names and strategy_name is not Strategy.multiworker:  # a missing file is said at once, not after TF's ~4 s
@@ -115,25 +115,28 @@ def train(
     from textgen.training.plan import plan_training
 
     with contextlib.ExitStack() as cleanup:
-        base = None
-        if export is not None:  # its weights read back into a file that the new run copies in
-            from textgen.export import export_base
+        with contextlib.ExitStack() as planning:
+            base = None
+            if export is not None:  # its weights read back into a file, which the new run copies in
+                from textgen.export import export_base
 
-            base = export_base(export, Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="textgen-"))))
-        plan_run = functools.partial(
-            plan_training, names, profile, run_name=run_name, resume=resume, download=download,
-            keep_boilerplate=keep_boilerplate, encoding=encoding, data=data, model=model, training=training,
-            distill=distill, prune=prune, init_from=init_from, base=base,
-        )  # fmt: skip
-        if role.chief:
-            plan = plan_run(checkpoint_dir=checkpoint_dir)
-        else:
-            scratch = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix=f"textgen-worker-{role.index}-")))
-            if resume:  # the chief's resume point, read before any worker trains (and the chief writes)
-                copy_run(find_run(checkpoint_dir, run_name).path, scratch)
-            elif init_from and base is None:  # the run to start from, where this worker plans
-                copy_run(find_run(checkpoint_dir, init_from.source).path, scratch)
-            plan = plan_run(checkpoint_dir=scratch, cache_dir=cache_root(checkpoint_dir))
+                base = export_base(export, Path(planning.enter_context(tempfile.TemporaryDirectory(prefix="textgen-"))))
+            plan_run = functools.partial(
+                plan_training, names, profile, run_name=run_name, resume=resume, download=download,
+                keep_boilerplate=keep_boilerplate, encoding=encoding, data=data, model=model, training=training,
+                distill=distill, prune=prune, init_from=init_from, base=base,
+            )  # fmt: skip
+            if role.chief:
+                plan = plan_run(checkpoint_dir=checkpoint_dir)
+            else:
+                scratch = Path(
+                    cleanup.enter_context(tempfile.TemporaryDirectory(prefix=f"textgen-worker-{role.index}-"))
+                )
+                if resume:  # the chief's resume point, read before any worker trains (and the chief writes)
+                    copy_run(find_run(checkpoint_dir, run_name).path, scratch)
+                elif init_from and base is None:  # the run to start from, where this worker plans
+                    copy_run(find_run(checkpoint_dir, init_from.source).path, scratch)
+                plan = plan_run(checkpoint_dir=scratch, cache_dir=cache_root(checkpoint_dir))
         plan.chief, plan.started = role.chief, started
         return train_plan(plan, progress, strategy)
     raise AssertionError("unreachable")  # for the type checker: the with block returns or raises
@@ -144,28 +147,28 @@ def _tuned_from(
 ) -> tuple[InitSettings, dict[str, Any]]:
     """A study's ``--init-from``: the run by its full path (trials are runs in the study's directory), and the
     fixed model settings with the run's shape."""
-    from textgen.training.plan import SHAPE_SETTINGS, check_shape_kept
+    from textgen.training.plan import SHAPE_SETTINGS, Base, check_shape_kept
 
-    if is_artifact(Path(init_from.source)):
-        info = ArtifactInfo.read(Path(init_from.source))
+    export = artifact_dir(init_from.source)
+    if export is not None:
+        run = ArtifactInfo.read(export).run
         raise ConfigError(
             f"textgen tune --init-from takes a run (each trial copies its weights); {init_from.source} is an "
-            f"export of run {info.run}: --init-from {info.run}"
+            f"export of run {run}: --init-from {run}"
         )
-    base = find_run(checkpoint_dir, init_from.source, init_from.weights)
-    base.weights_path(init_from.weights)  # refused now, not by the first trial
-    shape = base.load_config().model
-    check_shape_kept(model, base.name, shape)
-    source = dataclasses.replace(init_from, source=str(base.path.resolve()))
-    return source, {**model, **{k: getattr(shape, k) for k in SHAPE_SETTINGS}}
+    base = Base.of_run(find_run(checkpoint_dir, init_from.source, init_from.weights), init_from.weights)
+    check_shape_kept(model, base.name, base.model)
+    source = dataclasses.replace(init_from, source=str(base.source))
+    return source, {**model, **{k: getattr(base.model, k) for k in SHAPE_SETTINGS}}
 
 
-def _float_export(init_from: InitSettings) -> Path | None:
-    """The export directory ``--init-from`` names, if it names one, once it is known to hold float weights."""
-    path = Path(init_from.source)
-    if path.is_file() and is_artifact(path.parent):  # its model.tflite, say
-        path = path.parent
-    if not is_artifact(path):
+def _float_export(init_from: InitSettings, model: ModelSettings) -> Path | None:
+    """The export directory ``--init-from`` names, if it names one, once it is known to hold float weights that
+    the model settings given leave as they are."""
+    from textgen.training.plan import check_shape_kept
+
+    path = artifact_dir(init_from.source)
+    if path is None:
         return None
     info = ArtifactInfo.read(path)
     if info.quantize == Quantize.int8.value:
@@ -178,6 +181,7 @@ def _float_export(init_from: InitSettings) -> Path | None:
             f"--init-from {init_from.source} holds one set of weights (run {info.run}'s {info.weights}); "
             "drop --last, or give the run"
         )
+    check_shape_kept(model.given(), info.run, info.model)
     return path
 
 

@@ -157,6 +157,15 @@ def is_artifact(path: Path) -> bool:
     return (Path(path) / INFO_FILE).is_file()
 
 
+def artifact_dir(path: Path | str) -> Path | None:
+    """The export ``path`` names (its directory, or a file in it such as ``model.tflite``), or None."""
+    path = Path(path)
+    for directory in (path, path.parent) if path.is_file() else (path,):
+        if is_artifact(directory):
+            return directory
+    return None
+
+
 @dataclass(frozen=True)
 class FileRecord:
     """A file of an export, as ``manifest.json`` records it."""

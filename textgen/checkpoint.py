@@ -549,6 +549,14 @@ def _weights_digest(fh: Any) -> str:
     return digest.hexdigest()
 
 
+def weights_checksum(path: Path) -> str:
+    """The checksum of a weights file's arrays: the one saved with them (computed, for a file from before)."""
+    import h5py
+
+    with h5py.File(path, "r") as fh:
+        return str(fh.attrs.get(WEIGHTS_DIGEST) or _weights_digest(fh))
+
+
 def _weights_intact(path: Path) -> bool:
     """Whether a weights file's arrays match the checksum saved with them (files from before it was saved have
     none: they are taken as they are)."""

@@ -294,6 +294,14 @@ InitFromOption = Annotated[
         None,
     ),
 ]
+TuneInitFromOption = Annotated[
+    str | None,
+    _option(
+        "Fine-tune this run's best weights in every trial, on the text given; the model's shape comes from it",
+        FINE_TUNING,
+        None,
+    ),
+]
 InitLastOption = Annotated[
     bool, _option("With --init-from: start from the run's last weights, not its best", FINE_TUNING, None, "--last")
 ]
@@ -925,7 +933,7 @@ def tune(
         float | None, _option("Decoupled weight decay, for any optimizer (searched for adamw only)", FIXED)
     ] = None,
     clip_norm: Annotated[float | None, _option("Clip the global gradient norm to this", FIXED)] = None,
-    init_from: InitFromOption = None,
+    init_from: TuneInitFromOption = None,
     last: InitLastOption = False,
     freeze: FreezeOption = None,
     device: Annotated[Device, typer.Option(help="Device profile of every trial")] = Device.auto,
@@ -950,6 +958,8 @@ def tune(
                 "--seed": seed,
                 "--device": None if device is Device.auto else device,
                 "--init-from": init_from,
+                "--last": last or None,
+                "--freeze": freeze,
                 **{flag(k): v for settings in (data, model, training) for k, v in settings.given().items()},
             }
             given = [name for name, value in searching.items() if value is not None]

@@ -28,6 +28,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -78,11 +79,7 @@ def export_run(run: Run, format: str, quantize: str, path: Path | None = None, w
                 raise ExportInterrupted(f"export stopped by {stop.requested}; {kept}", stop.exit_code)
 
         cfg = run.load_config()
-        # LiteRT: one recurrent matmul per step (the column blocks that help TensorFlow's executor do not help it).
-        litert = format == ExportFormat.litert.value
-        generator = Generator.from_run(
-            run, which, recurrent_blocks=1 if litert else RECURRENT_BLOCKS, input_table=False
-        )
+        generator = Generator.from_run(run, which, **_generator_options(format))
         info = ArtifactInfo(
             format=format,
             quantize=quantize,
@@ -111,6 +108,12 @@ def export_run(run: Run, format: str, quantize: str, path: Path | None = None, w
             raise CheckpointError(f"export failed: {_reason(exc)} (writing {path}); {kept}") from None
     size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
     return ExportResult(run.name, path, format, quantize, size)
+
+
+def _generator_options(format: str) -> dict[str, Any]:
+    """How an export's sampler is built: the embedding and the input kernel kept apart (see ``Generator``), and for
+    LiteRT one recurrent matmul per step (the column blocks that help TensorFlow's executor do not help it)."""
+    return {"recurrent_blocks": 1 if format == ExportFormat.litert.value else RECURRENT_BLOCKS, "input_table": False}
 
 
 def _reason(exc: Exception) -> str:
@@ -228,20 +231,22 @@ def export_base(path: Path, scratch: Path) -> Base:
     logits on a probe text, so that a misread array is refused rather than trained on."""
     from textgen.runtime import open_artifact
 
-    sampler, info = open_artifact(path)
+    sampler, info = open_artifact(path, inference=False)
     model = build_model(info.model, batch_size=1, stateful=False)
     refused = f"give the run it was exported from, --init-from {info.run}"
+    weights_file = scratch / "export.weights.h5"
     try:
         model.set_weights(_place(_network_constants(path, info.format), _placement(info), len(model.weights)))
-    except ValueError as exc:
-        raise ConfigError(f"cannot read float weights out of {path} ({exc}); {refused}") from None
-    probe = np.random.default_rng(0).integers(1, info.vocab.size, size=(2, 48), dtype=np.int32)
-    want, _ = sampler.read(probe, sampler.zero_states(len(probe)))
-    got = np.asarray(model(probe, training=False))[:, -1]
-    if not np.abs(got - want).max() <= PROBE_TOLERANCE * max(1.0, float(np.abs(want).max())):
-        raise ConfigError(f"the weights read out of {path} do not reproduce its logits; {refused}")
-    weights_file = scratch / "export.weights.h5"
-    model.save_weights(str(weights_file))
+        probe = np.random.default_rng(0).integers(1, info.vocab.size, size=(2, 48), dtype=np.int32)
+        want, _ = sampler.read(probe, sampler.zero_states(len(probe)))
+        got = np.asarray(model(probe, training=False))[:, -1]
+        if not np.abs(got - want).max() <= PROBE_TOLERANCE * max(1.0, float(np.abs(want).max())):
+            raise ConfigError(f"the weights read out of {path} do not reproduce its logits; {refused}")
+        model.save_weights(str(weights_file))
+    except ValueError as exc:  # an array of the model missing, or of another shape
+        raise ConfigError(f"cannot read float weights out of {path} ({one_line(exc)}); {refused}") from None
+    except (OSError, tf.errors.OpError, ConverterError) as exc:
+        raise CheckpointError(f"reading the weights out of {path} failed: {_reason(exc)}") from None
     return Base(
         source=path.resolve(),
         name=info.run,
@@ -266,13 +271,12 @@ def _placement(info: ArtifactInfo) -> Placement:
     the same kind whose array i holds i + a ramp below 0.25 (no two entries alike, so nothing is folded away). A
     SavedModel's step captures the arrays in the order it reads them, a recurrent kernel as four column blocks;
     a LiteRT file keeps each matmul's kernel transposed, under a name the converter chose."""
-    # No two of the small model's arrays have one shape, even transposed, whatever the real model's shapes.
+    # Small, so that the export takes a second; its arrays are told apart by their values, not their shapes.
     cfg = dataclasses.replace(info.model, vocab_size=5, embedding_dim=3, units=4)
     vocab = Vocabulary(tuple("abcd"))
     shapes = [tuple(w.shape) for w in build_model(cfg, batch_size=1, stateful=False).weights]
     marked = [i + 0.25 * np.arange(np.prod(s), dtype=np.float32).reshape(s) / np.prod(s) for i, s in enumerate(shapes)]
-    litert = info.format == ExportFormat.litert.value
-    generator = Generator(cfg, vocab, marked, recurrent_blocks=1 if litert else RECURRENT_BLOCKS, input_table=False)
+    generator = Generator(cfg, vocab, marked, **_generator_options(info.format))
     small = dataclasses.replace(info, model=cfg, vocab=vocab)
     with tempfile.TemporaryDirectory(prefix="textgen-marked-") as directory:
         _write(generator, small, Path(directory), lambda: None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import math
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 from xml.sax.saxutils import escape
 
@@ -64,67 +65,111 @@ def summary(history: dict[str, list[float]]) -> str:
 def loss_svg(history: dict[str, list[float]], title: str = "", width: int = 640, height: int = 400) -> str:
     """Train and validation bits/char per epoch as an SVG line chart: a point per epoch, a gap at a value that is
     not finite. ``title`` (the run's name) is shown as text."""
-    left, right, top, bottom = 64, width - 16, 72, height - 48
     epochs = _epochs(history)
     series = {key: list(zip(epochs, history[key], strict=False)) for key in MARKS if history.get(key)}
     values = [v for points in series.values() for _, v in points if math.isfinite(v)]
     first, last = (epochs[0], epochs[-1]) if epochs else (1, 1)
     x0, x1 = (first, last) if last > first else (first - 0.5, last + 0.5)  # one epoch: in the middle
-    x_step = max(1, round(_step(x1 - x0, 6)))
-    x_ticks = range(math.ceil(x0 / x_step) * x_step, math.floor(x1) + 1, x_step)
-    low, high = (min(values), max(values)) if values else (0.0, 1.0)
-    y_step = _step(high - low or abs(high) or 1.0, 6)
-    bottom_tick = math.floor(low / y_step + 1e-9)
-    top_tick = max(math.ceil(high / y_step - 1e-9), bottom_tick + 1)
-    y_ticks = [k * y_step for k in range(bottom_tick, top_tick + 1)]
-    y0, y1 = y_ticks[0], y_ticks[-1]
-
-    def x(epoch: float) -> float:
-        return left + (epoch - x0) / (x1 - x0) * (right - left)
-
-    def y(value: float) -> float:
-        return bottom - (value - y0) / (y1 - y0) * (bottom - top)
-
-    decimals = max(0, -math.floor(math.log10(y_step)))
+    y_ticks = _value_ticks(values)
+    frame = _Frame(64, width - 16, 72, height - 48, x0, x1, y_ticks[0], y_ticks[-1])
     heading = f"{title}: bits per character" if title else "bits per character"
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
         'font-family="sans-serif" font-size="12">',
         '<rect width="100%" height="100%" fill="white"/>',
-        f'<text x="{left}" y="20" font-size="15">{_xml_text(heading)}</text>',
+        f'<text x="{frame.left}" y="20" font-size="15">{_xml_text(heading)}</text>',
     ]
     # The summary under the heading, on two lines if it needs them (a 640-pixel image holds about 80 characters).
     for i, line in enumerate(textwrap.wrap(summary(history) if series else "no epochs yet", 80)):
-        out.append(f'<text x="{left}" y="{38 + 15 * i}" fill="#555">{_xml_text(line)}</text>')
-    for tick in y_ticks:
-        out.append(f'<line x1="{left}" y1="{y(tick):.1f}" x2="{right}" y2="{y(tick):.1f}" stroke="#e4e4e4"/>')
-        out.append(f'<text x="{left - 6}" y="{y(tick) + 4:.1f}" text-anchor="end">{tick:.{decimals}f}</text>')
-    for tick in x_ticks:
-        out.append(f'<line x1="{x(tick):.1f}" y1="{bottom}" x2="{x(tick):.1f}" y2="{bottom + 5}" stroke="black"/>')
-        out.append(f'<text x="{x(tick):.1f}" y="{bottom + 18}" text-anchor="middle">{tick}</text>')
-    out.append(f'<path d="M{left},{top} V{bottom} H{right}" fill="none" stroke="black"/>')
-    out.append(f'<text x="{(left + right) / 2:.0f}" y="{height - 10}" text-anchor="middle">epoch</text>')
+        out.append(f'<text x="{frame.left}" y="{38 + 15 * i}" fill="#555">{_xml_text(line)}</text>')
+    out += _axes(frame, y_ticks, height)
     for key, points in series.items():
-        colour = COLOURS[key]
-        runs: list[list[tuple[int, float]]] = [[]]  # a value that is not finite breaks the line
-        for epoch, value in points:
-            if math.isfinite(value):
-                runs[-1].append((epoch, value))
-            elif runs[-1]:
-                runs.append([])
-        for run in filter(None, runs):
-            coords = " ".join(f"{x(e):.1f},{y(v):.1f}" for e, v in run)
-            out.append(f'<polyline class="{key}" points="{coords}" fill="none" stroke="{colour}" stroke-width="2"/>')
-        if len(points) <= 60:  # dots while they stay apart: one epoch is a dot, not an invisible line
-            dots = [(e, v) for e, v in points if math.isfinite(v)]
-            out += [f'<circle class="{key}" cx="{x(e):.1f}" cy="{y(v):.1f}" r="3" fill="{colour}"/>' for e, v in dots]
-    for i, key in enumerate(series):
-        row = top + 12 + 18 * i
+        out += _series(frame, key, points)
+    out += _legend(frame, list(series))
+    return "\n".join([*out, "</svg>"]) + "\n"
+
+
+@dataclass(frozen=True)
+class _Frame:
+    """The chart's plot area in pixels, and the epochs (x) and values (y) it spans."""
+
+    left: float
+    right: float
+    top: float
+    bottom: float
+    x0: float
+    x1: float
+    y0: float
+    y1: float
+
+    def x(self, epoch: float) -> float:
+        return self.left + (epoch - self.x0) / (self.x1 - self.x0) * (self.right - self.left)
+
+    def y(self, value: float) -> float:
+        return self.bottom - (value - self.y0) / (self.y1 - self.y0) * (self.bottom - self.top)
+
+
+def _value_ticks(values: list[float]) -> list[float]:
+    """Round values from at or below the lowest of ``values`` to at or above the highest, about 6 steps."""
+    low, high = (min(values), max(values)) if values else (0.0, 1.0)
+    step = _step(high - low or abs(high) or 1.0, 6)
+    bottom_tick = math.floor(low / step + 1e-9)
+    top_tick = max(math.ceil(high / step - 1e-9), bottom_tick + 1)
+    return [k * step for k in range(bottom_tick, top_tick + 1)]
+
+
+def _axes(frame: _Frame, y_ticks: list[float], height: int) -> list[str]:
+    """Grid lines and labels at ``y_ticks``, round epochs along the bottom, and the axes."""
+    y_step = y_ticks[1] - y_ticks[0]
+    decimals = max(0, -math.floor(math.log10(y_step) + 1e-9))
+    x_step = max(1, round(_step(frame.x1 - frame.x0, 6)))
+    x_ticks = range(math.ceil(frame.x0 / x_step) * x_step, math.floor(frame.x1) + 1, x_step)
+    left, right, bottom = frame.left, frame.right, frame.bottom
+    out = []
+    for tick in y_ticks:
+        y = frame.y(tick)
+        out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{right}" y2="{y:.1f}" stroke="#e4e4e4"/>')
+        out.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{tick:.{decimals}f}</text>')
+    for tick in x_ticks:
+        x = frame.x(tick)
+        out.append(f'<line x1="{x:.1f}" y1="{bottom}" x2="{x:.1f}" y2="{bottom + 5}" stroke="black"/>')
+        out.append(f'<text x="{x:.1f}" y="{bottom + 18}" text-anchor="middle">{tick}</text>')
+    out.append(f'<path d="M{left},{frame.top} V{bottom} H{right}" fill="none" stroke="black"/>')
+    out.append(f'<text x="{(left + right) / 2:.0f}" y="{height - 10}" text-anchor="middle">epoch</text>')
+    return out
+
+
+def _series(frame: _Frame, key: str, points: list[tuple[int, float]]) -> list[str]:
+    """One series as lines between its finite points (a value that is not finite breaks the line), and dots."""
+    colour = COLOURS[key]
+    runs: list[list[tuple[int, float]]] = [[]]
+    for epoch, value in points:
+        if math.isfinite(value):
+            runs[-1].append((epoch, value))
+        elif runs[-1]:
+            runs.append([])
+    out = []
+    for run in filter(None, runs):
+        coords = " ".join(f"{frame.x(e):.1f},{frame.y(v):.1f}" for e, v in run)
+        out.append(f'<polyline class="{key}" points="{coords}" fill="none" stroke="{colour}" stroke-width="2"/>')
+    if len(points) <= 60:  # dots while they stay apart: one epoch is a dot, not an invisible line
+        dots = [(e, v) for e, v in points if math.isfinite(v)]
+        out += [
+            f'<circle class="{key}" cx="{frame.x(e):.1f}" cy="{frame.y(v):.1f}" r="3" fill="{colour}"/>'
+            for e, v in dots
+        ]
+    return out
+
+
+def _legend(frame: _Frame, keys: list[str]) -> list[str]:
+    out = []
+    for i, key in enumerate(keys):
+        row, right = frame.top + 12 + 18 * i, frame.right
         out.append(
             f'<line x1="{right - 150}" y1="{row}" x2="{right - 130}" y2="{row}" stroke="{COLOURS[key]}" stroke-width="2"/>'
         )
         out.append(f'<text x="{right - 124}" y="{row + 4}">{LABELS[key]}</text>')
-    return "\n".join([*out, "</svg>"]) + "\n"
+    return out
 
 
 def _epochs(history: dict[str, list[float]]) -> list[int]:

@@ -14,8 +14,8 @@ from textgen.artifact import (
     STEP_SIGNATURE,
     ArtifactInfo,
     ExportFormat,
+    artifact_dir,
     check_step,
-    is_artifact,
 )
 from textgen.corpus import read_corpus, resolve_corpus, resolve_encoding
 from textgen.errors import ConfigError, TextgenWarning, one_line
@@ -26,18 +26,17 @@ from textgen.results import Evaluation
 from textgen.vocab import UNKNOWN_ID
 
 
-def open_artifact(path: Path) -> tuple[Sampler, ArtifactInfo]:
+def open_artifact(path: Path, inference: bool = True) -> tuple[Sampler, ArtifactInfo]:
     """A sampler for an exported model (its directory, or a file in it such as ``model.tflite``): LiteRT without
-    TensorFlow, a SavedModel with it. Its files are checked first (``ArtifactInfo.read``), and its network against
+    TensorFlow, a SavedModel with it (under the sampling thread pools, unless not for ``inference``: training
+    reads an export with its own). Its files are checked first (``ArtifactInfo.read``), and its network against
     textgen.json."""
-    path = Path(path)
-    if path.is_file() and is_artifact(path.parent):
-        path = path.parent
+    path = artifact_dir(path) or Path(path)
     info = ArtifactInfo.read(path)
     network = path / NETWORK_FILES[info.format]
     if not network.is_file():  # an export from before the manifest has only this check
         raise ConfigError(f"{path} has no {network.name}, which its {INFO_FILE} describes; export the run again")
-    sampler = _open_network(network, info)
+    sampler = _open_network(network, info, inference)
     if not (path / MANIFEST_FILE).exists():  # an export from before the manifest (ArtifactInfo.read checks the rest)
         warnings.warn(
             f"{path} has no {MANIFEST_FILE} (it was exported before textgen checked its exports), so its files "
@@ -48,14 +47,15 @@ def open_artifact(path: Path) -> tuple[Sampler, ArtifactInfo]:
     return sampler, info
 
 
-def _open_network(network: Path, info: ArtifactInfo) -> Sampler:
+def _open_network(network: Path, info: ArtifactInfo, inference: bool) -> Sampler:
     """The sampler of the network file of an export, once it agrees with textgen.json."""
     if info.format == ExportFormat.litert.value:
         return LiteRTGenerator(info.model, info.vocab, network)
     from textgen.device import configure_for_inference, import_tensorflow
 
     import_tensorflow()
-    configure_for_inference()
+    if inference:
+        configure_for_inference()
     from textgen.sampling import SavedModelGenerator
 
     try:

@@ -27,7 +27,7 @@ import keras
 import optuna
 from optuna.trial import TrialState
 
-from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, Run, RunLock
+from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, Run, RunLock, weights_checksum
 from textgen.config import (
     DataSettings,
     DeviceProfile,
@@ -41,7 +41,7 @@ from textgen.config import (
 from textgen.corpus import check_unchanged, corpus_fingerprint
 from textgen.data import load_splits
 from textgen.device import apply_profile, resolve_profile
-from textgen.errors import ConfigError, TextgenError, TrainingDiverged, TrainingInterrupted
+from textgen.errors import CheckpointError, ConfigError, TextgenError, TrainingDiverged, TrainingInterrupted, one_line
 from textgen.evaluate import evaluate_run
 from textgen.idcache import cache_root
 from textgen.recipe import Recipe
@@ -179,6 +179,8 @@ def tune(
     try:
         study = None if new else load_study_in(directory)
         settings = _new_settings(given) if study is None else _continued_settings(study, name, given)
+        if settings.get("init_from"):
+            _check_base_unchanged(name, settings)
         profile = resolve_profile(settings["device"] or "auto")
         apply_profile(profile)
         settings["device"] = profile.name
@@ -233,7 +235,12 @@ def _continued_settings(study: optuna.Study, name: str, given: dict[str, Any]) -
         if saved["fixed"].get(part, {}).get(k) != v
     ]
     if changed or fixed:
-        was = [f"{k.replace('_', ' ') + ' ' if k != 'init_from' else ''}{_describe(k, saved.get(k))}" for k in changed]
+        was = [
+            f"{_describe(k, saved.get(k))} (not {_describe(k, given[k])} as given)"
+            if k == "init_from"
+            else f"{k.replace('_', ' ')} {_describe(k, saved[k])}"
+            for k in changed
+        ]
         if fixed:
             was.append(f"{_describe('fixed', saved['fixed'])} (not {', '.join(fixed)} as given)")
         raise ConfigError(
@@ -242,6 +249,24 @@ def _continued_settings(study: optuna.Study, name: str, given: dict[str, Any]) -
         )
     _check_corpus_unchanged(name, saved)
     return {**saved, "time_budget": given["time_budget"] or saved["time_budget"]}
+
+
+def _check_base_unchanged(name: str, settings: dict[str, Any]) -> None:
+    """The run a study fine-tunes is there, with the weights its first trial started from (their checksum is
+    kept with the study's settings): trials that started from other weights would not compare."""
+    init = settings["init_from"]
+    try:
+        checksum = weights_checksum(Run(Path(init["source"])).weights_path(init["weights"]))
+    except (CheckpointError, OSError) as exc:
+        raise ConfigError(
+            f"study {name!r} fine-tunes the run {init['source']}, whose {init['weights']} weights cannot be read "
+            f"({one_line(exc)}); put the run back to continue the study"
+        ) from None
+    if settings.setdefault("init_checksum", checksum) != checksum:
+        raise ConfigError(
+            f"study {name!r} fine-tunes the run {init['source']}, whose {init['weights']} weights changed since the "
+            "study started; its trials would start from other weights, so restore them or start another --study"
+        )
 
 
 def _check_corpus_unchanged(name: str, saved: dict[str, Any]) -> None:
@@ -264,7 +289,11 @@ def _describe(key: str, value: Any) -> str:
     if key == "trial_budget":
         return f"{value:g}s"
     if key == "init_from":
-        return f"--init-from {value['source']}" if value else "no --init-from"
+        if not value:
+            return "no --init-from"
+        last = " --last" if value["weights"] == "last" else ""
+        freeze = f" --freeze {value['freeze']}" if value["freeze"] != "none" else ""
+        return f"--init-from {value['source']}{last}{freeze}"
     if key == "fixed":
         settings = (flag_setting(k, v) for part in value.values() for k, v in part.items())
         return " ".join(settings) or "nothing fixed"
