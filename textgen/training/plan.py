@@ -171,23 +171,12 @@ def plan_training(
         )
         data_cfg, layout_note = fit_small_corpus(data_cfg, cache_dir, _accumulate(training_given), set(data_given))
         splits = load_splits(data_cfg, cache_dir, train_streams=data_cfg.batch_size * _accumulate(training_given))
-        init_cfg = None
         if base is not None and init_from is not None:
             model_cfg = cfgmod.replace(base.model, vocab_size=splits.vocab.size, **model_given)
             training_given = {"warmup": InitConfig.WARMUP_STEPS, **training_given}
-            init_cfg = InitConfig(
-                source=str(base.source),
-                name=base.name,
-                weights=base.weights,
-                weights_hash=run.copy_in_weights(base.weights_file),
-                val_loss=base.val_loss,
-                corpus=base.corpus,
-                model=base.model,
-                freeze=init_from.freeze,
-                export=base.export,
-            )
+            init_cfg: InitConfig | None = _init_config(run, base, init_from)
         else:
-            model_cfg = ModelConfig(vocab_size=splits.vocab.size, **model_given)
+            model_cfg, init_cfg = ModelConfig(vocab_size=splits.vocab.size, **model_given), None
         check_fits_in_memory(model_cfg)
         config = RunConfig(data_cfg, model_cfg, TrainConfig.of(**training_given), profile, init_from=init_cfg)
         run.create(config, splits.vocab)
@@ -195,6 +184,21 @@ def plan_training(
         discard_reserved(run, lock)
         raise
     return TrainPlan(run, config, splits, lock=lock, layout_note=layout_note)
+
+
+def _init_config(run: Run, base: Base, init_from: InitSettings) -> InitConfig:
+    """Where the fine-tuned ``run`` came from, once ``base``'s weights are copied into it."""
+    return InitConfig(
+        source=str(base.source),
+        name=base.name,
+        weights=base.weights,
+        weights_hash=run.copy_in_weights(base.weights_file),
+        val_loss=base.val_loss,
+        corpus=base.corpus,
+        model=base.model,
+        freeze=init_from.freeze,
+        export=base.export,
+    )
 
 
 SHAPE_SETTINGS = ("units", "layers", "embedding_dim", "layer_norm")  # what a fine-tuned run takes from its base
