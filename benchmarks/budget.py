@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from textgen.config import format_seconds, parse_duration
+from textgen.durations import format_seconds, parse_duration
 
 
 def timed_run(budget: str, corpus: str, checkpoint_dir: Path) -> tuple[float, dict]:

@@ -29,7 +29,7 @@ import numpy as np
 from common import REF, reference_splits
 from quality import frontier
 
-from textgen.config import parse_duration
+from textgen.durations import parse_duration
 from textgen.layout import StreamLayout
 
 if TYPE_CHECKING:

@@ -82,7 +82,7 @@ def main() -> None:
     parser.add_argument("train_args", nargs="*", help="more textgen train flags, after --")
     args = parser.parse_args()
     from textgen.checkpoint import Run
-    from textgen.config import parse_duration
+    from textgen.durations import parse_duration
 
     save_every = parse_duration(args.save_every, "--save-every")
     rng = random.Random(args.seed)

@@ -132,11 +132,11 @@ def main() -> None:
 
     import_tensorflow()  # quietly, before anything else imports it
     from textgen import api
-    from textgen.checkpoint import find_run
     from textgen.config import SampleConfig
     from textgen.evaluate import split_ids
     from textgen.layout import scoring_layout
     from textgen.model import build_model
+    from textgen.rundirs import find_run
     from textgen.runtime import open_artifact
 
     teacher = find_run(checkpoint_dir, args.run)

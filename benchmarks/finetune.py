@@ -54,7 +54,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from textgen.config import DataConfig, ModelConfig, format_seconds, parse_duration
+from textgen.config import DataConfig, ModelConfig
+from textgen.durations import format_seconds, parse_duration
 
 GUTENBERG = Path("../shared/corpora/gutenberg")
 BOOKS = [str(GUTENBERG / "1400-0.txt"), str(GUTENBERG / "pg1497.txt")]

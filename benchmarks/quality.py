@@ -29,7 +29,7 @@ import tempfile
 
 from common import REF_CORPUS
 
-from textgen.config import parse_duration
+from textgen.durations import parse_duration
 
 # The PyTorch char-rnn recipe (1 x 512, Adam 2e-3 halved every 5 epochs, clip 5, batch 64 x 100) on the same
 # split and 2 cores, by budget in seconds; measured on a host where it trained at 20.5k chars/s (issue 18).

@@ -134,10 +134,10 @@ def measure(args: argparse.Namespace) -> dict:
     import numpy as np
     import tensorflow as tf
 
-    from textgen.checkpoint import find_run
     from textgen.config import SampleConfig
     from textgen.errors import TextgenError
     from textgen.model import build_model
+    from textgen.rundirs import find_run
     from textgen.sampling import Generator
     from textgen.vocab import UNKNOWN_ID
 

@@ -12,7 +12,7 @@ import pytest
 from helpers import TINY_DATA, TINY_MODEL, steps_per_epoch, write_corpus
 from hypothesis import settings
 
-from textgen.config import DataSettings, ModelSettings, TrainSettings
+from textgen.settings import DataSettings, ModelSettings, TrainSettings
 
 # No per-example deadline: the machine is small and shared, and timing is not what these tests check.
 settings.register_profile("textgen", deadline=None)

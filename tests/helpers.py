@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from hypothesis import strategies as st
 
-from textgen.config import DataSettings, ModelSettings, TrainSettings
 from textgen.layout import StreamLayout
+from textgen.settings import DataSettings, ModelSettings, TrainSettings
 
 # fmt: off
 WORDS = [

@@ -11,20 +11,15 @@ import keras
 import numpy as np
 import pytest
 
-from textgen.checkpoint import (
-    Run,
-    check_run_name,
-    ensure_writable,
-    find_run,
-    list_runs,
-    reserve_run,
-)
-from textgen.config import DataSettings, ModelSettings, RunConfig, TrainSettings
+from textgen.checkpoint import Run, check_run_name
+from textgen.config import RunConfig
 from textgen.errors import CheckpointError, ConfigError
 from textgen.files import atomic_path, atomic_write_text, fsync_tree
 from textgen.layout import MASKED, StreamLayout
 from textgen.model import build_model, reset_states
+from textgen.rundirs import ensure_writable, find_run, list_runs, reserve_run
 from textgen.runs import run_summaries
+from textgen.settings import DataSettings, ModelSettings, TrainSettings
 from textgen.vocab import Vocabulary
 
 # --- atomic writes ---------------------------------------------------------------

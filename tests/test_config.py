@@ -7,20 +7,11 @@ from typing import Any
 
 import pytest
 
-from textgen.config import (
-    DataConfig,
-    ModelConfig,
-    RunConfig,
-    TrainConfig,
-    flag,
-    flag_setting,
-    from_dict,
-    parse_duration,
-    replace,
-    to_dict,
-)
+from textgen.config import DataConfig, ModelConfig, RunConfig, TrainConfig, flag, flag_setting, replace
 from textgen.device import CPU, GPU
+from textgen.durations import parse_duration
 from textgen.errors import ConfigError
+from textgen.typedjson import from_dict, to_dict
 
 
 @pytest.mark.parametrize(
@@ -190,7 +181,7 @@ def test_replace_ignores_none() -> None:
 
 
 def test_a_time_budget_is_a_total_or_with_a_plus_that_much_more() -> None:
-    from textgen.config import parse_budget, parse_duration
+    from textgen.durations import parse_budget, parse_duration
 
     assert parse_budget("30m") == (1800.0, None)
     assert parse_budget(" +1h30m ") == (None, 5400.0)

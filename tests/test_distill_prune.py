@@ -13,10 +13,11 @@ import tensorflow as tf
 from helpers import assert_one_line_error, invoke, run_textgen
 
 from textgen.checkpoint import Run
-from textgen.config import DataSettings, DistillSettings, ModelSettings, PruneConfig, PruneSettings, TrainSettings
+from textgen.config import PruneConfig
 from textgen.device import CPU
 from textgen.errors import TrainingInterrupted
 from textgen.model import build_model
+from textgen.settings import DataSettings, DistillSettings, ModelSettings, PruneSettings, TrainSettings
 from textgen.training.loop import train
 from textgen.training.plan import plan_training
 from textgen.training.progress import NoProgress

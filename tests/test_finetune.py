@@ -15,11 +15,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from textgen.checkpoint import Run
-from textgen.config import DataSettings, Freeze, InitSettings
+from textgen.config import Freeze
 from textgen.data import corpus_source
 from textgen.device import CPU
 from textgen.errors import ConfigError
 from textgen.model import build_model
+from textgen.settings import DataSettings, InitSettings
 from textgen.training.plan import plan_training
 from textgen.training.schedules import warmup_factor
 from textgen.training.warmstart import NEW_CHAR_MARGIN, extended_output, freeze, start_from_base

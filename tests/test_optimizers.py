@@ -10,9 +10,10 @@ import pytest
 from helpers import TINY_DATA, TINY_MODEL, assert_one_line_error, invoke, read_history, write_corpus
 
 from textgen.checkpoint import Run
-from textgen.config import OPTIMIZERS, DataSettings, ModelSettings, TrainConfig, TrainSettings
+from textgen.config import OPTIMIZERS, TrainConfig
 from textgen.device import CPU, apply_profile
 from textgen.errors import ConfigError
+from textgen.settings import DataSettings, ModelSettings, TrainSettings
 
 LEARNING_RATES = {"adam": 1e-2, "adamw": 1e-2, "rmsprop": 5e-3, "sgd": 0.5}  # what a tiny model learns fast with
 

@@ -31,11 +31,12 @@ from helpers import (
     write_corpus,
 )
 
-from textgen.checkpoint import ResumeState, Run, find_run
-from textgen.config import DataSettings, ModelSettings, TrainSettings
+from textgen.checkpoint import ResumeState, Run
 from textgen.device import CPU
 from textgen.errors import CheckpointError, CorpusError, TrainingDiverged
+from textgen.rundirs import find_run
 from textgen.runs import run_summaries
+from textgen.settings import DataSettings, ModelSettings, TrainSettings
 from textgen.training.loop import train
 from textgen.training.plan import plan_training
 

@@ -22,12 +22,12 @@ import optuna
 import pytest
 from helpers import TINY_DATA, TINY_MODEL, assert_one_line_error, invoke, run_textgen, write_corpus
 
-from textgen.checkpoint import study_path
 from textgen.cluster import cluster_role
 from textgen.config import DataConfig, ModelConfig, TrainConfig, flag
 from textgen.errors import CheckpointError, ConfigError
 from textgen.files import read_json_object
 from textgen.recipe import RECIPE_FIELDS, read_recipe
+from textgen.rundirs import study_path
 from textgen.study import best_recipe, save_best_recipe, storage_of
 
 # What a crash, a partial copy or an attacker leaves of a JSON file of ``text``.

@@ -13,11 +13,11 @@ from clock import BatchClock
 from helpers import TINY_DATA, TINY_MODEL, read_history, steps_per_epoch, write_corpus
 
 from textgen.checkpoint import Run, resume_hint
-from textgen.config import DataSettings, ModelSettings, TrainSettings
 from textgen.device import CPU
 from textgen.errors import CheckpointError, ConfigError, TrainingInterrupted
 from textgen.model import build_model
 from textgen.results import EpochLog, StopReason
+from textgen.settings import DataSettings, ModelSettings, TrainSettings
 from textgen.training.loop import train
 from textgen.training.plan import TrainPlan, plan_training
 from textgen.training.progress import NoProgress

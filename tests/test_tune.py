@@ -15,11 +15,12 @@ from helpers import assert_one_line_error, invoke, run_python, subprocess_env, w
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 
-from textgen.checkpoint import Run, study_path
+from textgen.checkpoint import Run
 from textgen.config import TrainConfig
 from textgen.device import CPU
 from textgen.errors import ConfigError, TrainingInterrupted
 from textgen.recipe import read_recipe, recipe_of
+from textgen.rundirs import study_path
 from textgen.search import SameTimePruner, SearchSpace
 from textgen.study import load_study_in, show_study, storage_of
 from textgen.training.progress import NoProgress

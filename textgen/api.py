@@ -18,26 +18,20 @@ from typing import TYPE_CHECKING, Any
 
 from textgen import __version__
 from textgen.artifact import ArtifactInfo, Quantize, artifact_dir
-from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, ensure_writable, find_run, study_path
+from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR
 from textgen.cluster import cluster_role, make_strategy
 from textgen.config import (
     MAX_SAMPLES,
     DataConfig,
-    DataSettings,
     Device,
     DistillConfig,
-    DistillSettings,
-    InitSettings,
     ModelConfig,
-    ModelSettings,
     PruneConfig,
-    PruneSettings,
     RunConfig,
     SampleConfig,
     ServeConfig,
     Strategy,
     TrainConfig,
-    TrainSettings,
     check_fits_in_memory,
     settings_given,
 )
@@ -47,6 +41,8 @@ from textgen.errors import ConfigError
 from textgen.idcache import cache_root
 from textgen.recipe import apply_recipe, read_recipe
 from textgen.results import ModelSource
+from textgen.rundirs import ensure_writable, find_run, study_path
+from textgen.settings import DataSettings, DistillSettings, InitSettings, ModelSettings, PruneSettings, TrainSettings
 
 if TYPE_CHECKING:
     from textgen.generation import Sampler

@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from textgen.checkpoint import VOCAB_BYTES
-from textgen.config import ModelConfig, json_problem, shown, to_dict
-from textgen.errors import ConfigError
+from textgen.config import ModelConfig
+from textgen.errors import ConfigError, shown
 from textgen.files import read_json_object
+from textgen.typedjson import json_problem, to_dict
 from textgen.vocab import Vocabulary
 
 INFO_FILE = "textgen.json"

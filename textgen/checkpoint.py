@@ -26,7 +26,6 @@ import contextlib
 import csv
 import dataclasses
 import fcntl
-import hashlib
 import io
 import json
 import math
@@ -42,12 +41,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from textgen.config import DataConfig, RunConfig, json_problem, shown
+from textgen.config import DataConfig, RunConfig
 from textgen.corpus import check_unchanged
-from textgen.errors import CheckpointError, ConfigError, one_line
+from textgen.errors import CheckpointError, ConfigError, one_line, shown
 from textgen.files import MAX_JSON_BYTES, TEMPORARY, atomic_path, atomic_write_text, read_json_object
 from textgen.results import METRICS, StopReason
+from textgen.typedjson import json_problem
 from textgen.vocab import Vocabulary
+from textgen.weightsfile import read_checksums, save_weights, weights_intact
 
 if TYPE_CHECKING:
     import keras
@@ -56,7 +57,6 @@ DEFAULT_CHECKPOINT_DIR = Path("checkpoints")
 VOCAB_BYTES = 8 * 2**20  # all of Unicode, 4 bytes a character
 # state.json holds the history, ~340 bytes an epoch: 64 MB is some 190,000 epochs.
 STATE_BYTES = 64 * 2**20
-WEIGHTS_DIGEST = "textgen_sha256"  # the attribute of a weights file that holds its arrays' checksum
 CALLBACK_COUNTERS = ("wait", "best", "cooldown_counter")  # what state.json keeps of a stateful Keras callback
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")  # 100 characters: far below any filesystem's limit
 
@@ -175,14 +175,12 @@ class Run:
     def copy_in_weights(self, source: Path) -> str:
         """Copy a base run's weights file into this run (``init.weights.h5``), atomically, checked against its
         checksum; the checksum of its arrays."""
-        import h5py
 
         with self._saving("the base run's weights"), atomic_path(self.init_weights_path) as tmp:
             shutil.copyfile(source, tmp)
-            with h5py.File(tmp, "r") as fh:
-                digest = _weights_digest(fh)
-                if fh.attrs.get(WEIGHTS_DIGEST, digest) != digest:
-                    raise CheckpointError(f"{source} is corrupt (its weights differ from the checksum saved with them)")
+            saved, digest = read_checksums(tmp)
+            if saved not in (None, digest):
+                raise CheckpointError(f"{source} is corrupt (its weights differ from the checksum saved with them)")
         return digest
 
     def load_init_weights(self, model: keras.Model) -> None:
@@ -193,7 +191,7 @@ class Run:
         """Replace the best weights atomically; the file carries its validation loss, so a run killed
         before its next commit still knows how good its best weights are."""
         with self._saving("the best weights"), atomic_path(self.best_weights_path) as tmp:
-            _save_model_weights(model, tmp, textgen_val_loss=val_loss)
+            save_weights(model, tmp, textgen_val_loss=val_loss)
 
     def best_weights_loss(self) -> float:
         """The validation loss stored in the best weights file (inf if there is none, or it is unreadable: any
@@ -226,7 +224,7 @@ class Run:
         )
         with self._saving("a resume point"):
             with atomic_path(self.path / state.last_weights) as tmp:
-                _save_model_weights(model, tmp)
+                save_weights(model, tmp)
             with atomic_path(self.path / state.optimizer) as tmp, open(tmp, "wb") as fh:
                 np.savez(fh, *[np.asarray(v) for v in optimizer.variables])
             if state.stream_states is not None:
@@ -368,7 +366,7 @@ class Run:
 
     def _load_weights_file(self, model: keras.Model, path: Path) -> None:
         try:
-            intact = _weights_intact(path)
+            intact = weights_intact(path)
         except Exception as exc:  # h5py raises many kinds for a damaged file
             raise CheckpointError(f"{path} is corrupt ({one_line(exc)}); {self._instead(path)}") from None
         if not intact:
@@ -474,137 +472,6 @@ class RunLock:
         self._release()
 
 
-def reserve_run(checkpoint_dir: Path, name: str | None, stem: str) -> tuple[Run, RunLock]:
-    """A new run directory, created exclusively and locked: two processes never get the same one.
-
-    ``name`` (``--run``) is used as given; otherwise ``stem`` made safe, with -2, -3, ... if taken.
-    An existing empty directory of that name is taken over.
-    """
-    if name is not None:
-        candidates: Iterator[str] = iter([check_run_name(name)])
-    else:
-        base = safe_name(stem)
-        candidates = (base if n == 1 else f"{base}-{n}" for n in range(1, 1_000_000))
-    for candidate in candidates:
-        run = Run(Path(checkpoint_dir) / candidate)
-        try:
-            run.path.mkdir()
-        except FileExistsError:
-            if name is None:
-                continue
-            if not run.path.is_dir():
-                raise ConfigError(f"{run.path} exists and is not a run directory; pick another --run") from None
-            lock = RunLock(run)
-            if any(p.name != ".lock" for p in run.path.iterdir()):
-                lock.release()
-                raise ConfigError(
-                    f"run {name!r} already exists in {checkpoint_dir}/; add --resume to continue it or pick another --run"
-                ) from None
-            return run, lock
-        except OSError as exc:
-            raise CheckpointError(
-                f"cannot write to {checkpoint_dir}: {exc.strerror}; choose another place with --checkpoint-dir"
-            ) from None
-        return run, RunLock(run)
-    raise ConfigError(f"no free run name for {stem!r} in {checkpoint_dir}/; pick one with --run")
-
-
-def safe_name(stem: str) -> str:
-    """``stem`` (a file's name) as a run or study directory name."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-._")[:90] or "run"
-
-
-def discard_reserved(run: Run, lock: RunLock) -> None:
-    """Remove a reserved run directory that never got its config (planning failed), and unlock it."""
-    (run.path / ".lock").unlink(missing_ok=True)
-    lock.release()
-    with contextlib.suppress(OSError):
-        run.path.rmdir()  # only if nothing else was written there
-
-
-def _save_model_weights(model: keras.Model, path: Path, **attrs: Any) -> None:
-    """Save the model's variables only (Keras' ``save_weights`` adds the attached optimizer's, Adam's moments twice
-    the model, which the resume point keeps in its own file), with ``attrs`` and the arrays' checksum."""
-    import h5py
-    import keras
-
-    keras.saving.save_weights(model, path, objects_to_skip=[getattr(model, "optimizer", None)])
-    with h5py.File(path, "a") as fh:
-        fh.attrs.update({**attrs, WEIGHTS_DIGEST: _weights_digest(fh)})
-
-
-def _weights_digest(fh: Any) -> str:
-    """A SHA-256 of every array in an open weights file, by name: HDF5 checks only its own structure, so a
-    flipped bit in the weights would otherwise load."""
-    import h5py
-
-    digest = hashlib.sha256()
-
-    def add(name: str, item: Any) -> None:
-        if isinstance(item, h5py.Dataset):
-            digest.update(name.encode())
-            digest.update(np.ascontiguousarray(item[()]).tobytes())
-
-    fh.visititems(add)
-    return digest.hexdigest()
-
-
-def weights_checksum(path: Path) -> str:
-    """The checksum of a weights file's arrays: the one saved with them (computed, for a file from before)."""
-    import h5py
-
-    with h5py.File(path, "r") as fh:
-        return str(fh.attrs.get(WEIGHTS_DIGEST) or _weights_digest(fh))
-
-
-def _weights_intact(path: Path) -> bool:
-    """Whether a weights file's arrays match the checksum saved with them (files from before it was saved have
-    none: they are taken as they are)."""
-    import h5py
-
-    with h5py.File(path, "r") as fh:
-        saved = fh.attrs.get(WEIGHTS_DIGEST)
-        return saved is None or saved == _weights_digest(fh)
-
-
-def list_runs(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR) -> list[Run]:
-    """Runs under ``checkpoint_dir`` (directories with a config.json), most recently updated first."""
-    if not Path(checkpoint_dir).is_dir():
-        return []
-    runs = [Run(p) for p in Path(checkpoint_dir).iterdir() if (p / "config.json").is_file()]
-
-    def updated(run: Run) -> float:
-        times = [p.stat().st_mtime for p in (run.config_path, run.state_path) if p.exists()]
-        return max(times, default=0.0)
-
-    return sorted(runs, key=updated, reverse=True)
-
-
-def find_run(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR, name: str | None = None, weights: str | None = None) -> Run:
-    """The run called ``name``, or the most recently updated *usable* one (a run killed before its first
-    save is never picked by default), with ``best`` or ``last`` weights if ``weights`` says so."""
-    if name is not None:
-        run = Run(Path(checkpoint_dir) / name)
-        if not run.config_path.is_file():
-            known = ", ".join(r.name for r in list_runs(checkpoint_dir)) or "none"
-            raise CheckpointError(f"no run {name!r} in {checkpoint_dir}/ (runs: {known})")
-        return run
-    runs = list_runs(checkpoint_dir)
-    usable = next((run for run in runs if run.is_usable(weights)), None)
-    if usable is not None:
-        return usable
-    if runs:  # none is usable: say what is wrong with the latest
-        runs[0].check_usable()
-        if weights == "best":
-            raise CheckpointError(
-                f"{runs[0].best_weights_path} is missing: run {runs[0].name!r} has not finished its first epoch; "
-                "use --last, or train it further"
-            )
-    raise CheckpointError(
-        f"no trained run in {checkpoint_dir}/; train one first: textgen train 2600-0.txt --device cpu"
-    )
-
-
 def check_corpus_unchanged(run: Run, data: DataConfig) -> None:
     """Refuse a corpus whose bytes changed since the run started: its splits would not be the run's."""
     paths = [Path(p) for p in data.paths]
@@ -638,21 +505,3 @@ def check_run_name(name: str, flag: str = "--run") -> str:
             f"{flag} must be 1 to 100 letters, digits, '.', '_' or '-', starting with a letter or digit (got {name!r})"
         )
     return name
-
-
-def study_path(checkpoint_dir: Path, name: str, flag: str = "--study") -> Path:
-    """Where ``textgen tune`` keeps a study: its database, its best recipe and its trials' runs."""
-    return Path(checkpoint_dir) / "studies" / check_run_name(name, flag)
-
-
-def ensure_writable(checkpoint_dir: Path) -> None:
-    """Fail early, with what to do, if runs cannot be written under ``checkpoint_dir``."""
-    try:
-        Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
-        probe = Path(checkpoint_dir) / f".write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as exc:
-        raise CheckpointError(
-            f"cannot write to {checkpoint_dir}: {exc.strerror}; choose another place with --checkpoint-dir"
-        ) from None

@@ -30,31 +30,25 @@ from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR
 from textgen.config import (
     OPTIMIZER_DEFAULTS,
     DataConfig,
-    DataSettings,
     Device,
     DistillConfig,
-    DistillSettings,
     Freeze,
     InitConfig,
-    InitSettings,
     LRSchedule,
     ModelConfig,
-    ModelSettings,
     Optimizer,
     PruneConfig,
-    PruneSettings,
     SampleConfig,
     ServeConfig,
     Split,
     Strategy,
     TrainConfig,
-    TrainSettings,
     flag,
-    parse_budget,
-    parse_duration,
 )
+from textgen.durations import parse_budget, parse_duration
 from textgen.errors import ClusterError, ConfigError, TextgenError, TextgenWarning
 from textgen.repl import GREETING, Session
+from textgen.settings import DataSettings, DistillSettings, InitSettings, ModelSettings, PruneSettings, TrainSettings
 
 console = Console(highlight=False, soft_wrap=True, emoji=False)  # user text is data: ":fire:" stays ":fire:"
 err_console = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)

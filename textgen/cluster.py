@@ -18,8 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from textgen.config import shown
-from textgen.errors import ConfigError
+from textgen.errors import ConfigError, shown
 from textgen.files import parse_json_object
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""Frozen config dataclasses, one per concern, with a JSON round trip.
+"""Frozen config dataclasses, one per concern, and the CLI flags that set their fields.
 
 Field names match CLI flags (``seq_len`` <-> ``--seq-len``) and JSON keys, so
 a run directory's ``config.json`` rebuilds exactly what ``train`` built.
@@ -10,14 +10,11 @@ import dataclasses
 import enum
 import math
 import os
-import re
-import reprlib
 import secrets
-import types
-import typing
 from typing import Any, ClassVar, TypeVar
 
-from textgen.errors import ConfigError, FieldError
+from textgen.errors import ConfigError, FieldError, shown
+from textgen.typedjson import from_dict, to_dict
 
 T = TypeVar("T")
 
@@ -35,15 +32,6 @@ def flag_setting(field_name: str, value: Any) -> str:
     if isinstance(value, bool):
         return flag(field_name) if value else "--no-" + flag(field_name).removeprefix("--")
     return f"{flag(field_name)} {value}"
-
-
-_SHORT = reprlib.Repr()  # (its keyword arguments are Python 3.12's)
-_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 2, 40, 40
-
-
-def shown(value: Any) -> str:
-    """A value for a message: its repr, cut short (a damaged file's may be megabytes, or nested thousands deep)."""
-    return _SHORT.repr(value)
 
 
 def _require(ok: bool, field_name: str, rule: str, value: Any) -> None:
@@ -302,211 +290,14 @@ class TrainConfig:
         _require(0 < self.lr_factor < 1, "lr_factor", "between 0 and 1", self.lr_factor)
 
 
-class Settings:
-    """The settings a user gave for one config, as typed fields that are ``None`` when not given: what the library's
-    entry points take (``textgen.api.train``), so that a caller gets completion and type errors."""
-
-    def given(self) -> dict[str, Any]:
-        """The settings given, by field name."""
-        return settings_given(vars(self))
-
-
-@dataclasses.dataclass(frozen=True)
-class DataSettings(Settings):
-    """``DataConfig``'s settings a new run may be given."""
-
-    batch_size: int | None = None
-    seq_len: int | None = None
-    max_vocab: int | None = None
-    shift_windows: bool | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelSettings(Settings):
-    """``ModelConfig``'s settings a new run may be given (its vocabulary comes from the corpus)."""
-
-    embedding_dim: int | None = None
-    units: int | None = None
-    layers: int | None = None
-    dropout: float | None = None
-    layer_norm: bool | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainSettings(Settings):
-    """``TrainConfig``'s settings (a resumed run takes only epochs, time_budget, save_every and strategy)."""
-
-    epochs: int | None = None
-    lr: float | None = None
-    clip_norm: float | None = None
-    seed: int | None = None
-    time_budget: float | None = None
-    more_time: float | None = None  # a budget of this much more than the run has trained (``--time-budget +30m``)
-    patience: int | None = None
-    lr_patience: int | None = None
-    lr_factor: float | None = None
-    lr_schedule: LRSchedule | None = None
-    anneal: float | None = None
-    save_every: float | None = None
-    sample_every: float | None = None
-    accumulate: int | None = None
-    strategy: Strategy | None = None
-    optimizer: Optimizer | None = None
-    weight_decay: float | None = None
-    momentum: float | None = None
-    warmup: int | None = None
-
-    def given(self) -> dict[str, Any]:
-        """The ``TrainConfig`` settings given (``more_time`` becomes a ``time_budget`` when the run is planned)."""
-        return {k: v for k, v in super().given().items() if k != "more_time"}
-
-
-@dataclasses.dataclass(frozen=True)
-class DistillSettings(Settings):
-    """A student of the run ``teacher`` (``textgen distill``), with ``DistillConfig``'s settings given."""
-
-    teacher: str
-    temperature: float | None = None
-    alpha: float | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class PruneSettings(Settings):
-    """A pruned copy of the run ``source`` (``textgen prune``), with ``PruneConfig``'s settings given."""
-
-    source: str
-    sparsity: float | None = None
-    ramp: float | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class InitSettings:
-    """A new run that starts from the run ``source``'s ``weights`` (best or last) on its own corpus
-    (``textgen train --init-from``), with what of them stays ``freeze``-d."""
-
-    source: str
-    weights: str = "best"
-    freeze: Freeze = Freeze.none
-
-
 def settings_given(values: dict[str, Any]) -> dict[str, Any]:
     """The settings a user gave: a CLI flag left out arrives as ``None``."""
     return {k: v for k, v in values.items() if v is not None}
 
 
-def to_dict(cfg: Any) -> dict[str, Any]:
-    """A config as a JSON-ready dict (tuples as lists, as JSON reads them back)."""
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(cfg).items()}
-
-
-def from_dict(cls: type[T], data: Any, where: str = "") -> T:
-    """Rebuild a config from what JSON read, the section ``where`` of a file; a key or value that does not fit
-    its fields is one error naming it (unknown keys mean a file from another version)."""
-    problem = json_problem(data, cls, where)
-    if problem:
-        raise ConfigError(problem)
-    return cls(**data)
-
-
-def json_problem(value: Any, kind: Any, where: str) -> str | None:
-    """What keeps ``value``, read from JSON at ``where`` (``training.lr``), from being of type ``kind``: a type
-    annotation of textgen's (a dataclass, ``X | None``, ``tuple[X, ...]``, ``dict[str, X]``, an enum, a plain
-    type); None if nothing does. Values are checked, not ranges (the dataclasses check those)."""
-    origin, args = typing.get_origin(kind), typing.get_args(kind)
-    if origin in (types.UnionType, typing.Union):
-        if value is None and type(None) in args:
-            return None
-        (kind,) = (arg for arg in args if arg is not type(None))  # textgen's unions are X | None
-        return json_problem(value, kind, where)
-    if origin is tuple:  # tuple[X, ...]: a JSON array
-        if not isinstance(value, list | tuple):
-            return f"{where}={shown(value)}, not a list"
-        return next((p for i, v in enumerate(value) if (p := json_problem(v, args[0], f"{where}[{i}]"))), None)
-    if origin is dict:  # dict[str, X]: a JSON object
-        if not isinstance(value, dict):
-            return f"{where}={shown(value)}, not an object"
-        return next((p for k, v in value.items() if (p := json_problem(v, args[1], _key(where, k)))), None)
-    if isinstance(kind, type) and dataclasses.is_dataclass(kind):
-        return _fields_problem(value, kind, where)
-    if isinstance(kind, type) and issubclass(kind, enum.Enum):
-        names = [member.value for member in kind]
-        return None if value in names else f"{where}={shown(value)}, not {' or '.join(map(str, names))}"
-    if kind is float:
-        fits = isinstance(value, int | float) and not isinstance(value, bool)  # JSON's true is no number
-    elif kind is int:
-        fits = isinstance(value, int) and not isinstance(value, bool)
-    else:
-        fits = isinstance(value, kind)
-    return None if fits else f"{where}={shown(value)}, not {_KINDS.get(kind, kind.__name__)}"
-
-
-_KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
-
-
-def _fields_problem(value: Any, cls: type, where: str) -> str | None:
-    """``json_problem`` for a dataclass: a JSON object with a fitting value for each field it has, and every field
-    without a default."""
-    if not isinstance(value, dict):
-        return f"{where or cls.__name__}={shown(value)}, not an object"
-    fields = {field.name: field for field in dataclasses.fields(cls)}
-    unknown = sorted(set(value) - set(fields))
-    if unknown:
-        return f"unknown {where or cls.__name__} keys {unknown}: written by another textgen version?"
-    kinds = typing.get_type_hints(cls)
-    for name, field in fields.items():
-        if name in value:
-            problem = json_problem(value[name], kinds[name], _key(where, name))
-            if problem:
-                return problem
-        elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
-            return f"no {_key(where, name)}"
-    return None
-
-
-def _key(where: str, name: object) -> str:
-    return f"{where}.{name}" if where else str(name)
-
-
 def replace(cfg: T, **changes: Any) -> T:
     """A copy of a config with the given fields changed; ``None`` values are ignored."""
     return dataclasses.replace(cfg, **settings_given(changes))  # type: ignore[type-var]
-
-
-_DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?$")
-
-
-def parse_duration(text: str, flag_name: str = "--time-budget", zero: bool = False) -> float:
-    """Seconds in ``90``, ``90s``, ``30m``, ``1h``, ``1h30m``, ``2.5h`` (and ``0`` if ``zero`` is allowed)."""
-    match = _DURATION.match(text.strip().lower())
-    if not text.strip() or not match or not any(match.groups()):
-        raise ConfigError(f"{flag_name} must be a duration like 90s, 30m or 1h30m (got {text!r})")
-    hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
-    total = hours * 3600 + minutes * 60 + seconds
-    if total < 0 or (total == 0 and not zero):
-        raise ConfigError(f"{flag_name} must be {'0 or more' if zero else 'positive'} (got {text!r})")
-    return total
-
-
-def parse_budget(text: str | None) -> tuple[float | None, float | None]:
-    """``--time-budget`` as ``TrainSettings``' (``time_budget``, ``more_time``): ``30m``, a run's whole budget, or
-    ``+30m``, that much more than the run has trained."""
-    if not text:
-        return None, None
-    rest = text.strip().removeprefix("+")
-    seconds = parse_duration(text if rest.startswith("+") else rest)
-    return (None, seconds) if text.strip().startswith("+") else (seconds, None)
-
-
-def format_seconds(seconds: float) -> str:
-    """``3h02m``, ``4m05s`` or ``12.3s``: a duration ``parse_duration`` reads back."""
-    if seconds >= 3600:
-        return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
-    if seconds >= 60:
-        return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
-    return f"{seconds:.1f}s"
-
-
-MORE_TIME = "+30m"  # the --time-budget suggested for training a run further
 
 
 @dataclasses.dataclass(frozen=True)

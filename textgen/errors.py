@@ -1,6 +1,17 @@
-"""One exception family whose messages tell the user what is wrong and what to do."""
+"""One exception family whose messages tell the user what is wrong and what to do, and values cut short for them."""
+
+import reprlib
+from typing import Any
 
 from textgen.results import StopReason
+
+_SHORT = reprlib.Repr()  # (its keyword arguments are Python 3.12's)
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 2, 40, 40
+
+
+def shown(value: Any) -> str:
+    """A value for a message: its repr, cut short (a damaged file's may be megabytes, or nested thousands deep)."""
+    return _SHORT.repr(value)
 
 
 class TextgenError(Exception):

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-from textgen.config import format_seconds
+from textgen.durations import format_seconds
 from textgen.files import atomic_write_text
 
 MARKS = {"bpc": "o", "val_bpc": "*"}

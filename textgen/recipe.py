@@ -11,9 +11,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from textgen.config import DataConfig, ModelConfig, RunConfig, TrainConfig, from_dict, settings_given, to_dict
+from textgen.config import DataConfig, ModelConfig, RunConfig, TrainConfig, settings_given
 from textgen.errors import ConfigError
 from textgen.files import atomic_write_text, read_json_object
+from textgen.typedjson import from_dict, to_dict
 
 RECIPE_FIELDS: dict[str, tuple[str, ...]] = {
     "data": ("batch_size", "seq_len", "max_vocab", "shift_windows"),

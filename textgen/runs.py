@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, ResumeState, Run, list_runs
+from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, ResumeState, Run
 from textgen.config import RunConfig
 from textgen.errors import CheckpointError
 from textgen.results import RunSummary, bits
+from textgen.rundirs import list_runs
 
 
 def run_summaries(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR) -> list[RunSummary]:

@@ -14,11 +14,12 @@ import optuna
 import sqlalchemy.exc
 from optuna.trial import FrozenTrial, TrialState
 
-from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, Run, safe_name, study_path
+from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, Run
 from textgen.corpus import corpus_stem, resolve_corpora
 from textgen.errors import CheckpointError, ConfigError
 from textgen.recipe import BEST_RECIPE, Recipe, read_recipe, recipe_of, write_recipe
 from textgen.results import StudyResult, StudyStop, TrialStatus, TrialSummary
+from textgen.rundirs import safe_name, study_path
 
 DATABASE = "study.db"
 LOCK_WAIT = 30.0  # seconds

@@ -27,17 +27,8 @@ import keras
 import optuna
 from optuna.trial import TrialState
 
-from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, Run, RunLock, weights_checksum
-from textgen.config import (
-    DataSettings,
-    DeviceProfile,
-    Freeze,
-    InitSettings,
-    ModelSettings,
-    TrainSettings,
-    flag_setting,
-    settings_given,
-)
+from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, Run, RunLock
+from textgen.config import DeviceProfile, Freeze, flag_setting, settings_given
 from textgen.corpus import check_unchanged, corpus_fingerprint
 from textgen.data import load_splits
 from textgen.device import apply_profile, resolve_profile
@@ -47,6 +38,7 @@ from textgen.idcache import cache_root
 from textgen.recipe import Recipe
 from textgen.results import EpochLog, StopReason, StudyResult, StudyStop, TrainResult, TrialStatus, TrialSummary
 from textgen.search import PRUNE_WARMUP, SameTimePruner, SearchSpace
+from textgen.settings import DataSettings, InitSettings, ModelSettings, TrainSettings
 from textgen.study import (
     DATABASE,
     counts_as_done,
@@ -62,6 +54,7 @@ from textgen.study import (
 from textgen.training.loop import train
 from textgen.training.plan import TrainPlan, new_data_config, plan_training
 from textgen.training.progress import NoProgress, TrainingProgress
+from textgen.weightsfile import weights_checksum
 
 SCORE_STREAMS = 64
 TRIAL_EPOCHS = 10_000  # trials end with their time budget

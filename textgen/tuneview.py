@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from textgen.checkpoint import checkpoint_dir_flag
-from textgen.config import format_seconds
+from textgen.durations import format_seconds
 from textgen.results import EpochLog, StudyResult, StudyStop, TrialStatus, TrialSummary, bits
 from textgen.ui import chars_per_second, json_line
 

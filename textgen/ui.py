@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from textgen.checkpoint import Run, resume_hint
-from textgen.config import MORE_TIME, format_seconds
+from textgen.durations import MORE_TIME, format_seconds
 from textgen.errors import TextgenError, TrainingInterrupted
 from textgen.results import (
     EpochLog,

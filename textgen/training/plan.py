@@ -13,42 +13,27 @@ from typing import Any
 import numpy as np
 
 from textgen import config as cfgmod
-from textgen.checkpoint import (
-    ResumeState,
-    Run,
-    RunLock,
-    check_corpus_unchanged,
-    discard_reserved,
-    ensure_writable,
-    find_run,
-    reserve_run,
-    resume_hint,
-)
+from textgen.checkpoint import ResumeState, Run, RunLock, check_corpus_unchanged, resume_hint
 from textgen.config import (
-    MORE_TIME,
     DataConfig,
-    DataSettings,
     DeviceProfile,
     DistillConfig,
-    DistillSettings,
     InitConfig,
-    InitSettings,
     ModelConfig,
-    ModelSettings,
     PruneConfig,
-    PruneSettings,
     RunConfig,
     TrainConfig,
-    TrainSettings,
     check_fits_in_memory,
-    format_seconds,
 )
 from textgen.corpus import corpus_fingerprint, corpus_stem, resolve_corpora, resolve_encoding, same_codec
 from textgen.data import Splits, fit_small_corpus, load_splits
+from textgen.durations import MORE_TIME, format_seconds
 from textgen.errors import ConfigError
 from textgen.idcache import cache_root
 from textgen.layout import StreamLayout
 from textgen.results import StopReason
+from textgen.rundirs import discard_reserved, ensure_writable, find_run, reserve_run
+from textgen.settings import DataSettings, DistillSettings, InitSettings, ModelSettings, PruneSettings, TrainSettings
 from textgen.vocab import Vocabulary
 
 
