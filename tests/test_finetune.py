@@ -349,10 +349,18 @@ def test_a_study_fine_tunes_a_run_in_every_trial(checkpoints: Path, tmp_path: Pa
         assert (config.model.units, config.model.layers, config.model.embedding_dim) == (
             shape.units, shape.layers, shape.embedding_dim)  # fmt: skip
         assert run.load_vocab().chars[: shape.vocab_size - 1] == base.load_vocab().chars
-    # The best recipe trains again from the base: the shape it holds is the base's, so it is no change.
-    out = invoke("train", text, "--from-study", "ft", "--init-from", "base-of-study", "--epochs", "1", "--run", "best-ft",
-                 *where)  # fmt: skip
+    # The best recipe trains again from the base, which best.json names: the shape it holds is the base's, so it is no
+    # change; another --init-from may be given.
+    best = json.loads((checkpoints / "studies" / "ft" / "best.json").read_text())
+    assert best["tuned"]["init_from"] == {"source": str(base.path.resolve()), "weights": "best", "freeze": "none"}
+    out = invoke("train", text, "--from-study", "ft", "--epochs", "1", "--run", "best-ft", *where)
     assert out.exit_code == 0, out.stderr
+    init = Run(checkpoints / "best-ft").load_config().init_from
+    assert init is not None and init.name == "base-of-study"
+    out = invoke("train", text, "--from-study", "ft", "--init-from", BASE, "--epochs", "1", "--run", "best-ft-2", *where)
+    assert out.exit_code == 0, out.stderr
+    init = Run(checkpoints / "best-ft-2").load_config().init_from
+    assert init is not None and init.name == BASE
     # A continued study keeps its base; another one, a shape of its own or an export are refused.
     out = invoke("tune", "--study", "ft", "--trials", "3", "--json", *where)
     assert out.exit_code == 0, out.stderr

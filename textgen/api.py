@@ -39,7 +39,7 @@ from textgen.corpus import resolve_corpora
 from textgen.device import apply_profile, configure_for_inference, import_tensorflow, resolve_profile
 from textgen.errors import ConfigError
 from textgen.idcache import cache_root
-from textgen.recipe import apply_recipe, read_recipe
+from textgen.recipe import BEST_RECIPE, apply_recipe, read_recipe, recipe_base
 from textgen.results import ModelSource
 from textgen.rundirs import ensure_writable, find_run, study_path
 from textgen.settings import DataSettings, DistillSettings, InitSettings, ModelSettings, PruneSettings, TrainSettings
@@ -87,7 +87,9 @@ def train(
     names = [str(name) for name in ([corpus] if isinstance(corpus, str | Path) else corpus or [])] or None
     data, model, training = data or DataSettings(), model or ModelSettings(), training or TrainSettings()
     if recipe is not None or from_study is not None:
-        data, model, training = _with_recipe(checkpoint_dir, resume, data, model, training, recipe, from_study)
+        data, model, training, init_from = _with_recipe(
+            checkpoint_dir, resume, data, model, training, init_from, recipe, from_study
+        )
     saved = find_run(checkpoint_dir, run_name).load_config() if resume else None
     _check_train_settings(saved, run_name, device, threads, data, model, training, distill, prune)
     if init_from and (resume or distill or prune):
@@ -187,10 +189,12 @@ def _with_recipe(
     data: DataSettings,
     model: ModelSettings,
     training: TrainSettings,
+    init_from: InitSettings | None,
     recipe: Path | None,
     from_study: str | None,
-) -> tuple[DataSettings, ModelSettings, TrainSettings]:
-    """The settings given, with a recipe's (a file, or a study's best) for those not given."""
+) -> tuple[DataSettings, ModelSettings, TrainSettings, InitSettings | None]:
+    """The settings given, with a recipe's (a file, or a study's best) for those not given: a recipe tuned for
+    fine-tuning a run starts from that run unless ``init_from`` says another."""
     if recipe is not None and from_study is not None:
         raise ConfigError("give --config or --from-study, not both")
     if resume:
@@ -204,6 +208,7 @@ def _with_recipe(
         from textgen.study import best_recipe  # Optuna's import: only for a study
 
         settings = best_recipe(directory)
+        recipe = directory / BEST_RECIPE
     else:
         assert recipe is not None
         settings = read_recipe(recipe)
@@ -212,6 +217,7 @@ def _with_recipe(
         DataSettings(**merged["data"]),
         ModelSettings(**merged["model"]),
         dataclasses.replace(training, **merged["training"]),
+        init_from or recipe_base(recipe),
     )
 
 

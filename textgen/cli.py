@@ -865,7 +865,7 @@ TUNE_EXAMPLES = """
     textgen tune my_book.txt --units 256             # search all but --units
     textgen train 2600-0.txt --from-study 2600-0     # train the best recipe
     textgen tune my_book.txt --init-from wp --trial-budget 5m   # fine-tuning's
-    textgen train my_book.txt --from-study my_book --init-from wp
+    textgen train my_book.txt --from-study my_book   # fine-tuned from wp again
 
 The first trial is textgen train's default recipe; trials behind the others at the same training time are
 stopped early. Each trial is a run in CHECKPOINT_DIR/studies/STUDY/. Ctrl-C saves the running trial; the same

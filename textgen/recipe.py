@@ -2,7 +2,8 @@
 budget, so that ``textgen train CORPUS --config FILE`` trains it again on any text for any time.
 
 A recipe file is JSON with ``data``, ``model`` and ``training`` sections holding only ``RECIPE_FIELDS``;
-``textgen tune`` writes its best trial's as ``best.json``. A run's ``config.json`` reads as a recipe too.
+``textgen tune`` writes its best trial's as ``best.json``, with where it came from under ``tuned`` (and the run its
+trials fine-tuned, if they did: ``tuned.init_from``). A run's ``config.json`` reads as a recipe too.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from textgen.config import DataConfig, ModelConfig, RunConfig, TrainConfig, settings_given
-from textgen.errors import ConfigError
+from textgen.config import DataConfig, Freeze, ModelConfig, RunConfig, TrainConfig, settings_given
+from textgen.errors import ConfigError, shown
 from textgen.files import atomic_write_text, read_json_object
+from textgen.settings import InitSettings
 from textgen.typedjson import from_dict, to_dict
 
 RECIPE_FIELDS: dict[str, tuple[str, ...]] = {
@@ -30,6 +32,25 @@ def recipe_of(config: RunConfig) -> Recipe:
     """The recipe a run was trained with."""
     sections = {"data": to_dict(config.data), "model": to_dict(config.model), "training": to_dict(config.training)}
     return {part: {k: sections[part][k] for k in names} for part, names in RECIPE_FIELDS.items()}
+
+
+def base_of(config: RunConfig) -> dict[str, str] | None:
+    """The run ``config``'s run was fine-tuned from, as ``--init-from`` gives it (None: it trained from scratch)."""
+    init = config.init_from
+    return None if init is None else {"source": init.source, "weights": init.weights, "freeze": init.freeze.value}
+
+
+def recipe_base(path: Path) -> InitSettings | None:
+    """The run a tuned recipe's trials fine-tuned (``tuned.init_from``, written by ``base_of``): a recipe tuned for
+    fine-tuning trains again from the same base. None for any other recipe."""
+    tuned = read_json_object(path).get("tuned")
+    init = tuned.get("init_from") if isinstance(tuned, dict) else None
+    if init is None:
+        return None
+    fits = isinstance(init, dict) and set(init) == {"source", "weights", "freeze"}
+    if not fits or not isinstance(init["source"], str) or init["weights"] not in ("best", "last"):
+        raise ConfigError(f"recipe {path}: tuned.init_from={shown(init)}, not a run's source, weights and freeze")
+    return InitSettings(init["source"], init["weights"], Freeze.parse(init["freeze"], "freeze"))
 
 
 def write_recipe(path: Path, recipe: Recipe, **about: Any) -> None:

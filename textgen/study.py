@@ -17,7 +17,7 @@ from optuna.trial import FrozenTrial, TrialState
 from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, Run
 from textgen.corpus import corpus_stem, resolve_corpora
 from textgen.errors import CheckpointError, ConfigError
-from textgen.recipe import BEST_RECIPE, Recipe, read_recipe, recipe_of, write_recipe
+from textgen.recipe import BEST_RECIPE, Recipe, base_of, read_recipe, recipe_of, write_recipe
 from textgen.results import StudyResult, StudyStop, TrialStatus, TrialSummary
 from textgen.rundirs import safe_name, study_path
 
@@ -176,6 +176,8 @@ def save_best_recipe(study: optuna.Study, directory: Path) -> None:
     except CheckpointError:  # the trial's run is gone or damaged: the study goes on without its recipe
         return
     about = {"study": directory.name, "trial": best.number, "val_loss": best.value}
+    if (base := base_of(config)) is not None:
+        about["init_from"] = base
     write_recipe(directory / BEST_RECIPE, recipe_of(config), tuned=about)
 
 
