@@ -137,6 +137,8 @@ def test_a_stop_sequence_ends_the_row(engine, sampler) -> None:
     result.wait()
     assert result.texts[0] == whole[: whole.find(stop)]
     assert result.finishes == {0: Finish.stop}
+    assert [e.finish for e in result.events][-1] is Finish.stop and all(e.finish is None for e in result.events[:-1])
+    wait_until(lambda: engine.busy_rows == 0, timeout=1.0)  # freed by the round after the emitter found the stop
 
 
 def test_requests_beyond_the_rows_and_the_queue_are_refused_at_once(sampler) -> None:

@@ -9,7 +9,9 @@ The engine holds ``slots`` rows of LSTM state. One scheduler thread repeats a ro
   only (one request runs at the single-stream speed), and a call is short (``CALL_CHARS`` characters over all
   rows), so that text streams out, newcomers join within tens of milliseconds, and a 100 KB prompt is read a
   call's steps at a time beside the others' streams;
-* each request hears of its new text through its listener, and finished rows are freed.
+* rows that have drawn all they were asked for are freed at once; the call's ids go to an emitter thread, which
+  turns them into each request's text (cut at its stop sequences) and tells its listener while the next call runs.
+  A row whose stop sequence the emitter finds is freed by the round after.
 
 Each row draws at the uniforms of (its request's seed, its position, its number in the request), the numbers
 ``textgen sample`` draws at: a seeded request gives the same text alone or among 63 others, and the text
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import queue
 import threading
 import time
 from collections import deque
@@ -141,7 +144,34 @@ class Row:
     prompt: np.ndarray
     read: int = 0  # prompt ids read so far
     generated: int = 0  # ids drawn so far (the position of its uniforms)
-    scanner: StopScanner = field(default_factory=lambda: StopScanner(()))
+    scanner: StopScanner = field(default_factory=lambda: StopScanner(()))  # the emitter's alone
+    ended: bool = False  # its last event is out (set by the emitter): no more events, and its row is freed
+
+
+class Emitter:
+    """A thread that runs the engine's posted work in order: turning a call's ids into text and events, and ending
+    rows. It runs while the scheduler's next call computes (TensorFlow lets go of the GIL), so that the machine is
+    not idle while Python turns ids into events; one thread, in order, so a row's events keep their order."""
+
+    def __init__(self) -> None:
+        self.work: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name="textgen-emitter", daemon=True)
+        self.thread.start()
+
+    def post(self, work: Callable[[], None]) -> None:
+        self.work.put(work)
+
+    def close(self) -> None:
+        """Run what was posted, then stop."""
+        self.work.put(None)
+        self.thread.join()
+
+    def _run(self) -> None:
+        while (work := self.work.get()) is not None:
+            try:
+                work()
+            except Exception:  # one request's failure is its own, not the server's
+                log.exception("emitting a request's events failed")
 
 
 class Engine:
@@ -161,6 +191,7 @@ class Engine:
         self.drain_deadline: float | None = None
         self.stopping = False
         self.ready = threading.Event()
+        self.emitter: Emitter | None = None
         self.thread = threading.Thread(target=self._run, name="textgen-engine", daemon=True)
 
     # --- the caller's side (any thread) -------------------------------------------------------
@@ -168,6 +199,7 @@ class Engine:
     def start(self) -> None:
         """Make a first call of the sampler's steps (any error is raised here), then start scheduling."""
         self._warm_up()
+        self.emitter = Emitter()
         self.ready.set()
         self.thread.start()
 
@@ -249,6 +281,7 @@ class Engine:
             self._start_rows(admitted)
             if stopping:
                 self._end_all(Finish.shutdown)
+                self._emit().close()
                 return
             try:
                 self._round(time.monotonic())
@@ -305,7 +338,7 @@ class Engine:
         for slot, row in enumerate(self.rows):
             if row is None:
                 continue
-            if row.ticket.cancelled:
+            if row.ticket.cancelled or row.ended:
                 self._free(slot)
             elif now >= row.ticket.deadline:
                 self._finish(slot, Finish.timeout)
@@ -363,17 +396,28 @@ class Engine:
             forced if reads.any() else None,
         )
         self._store(slots, logits, states)
-        for slot, row, row_ids, n in zip(slots, rows, ids, reads, strict=True):
+        drawn = np.minimum(steps - reads, [r.ticket.job.max_chars - r.generated for r in rows])
+        last = []
+        for slot, row, n, k in zip(slots, rows, reads, drawn, strict=True):
             row.read += int(n)
-            drawn = row_ids[n : n + row.ticket.job.max_chars - row.generated]
-            if not drawn.size:
+            row.generated += int(k)
+            last.append(row.generated >= row.ticket.job.max_chars)
+            if last[-1]:  # its text is all drawn: the row is free for the next round, the emitter says the rest
+                self._free(slot)
+        self._emit().post(lambda: self._tell_drawn(rows, ids, reads, drawn, last))
+
+    def _tell_drawn(
+        self, rows: list[Row], ids: np.ndarray, reads: np.ndarray, drawn: np.ndarray, last: list[bool]
+    ) -> None:
+        """On the emitter: each row's new text, cut at a stop sequence, and its last event when it has one."""
+        for row, row_ids, n, k, is_last in zip(rows, ids, reads, drawn, last, strict=True):
+            if row.ended or not k:
                 continue
-            row.generated += drawn.size
-            text, stopped = row.scanner.push(self.sampler.vocab.decode(drawn))
+            text, stopped = row.scanner.push(self.sampler.vocab.decode(row_ids[n : n + k]))
             if stopped:
-                self._finish(slot, Finish.stop, text)
-            elif row.generated >= row.ticket.job.max_chars:
-                self._finish(slot, Finish.length, text)
+                self._end_row(row, Finish.stop, text)
+            elif is_last:
+                self._end_row(row, Finish.length, text)
             elif text:
                 self._tell(row.ticket, Event(row.index, text))
 
@@ -385,12 +429,24 @@ class Engine:
         for whole, part in zip(self.states, states, strict=True):
             whole[slots] = part
 
-    def _finish(self, slot: int, reason: Finish, text: str = "") -> None:
-        """End a row's stream: its last ``text``, and what its stop scanner held back (nothing after a stop)."""
+    def _finish(self, slot: int, reason: Finish) -> None:
+        """Free a row now; the emitter ends its stream after the text already posted."""
         row = self.rows[slot]
-        if row is not None:
-            self._tell(row.ticket, Event(row.index, text + row.scanner.flush(), reason))
         self._free(slot)
+        if row is not None:
+            self._emit().post(lambda: self._end_row(row, reason))
+
+    def _end_row(self, row: Row, reason: Finish, text: str = "") -> None:
+        """On the emitter: a row's last event, its last ``text`` and what its stop scanner held back (nothing after a
+        stop); none if it has had its last already."""
+        if not row.ended:
+            row.ended = True
+            self._tell(row.ticket, Event(row.index, text + row.scanner.flush(), reason))
+
+    def _emit(self) -> Emitter:
+        if self.emitter is None:
+            raise RuntimeError("the engine has not been started")
+        return self.emitter
 
     def _free(self, slot: int) -> None:
         with self.lock:  # submit counts the free rows under it
@@ -398,9 +454,13 @@ class Engine:
             self.lock.notify()
 
     def _end_ticket(self, ticket: Ticket, reason: Finish) -> None:
-        """End a queued ticket: every continuation gets its last event."""
-        for index in range(ticket.job.rows):
-            self._tell(ticket, Event(index, "", reason))
+        """End a queued ticket: every continuation gets its last event (from the emitter, as every event)."""
+
+        def end() -> None:
+            for index in range(ticket.job.rows):
+                self._tell(ticket, Event(index, "", reason))
+
+        self._emit().post(end)
 
     def _end_all(self, reason: Finish) -> None:
         for slot in range(self.slots):
