@@ -357,7 +357,9 @@ def test_a_study_fine_tunes_a_run_in_every_trial(checkpoints: Path, tmp_path: Pa
     assert out.exit_code == 0, out.stderr
     init = Run(checkpoints / "best-ft").load_config().init_from
     assert init is not None and init.name == "base-of-study"
-    out = invoke("train", text, "--from-study", "ft", "--init-from", BASE, "--epochs", "1", "--run", "best-ft-2", *where)
+    out = invoke(
+        "train", text, "--from-study", "ft", "--init-from", BASE, "--epochs", "1", "--run", "best-ft-2", *where
+    )
     assert out.exit_code == 0, out.stderr
     init = Run(checkpoints / "best-ft-2").load_config().init_from
     assert init is not None and init.name == BASE

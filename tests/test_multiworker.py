@@ -202,3 +202,31 @@ def test_two_workers_fine_tune_from_a_run_in_the_shared_checkpoint_dir(tmp_path:
     config = json.loads((ck / "ft" / "config.json").read_text())
     assert config["init_from"]["name"] == "base"
     assert config["init_from"]["source"] == str((ck / "base").resolve())
+
+
+@pytest.mark.slow  # ~40 s: a third training cluster; the export's read-back is tested in test_finetune.py
+def test_two_workers_fine_tune_from_a_float_export(tmp_path: Path, corpus: Path) -> None:
+    """Each worker reads the export's weights back itself, into its own scratch file: both plan the same run."""
+    ck = tmp_path / "ck"
+    base = run_textgen(["train", str(corpus), *SETTINGS, "--epochs", "1", "--run", "base", "--checkpoint-dir",
+                        str(ck)], tmp_path, timeout=300)  # fmt: skip
+    assert base.returncode == 0, base.stderr
+    export = tmp_path / "exports" / "base-litert"
+    exported = run_textgen(["export", "--run", "base", "--format", "litert", "-o", str(export), "--checkpoint-dir",
+                            str(ck)], tmp_path, timeout=300)  # fmt: skip
+    assert exported.returncode == 0, exported.stderr
+    new_text = tmp_path / "new" / "new.txt"
+    new_text.parent.mkdir()
+    new_text.write_text(corpus.read_text().replace(" the ", " thé "), encoding="utf-8")
+    shape = {"--units", "--embedding-dim"}
+    settings = [s for i, s in enumerate(SETTINGS) if s not in shape and (i == 0 or SETTINGS[i - 1] not in shape)]
+    cluster_dir = tmp_path / "cluster"
+    cluster_dir.mkdir()
+    args = [str(new_text), *settings, "--epochs", "1", "--init-from", str(export), "--run", "ft", "--checkpoint-dir",
+            str(ck)]  # fmt: skip
+    workers = start_workers(cluster_dir, args, free_ports(2))
+    assert finish(workers) == [0, 0], [log.read_text() for _, log in workers]
+    chief, other = (epoch_lines(log) for _, log in workers)
+    assert chief[0]["loss"] == pytest.approx(other[0]["loss"], rel=1e-6)
+    config = json.loads((ck / "ft" / "config.json").read_text())
+    assert config["init_from"]["name"] == "base" and config["init_from"]["export"] == "litert"
