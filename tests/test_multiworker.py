@@ -168,14 +168,9 @@ def test_sigterm_on_one_worker_stops_the_cluster_cleanly_with_a_resumable_run(tm
     assert final["finished"] == "epochs" and final["step"] > state["step"]
 
 
-@pytest.mark.slow
-def test_two_workers_fine_tune_from_a_run_in_the_shared_checkpoint_dir(tmp_path: Path, corpus: Path) -> None:
-    """Each worker reads the base run where it plans (the other worker from a scratch copy), and both plan the same
-    run: the base's directory is the one setting their configs may differ in."""
-    ck = tmp_path / "ck"
-    base = run_textgen(["train", str(corpus), *SETTINGS, "--epochs", "1", "--run", "base", "--checkpoint-dir",
-                        str(ck)], tmp_path, timeout=300)  # fmt: skip
-    assert base.returncode == 0, base.stderr
+def fine_tune_in_a_cluster(tmp_path: Path, corpus: Path, ck: Path, init_from: str) -> dict:
+    """Two workers fine-tune ``init_from`` on a text with a character the base never saw (run "ft" in ``ck``); both
+    must finish and agree on the first epoch's loss. The new run's config."""
     new_text = tmp_path / "new" / "new.txt"
     new_text.parent.mkdir()
     new_text.write_text(corpus.read_text().replace(" the ", " thé "), encoding="utf-8")
@@ -183,50 +178,40 @@ def test_two_workers_fine_tune_from_a_run_in_the_shared_checkpoint_dir(tmp_path:
     settings = [s for i, s in enumerate(SETTINGS) if s not in shape and (i == 0 or SETTINGS[i - 1] not in shape)]
     cluster_dir = tmp_path / "cluster"
     cluster_dir.mkdir()
-    args = [
-        str(new_text),
-        *settings,
-        "--epochs",
-        "1",
-        "--init-from",
-        "base",
-        "--run",
-        "ft",
-        "--checkpoint-dir",
-        str(ck),
-    ]
-    workers = start_workers(cluster_dir, args, free_ports(2))
-    assert finish(workers) == [0, 0], [log.read_text() for _, log in workers]
-    chief, other = (epoch_lines(log) for _, log in workers)
-    assert chief[0]["loss"] == pytest.approx(other[0]["loss"], rel=1e-6)
-    config = json.loads((ck / "ft" / "config.json").read_text())
-    assert config["init_from"]["name"] == "base"
-    assert config["init_from"]["source"] == str((ck / "base").resolve())
-
-
-@pytest.mark.slow  # ~40 s: a third training cluster; the export's read-back is tested in test_finetune.py
-def test_two_workers_fine_tune_from_a_float_export(tmp_path: Path, corpus: Path) -> None:
-    """Each worker reads the export's weights back itself, into its own scratch file: both plan the same run."""
-    ck = tmp_path / "ck"
-    base = run_textgen(["train", str(corpus), *SETTINGS, "--epochs", "1", "--run", "base", "--checkpoint-dir",
-                        str(ck)], tmp_path, timeout=300)  # fmt: skip
-    assert base.returncode == 0, base.stderr
-    export = tmp_path / "exports" / "base-litert"
-    exported = run_textgen(["export", "--run", "base", "--format", "litert", "-o", str(export), "--checkpoint-dir",
-                            str(ck)], tmp_path, timeout=300)  # fmt: skip
-    assert exported.returncode == 0, exported.stderr
-    new_text = tmp_path / "new" / "new.txt"
-    new_text.parent.mkdir()
-    new_text.write_text(corpus.read_text().replace(" the ", " thé "), encoding="utf-8")
-    shape = {"--units", "--embedding-dim"}
-    settings = [s for i, s in enumerate(SETTINGS) if s not in shape and (i == 0 or SETTINGS[i - 1] not in shape)]
-    cluster_dir = tmp_path / "cluster"
-    cluster_dir.mkdir()
-    args = [str(new_text), *settings, "--epochs", "1", "--init-from", str(export), "--run", "ft", "--checkpoint-dir",
+    args = [str(new_text), *settings, "--epochs", "1", "--init-from", init_from, "--run", "ft", "--checkpoint-dir",
             str(ck)]  # fmt: skip
     workers = start_workers(cluster_dir, args, free_ports(2))
     assert finish(workers) == [0, 0], [log.read_text() for _, log in workers]
     chief, other = (epoch_lines(log) for _, log in workers)
     assert chief[0]["loss"] == pytest.approx(other[0]["loss"], rel=1e-6)
-    config = json.loads((ck / "ft" / "config.json").read_text())
+    return json.loads((ck / "ft" / "config.json").read_text())
+
+
+def train_base(tmp_path: Path, corpus: Path, ck: Path) -> None:
+    base = run_textgen(["train", str(corpus), *SETTINGS, "--epochs", "1", "--run", "base", "--checkpoint-dir",
+                        str(ck)], tmp_path, timeout=300)  # fmt: skip
+    assert base.returncode == 0, base.stderr
+
+
+@pytest.mark.slow
+def test_two_workers_fine_tune_from_a_run_in_the_shared_checkpoint_dir(tmp_path: Path, corpus: Path) -> None:
+    """Each worker reads the base run where it plans (the other worker from a scratch copy), and both plan the same
+    run: the base's directory is the one setting their configs may differ in."""
+    ck = tmp_path / "ck"
+    train_base(tmp_path, corpus, ck)
+    config = fine_tune_in_a_cluster(tmp_path, corpus, ck, "base")
+    assert config["init_from"]["name"] == "base"
+    assert config["init_from"]["source"] == str((ck / "base").resolve())
+
+
+@pytest.mark.slow  # ~55 s, as the one above: a training cluster; the export's read-back is tested in test_finetune.py
+def test_two_workers_fine_tune_from_a_float_export(tmp_path: Path, corpus: Path) -> None:
+    """Each worker reads the export's weights back itself, into its own scratch file: both plan the same run."""
+    ck = tmp_path / "ck"
+    train_base(tmp_path, corpus, ck)
+    export = tmp_path / "exports" / "base-litert"
+    exported = run_textgen(["export", "--run", "base", "--format", "litert", "-o", str(export), "--checkpoint-dir",
+                            str(ck)], tmp_path, timeout=300)  # fmt: skip
+    assert exported.returncode == 0, exported.stderr
+    config = fine_tune_in_a_cluster(tmp_path, corpus, ck, str(export))
     assert config["init_from"]["name"] == "base" and config["init_from"]["export"] == "litert"
