@@ -15,6 +15,8 @@ from textgen import api
 from textgen.artifact import INFO_FILE, MANIFEST_FILE
 from textgen.checkpoint import Run
 from textgen.config import SampleConfig
+from textgen.generation import RowSettings
+from textgen.npsampling import row_uniforms
 from textgen.runtime import open_artifact
 from textgen.sampling import Generator
 
@@ -118,6 +120,36 @@ def test_litert_step_logits_are_the_run_step_logits(
         np.testing.assert_allclose(got, want, atol=tolerance * max(1.0, float(np.abs(want).max())))
         states = states_want
     assert len(states_got) == 2
+
+
+@pytest.mark.parametrize("variant", ["run", "litert", "savedmodel"])
+@pytest.mark.parametrize("prompts", [("the quick ", "a", "the lazy dog "), ("the quick ", "the lazy dog ")])
+def test_prompts_fed_inside_a_call_are_each_read_alone_then_drawn(
+    variant: str, prompts: tuple[str, ...], exports: dict[str, Path], run: Run
+) -> None:
+    """A server's call feeds each row its prompt and draws after it; where every row still reads, the call draws
+    nothing (the second case's first 10 steps). Either way each row gets what reading its prompt alone and then
+    drawing at the same uniforms gives."""
+    sampler = Generator.from_run(run) if variant == "run" else open_artifact(exports[variant])[0]
+    encoded = sampler.encode_prompts(prompts)
+    rows, steps = len(prompts), 20
+    forced = np.full([steps, rows], -1, np.int32)
+    for row, ids in enumerate(encoded):
+        forced[: len(ids), row] = ids
+    draws = row_uniforms(np.full(rows, 5), np.zeros(rows), np.arange(rows), steps)
+    settings = SampleConfig(temperature=1.0)
+    start = np.zeros([rows, sampler.vocab.size], np.float32)
+    ids, logits, states = sampler.generate_steps(
+        start, sampler.zero_states(rows), draws, RowSettings.of(settings, rows), forced
+    )
+    for row, prompt in enumerate(encoded):
+        read_logits, read_states = sampler.read(prompt[None, :], sampler.zero_states(1))
+        drawn, alone_logits, alone_states = sampler.generate_steps(
+            read_logits, read_states, draws[len(prompt) :, row : row + 1], RowSettings.of(settings, 1)
+        )
+        assert ids[row].tolist() == prompt.tolist() + drawn[0].tolist()
+        np.testing.assert_allclose(logits[row], alone_logits[0], atol=1e-4)
+        np.testing.assert_allclose(states[0][row], alone_states[0][0], atol=1e-5)
 
 
 INT8_BOUND = 0.02  # nats/char: the issue's bound on what int8 weights may cost

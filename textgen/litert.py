@@ -94,9 +94,12 @@ class LiteRTGenerator(Sampler):
     ) -> tuple[np.ndarray, np.ndarray, States]:
         out = np.empty([len(logits), len(uniforms)], np.int32)
         for t, u in enumerate(uniforms):
-            ids = choose_next(logits, settings.temperature, settings.top_k, settings.top_p, u)
-            if forced is not None:
-                ids = np.where(forced[t] >= 0, forced[t], ids).astype(np.int32)
+            if forced is not None and (forced[t] >= 0).all():  # every row reads its prompt: nothing to draw
+                ids = forced[t]
+            else:
+                ids = choose_next(logits, settings.temperature, settings.top_k, settings.top_p, u)
+                if forced is not None:
+                    ids = np.where(forced[t] >= 0, forced[t], ids).astype(np.int32)
             out[:, t] = ids
             logits, states = self.step(ids, states)
         return out, logits, states

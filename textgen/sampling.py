@@ -225,7 +225,7 @@ class Generator(Sampler):
             logits, states = self.step(ids[:, t], states)
             return t + 1, logits, states
 
-        _, logits, states = tf.while_loop(lambda t, *_: t < steps, body, (tf.constant(0), logits, states))
+        _, logits, states = run_unrolled(body, (tf.constant(0), logits, states), lambda t, *_: steps - t, UNROLL)
         return logits, states
 
     def _draw_impl(
@@ -260,6 +260,17 @@ class Generator(Sampler):
             return t + 1, logits, states, tokens.write(t, ids)
 
         carry = (tf.constant(0), logits, states, tf.TensorArray(tf.int32, size=steps))
+        if forced is not None:
+            prompt_ids = forced
+
+            def read(t: tf.Tensor, logits: tf.Tensor, states: tuple, tokens: tf.TensorArray) -> tuple:
+                logits, states = self.step(prompt_ids[t], states)
+                return t + 1, logits, states, tokens.write(t, prompt_ids[t])
+
+            # The first steps, in which every row reads its prompt, draw nothing: a lone request's prompt costs a
+            # reading step, 72-80 us at batch 1 against 100-124 for a step that draws and discards (alternating runs).
+            reading = tf.reduce_sum(tf.math.cumprod(tf.cast(tf.reduce_all(forced >= 0, axis=1), tf.int32)))
+            carry = run_unrolled(read, carry, lambda t, *_: reading - t, UNROLL)
         _, logits, states, tokens = run_unrolled(advance, carry, lambda t, *_: steps - t, UNROLL)
         return tf.transpose(tokens.stack()), logits, states
 
