@@ -191,9 +191,15 @@ def test_prompts_read_on_arrival_give_the_same_text(sampler, monkeypatch) -> Non
     # Calls of 4 steps: a prompt of 4 or more ids is read on arrival, a shorter one by the call itself.
     monkeypatch.setattr(engine_module, "CALL_CHARS", 4)
     monkeypatch.setattr(engine_module, "MIN_STEPS", 4)
-    reads: list[tuple[int, ...]] = []
-    read = sampler.read
-    monkeypatch.setattr(sampler, "read", lambda ids, states: reads.append(ids.shape) or read(ids, states))
+    fed: list[tuple[int, int]] = []  # (rows, steps) of each call that fed prompt ids
+    generate = sampler.generate_steps
+
+    def spy(logits, states, uniforms, settings, forced=None):
+        if forced is not None:
+            fed.append((forced.shape[1], forced.shape[0]))
+        return generate(logits, states, uniforms, settings, forced)
+
+    monkeypatch.setattr(sampler, "generate_steps", spy)
     engine = Engine(sampler, slots=8, max_queue=8, prefill=64)
     engine.start()
     try:
@@ -205,7 +211,10 @@ def test_prompts_read_on_arrival_give_the_same_text(sampler, monkeypatch) -> Non
         tiny_text = tiny.wait().texts[0]
     finally:
         engine.close()
-    assert reads == [(2, sampler.encode_prompts(["The old "])[0].size)]
+    # The two rows of "The old " read it in a call of their own and drew their first characters in it; every other
+    # call is one of the batch's, of 4 steps.
+    newcomers = (2, sampler.encode_prompts(["The old "])[0].size + engine_module.FIRST_CHARS)
+    assert fed.count(newcomers) == 1 and all(steps <= 4 for rows, steps in fed if (rows, steps) != newcomers)
     assert [texts[0], texts[1]] == sampler.generate(
         ["The old "] * 2, SampleConfig(length=200, num=2, temperature=0.9, seed=4)
     )

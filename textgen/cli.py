@@ -774,8 +774,8 @@ def serve(
     prefill: Annotated[
         int,
         typer.Option(
-            help="Read prompts of up to N characters on arrival, apart from the batch: a sooner first character, "
-            "paid for by the other streams (0: read every prompt in the batch)"
+            help="Read prompts of up to N characters on arrival and draw the first characters, apart from the "
+            "batch: a sooner first character, paid for by the other streams (0: read every prompt in the batch)"
         ),
     ] = SERVING.prefill,
 ) -> None:

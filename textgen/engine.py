@@ -4,6 +4,8 @@ The engine holds ``slots`` rows of LSTM state. One scheduler thread repeats a ro
 
 * requests that were cancelled or ran out of time leave their rows (or the queue);
 * waiting requests take free rows, their states reset to zero;
+* newcomers with a prompt of up to ``prefill`` ids read it and draw their first characters in a call of their own,
+  at their small batch (a quick first character; the others wait the ~10 ms it takes);
 * every busy row advances in one ``Sampler.generate_steps`` call: a row still reading its prompt is fed its next
   ids in the call (and starts drawing in it once the prompt ends), the others draw. The batch is the busy rows
   only (one request runs at the single-stream speed), and a call is short (``CALL_CHARS`` characters over all
@@ -36,11 +38,14 @@ from textgen.npsampling import row_uniforms
 
 log = logging.getLogger(__name__)
 
-# Characters per generate call over all busy rows: the default model (1 x 512) runs 1,024 in ~20 ms at batch 64
-# and ~30 ms at batch 4 on 2 cores, so a newcomer waits about that long to join (benchmarks/serve.py). Per row
-# at least MIN_STEPS (fewer calls cost Python time per character) and at most MAX_STEPS.
-CALL_CHARS = 1024
-MIN_STEPS, MAX_STEPS = 16, 256
+# Characters per generate call over all busy rows: the default model (1 x 512) runs 2,048 in ~40 ms at batch 64 on
+# 2 cores, so a newcomer waits about that long to join. Per row at least MIN_STEPS and at most MAX_STEPS. At 64
+# clients (benchmarks/serve.py, mixed load, 15 s, alternating): 32 steps gave 0.67-0.71 of offline in 4 loads, 16
+# steps 0.62-0.65 and 64 steps 0.66-0.75, with the 100-character prompts' first character p95 at 79-121 ms, 63-73
+# and 161-183 (over the 150 ms target).
+CALL_CHARS = 2048
+MIN_STEPS, MAX_STEPS = 32, 256
+FIRST_CHARS = 8  # characters a newcomer draws in the call that reads its prompt on arrival
 IDLE_WAIT = 0.05  # seconds a round with nothing to do waits for a request (or a drain's deadline)
 
 
@@ -344,41 +349,37 @@ class Engine:
                 self._finish(slot, Finish.timeout)
             elif self.drain_deadline is not None and now >= self.drain_deadline:
                 self._finish(slot, Finish.shutdown)
-        self._prefill()
-        self._advance()
+        self._start_newcomers()
+        self._advance([i for i, row in enumerate(self.rows) if row is not None], self._call_steps())
 
-    def _prefill(self) -> None:
-        """Rows that have just arrived with a prompt of at most ``prefill`` ids read it whole, in calls of their own
-        (one per prompt length) at their small batch, where a step costs a fraction of one at the full batch: their
-        first character comes sooner, and the other rows wait for those calls. A prompt the next call reads whole
-        anyway is left to it: reading it apart would cost a batch-1 read (~4x a row's share of a batch-64 step per
-        character) and gain nothing."""
+    def _start_newcomers(self) -> None:
+        """Rows that have just arrived with a prompt of at most ``prefill`` ids read it and draw their first
+        characters in a call of their own, at their small batch, where a step costs a fraction of one at the full
+        batch: those characters go out while the batch's call runs, and the other rows wait for this call. A prompt
+        the batch's next call reads whole is left to it: reading it apart would cost a small batch's steps and gain
+        little."""
         steps = self._call_steps()
-        lengths: dict[int, list[int]] = {}
-        for slot, row in enumerate(self.rows):
-            if row is not None and row.read == 0 and row.generated == 0 and steps <= len(row.prompt) <= self.prefill:
-                lengths.setdefault(len(row.prompt), []).append(slot)
-        for length, slots in lengths.items():
-            rows = [r for r in (self.rows[i] for i in slots) if r is not None]
-            logits, states = self.sampler.read(np.stack([r.prompt for r in rows]), tuple(s[slots] for s in self.states))
-            self._store(slots, logits, states)
-            for row in rows:
-                row.read = length
+        lengths = {
+            slot: len(row.prompt)
+            for slot, row in enumerate(self.rows)
+            if row is not None and row.read == 0 and row.generated == 0 and steps <= len(row.prompt) <= self.prefill
+        }
+        if lengths:
+            self._advance(list(lengths), max(lengths.values()) + FIRST_CHARS)
 
     def _call_steps(self) -> int:
         """Steps per row of the next generate call: ``CALL_CHARS`` over the busy rows, within the bounds."""
         busy = max(1, self.busy_rows)
         return max(MIN_STEPS, min(MAX_STEPS, CALL_CHARS // busy))
 
-    def _advance(self) -> None:
-        """One generate call for every busy row: rows still reading their prompt are fed its next ids (forced),
-        and draw once it ends, in the same call; the rest draw."""
-        slots = [i for i, row in enumerate(self.rows) if row is not None]
+    def _advance(self, slots: list[int], steps: int) -> None:
+        """One generate call of at most ``steps`` for the rows in ``slots``: rows still reading their prompt are fed
+        its next ids (forced), and draw once it ends, in the same call; the rest draw."""
         rows = [r for r in (self.rows[i] for i in slots) if r is not None]
         if not rows:
             return
         left = max(len(r.prompt) - r.read + r.ticket.job.max_chars - r.generated for r in rows)
-        steps = min(left, self._call_steps())
+        steps = min(left, steps)
         forced = np.full([steps, len(rows)], -1, np.int32)
         reads = np.array([min(steps, len(r.prompt) - r.read) for r in rows])
         for b, (row, n) in enumerate(zip(rows, reads, strict=True)):
