@@ -38,12 +38,13 @@ from textgen.npsampling import row_uniforms
 
 log = logging.getLogger(__name__)
 
-# Characters per generate call over all busy rows: the default model (1 x 512) runs 2,048 in ~40 ms at batch 64 on
-# 2 cores, so a newcomer waits about that long to join. Per row at least MIN_STEPS and at most MAX_STEPS. At 64
-# clients (benchmarks/serve.py, mixed load, 15 s, alternating): 32 steps gave 0.67-0.71 of offline in 4 loads, 16
-# steps 0.62-0.65 and 64 steps 0.66-0.75, with the 100-character prompts' first character p95 at 79-121 ms, 63-73
-# and 161-183 (over the 150 ms target).
-CALL_CHARS = 2048
+# Characters per generate call over all busy rows: the default model (1 x 512) runs 1,024 in ~20 ms on 2 cores at
+# batch 4 to 64, so a newcomer waits about that long to join. Per row at least MIN_STEPS and at most MAX_STEPS.
+# At 64 clients (benchmarks/serve.py, mixed load, 15 s, alternating): 32 steps gave 0.67-0.71 of offline in 4
+# loads, 16 steps 0.62-0.65 and 64 steps 0.66-0.75, with the 100-character prompts' first character p95 at 79-121
+# ms, 63-73 and 161-183 (over the 150 ms target). 2,048 characters a call at 8 clients took that p95 from ~96 ms
+# to 134, for nothing.
+CALL_CHARS = 1024
 MIN_STEPS, MAX_STEPS = 32, 256
 FIRST_CHARS = 8  # characters a newcomer draws in the call that reads its prompt on arrival
 IDLE_WAIT = 0.05  # seconds a round with nothing to do waits for a request (or a drain's deadline)
