@@ -9,7 +9,7 @@ import time
 from collections import defaultdict
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from textgen import engine as engine_module
@@ -114,9 +114,11 @@ def test_a_long_prompt_is_read_in_pieces_while_others_stream(engine) -> None:
     stops=st.lists(st.text(alphabet="abc", min_size=1, max_size=4), max_size=3),
     cuts=st.lists(st.integers(0, 40), max_size=6),
 )
+@example(text="aca", stops=["c", "aca"], cuts=[2])  # "c" is completed first, whether "aca" comes whole or not
 def test_stop_sequences_are_trimmed_alike_however_the_stream_is_split(text, stops, cuts) -> None:
-    first = min((i for i in (text.find(s) for s in stops) if i >= 0), default=None)
-    expected = text if first is None else text[:first]
+    # The first stop sequence to be completed, the earlier-starting of two completed together: (end, start).
+    first = min(((start + len(s), start) for s in stops if (start := text.find(s)) >= 0), default=None)
+    expected = text if first is None else text[: first[1]]
     scanner, sent, stopped = StopScanner(tuple(stops)), "", False
     bounds = sorted({0, len(text), *(c for c in cuts if c <= len(text))})
     for start, end in itertools.pairwise(bounds):

@@ -102,8 +102,10 @@ Listener = Callable[[Event], None]
 
 
 class StopScanner:
-    """Cuts a stream of text before the first of ``stops`` and holds back a tail that may begin one, so the pieces
-    it lets out join into exactly the text a whole response holds, wherever the stream's pieces split."""
+    """Cuts a stream of text before the first of ``stops`` to be completed (of two completed by the same character,
+    the one that began first) and holds back a tail that may begin one, so the pieces it lets out join into exactly
+    the text a whole response holds, wherever the stream's pieces split. (The first to begin would depend on the
+    split: "ac" then "a" completes "c" before "aca" is known.)"""
 
     def __init__(self, stops: tuple[str, ...]) -> None:
         self.stops = tuple(s for s in stops if s)
@@ -112,10 +114,10 @@ class StopScanner:
     def push(self, text: str) -> tuple[str, bool]:
         """What may be sent of the text so far, and whether a stop sequence ended it."""
         buffer = self.held + text
-        cuts = [i for i in (buffer.find(s) for s in self.stops) if i >= 0]
-        if cuts:
+        found = [(start + len(s), start) for s in self.stops if (start := buffer.find(s)) >= 0]  # (end, start)
+        if found:
             self.held = ""
-            return buffer[: min(cuts)], True
+            return buffer[: min(found)[1]], True
         keep = max((k for s in self.stops for k in range(len(s) - 1, 0, -1) if buffer.endswith(s[:k])), default=0)
         self.held = buffer[len(buffer) - keep :]
         return buffer[: len(buffer) - keep], False
