@@ -225,7 +225,7 @@ class Generator(Sampler):
             logits, states = self.step(ids[:, t], states)
             return t + 1, logits, states
 
-        _, logits, states = run_unrolled(body, (tf.constant(0), logits, states), lambda t, *_: steps - t, UNROLL)
+        _, logits, states = tf.while_loop(lambda t, *_: t < steps, body, (tf.constant(0), logits, states))
         return logits, states
 
     def _draw_impl(
