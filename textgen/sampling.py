@@ -261,7 +261,7 @@ class Generator(Sampler):
 
         carry = (tf.constant(0), logits, states, tf.TensorArray(tf.int32, size=steps))
         if forced is not None:
-            prompt_ids = forced
+            prompt_ids = forced  # not None inside the closure, for the type checker
 
             def read(t: tf.Tensor, logits: tf.Tensor, states: tuple, tokens: tf.TensorArray) -> tuple:
                 logits, states = self.step(prompt_ids[t], states)
