@@ -269,8 +269,18 @@ def test_an_export_without_float_weights_is_refused(
     assert not (checkpoints / "refused").exists()
 
 
-@pytest.mark.parametrize("format", ["litert", "savedmodel"])
-@pytest.mark.parametrize(("layers", "layer_norm"), [(2, False), (1, True), (2, True)])
+# 11-18 s each. By default: each format, each kind of layer, 2 layers; the rest with -m slow (the suite ~10 min).
+@pytest.mark.parametrize(
+    ("format", "layers", "layer_norm"),
+    [
+        ("litert", 2, False),
+        ("savedmodel", 2, True),
+        pytest.param("litert", 2, True, marks=pytest.mark.slow),
+        pytest.param("savedmodel", 2, False, marks=pytest.mark.slow),
+        pytest.param("litert", 1, True, marks=pytest.mark.slow),
+        pytest.param("savedmodel", 1, True, marks=pytest.mark.slow),
+    ],
+)
 def test_the_weights_read_out_of_an_export_are_the_model_s(
     tmp_path: Path, format: str, layers: int, layer_norm: bool
 ) -> None:

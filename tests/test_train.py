@@ -572,9 +572,15 @@ def test_cosine_schedule_anneals_over_the_epochs_when_they_end_first(
     assert "lr_schedule" not in Run(result.path).load_state().callbacks  # no plateau cuts on top
 
 
+# 12-13 s each. By default: each schedule, and --anneal given; the defaults with -m slow (the suite ~10 min).
 @pytest.mark.parametrize(
     ("schedule", "given", "anneal"),
-    [("cosine", {}, 1.0), ("hold", {}, 0.2), ("hold", {"anneal": 0.5}, 0.5), ("cosine", {"anneal": 0.5}, 1.0)],
+    [
+        pytest.param("cosine", {}, 1.0, marks=pytest.mark.slow),
+        pytest.param("hold", {}, 0.2, marks=pytest.mark.slow),
+        ("hold", {"anneal": 0.5}, 0.5),
+        ("cosine", {"anneal": 0.5}, 1.0),
+    ],
 )
 def test_a_schedule_with_a_budget_anneals_to_zero_by_the_deadline(
     tmp_path: Path,
