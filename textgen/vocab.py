@@ -50,7 +50,6 @@ class Vocabulary:
 
     chars: tuple[str, ...]
     # Lookup tables derived from chars in __post_init__.
-    _codes: np.ndarray = field(init=False, repr=False, compare=False)
     _decode_table: np.ndarray = field(init=False, repr=False, compare=False)
     _encode_table: np.ndarray = field(init=False, repr=False, compare=False)
 
@@ -88,7 +87,6 @@ class Vocabulary:
 
     def __post_init__(self) -> None:
         self_codes = np.array([ord(c) for c in self.chars], dtype=np.uint32)
-        object.__setattr__(self, "_codes", self_codes)
         decode_table = np.concatenate([[ord(UNKNOWN_CHAR)], self_codes]).astype(np.uint32)
         object.__setattr__(self, "_decode_table", decode_table)
         # A dense code point -> id table over all of Unicode (1.1 MB of uint8 ids), so encoding is one lookup
@@ -123,9 +121,8 @@ class Vocabulary:
 
     def unknown_chars(self, text: str) -> list[str]:
         """The distinct characters of ``text`` that are not in the vocabulary, sorted."""
-        codes = np.unique(_codepoints(text))
-        missing = ~np.isin(codes, self._codes)
-        return [chr(c) for c in codes[missing]]
+        codes = _codepoints(text)
+        return [chr(c) for c in np.unique(codes[self._encode_table[codes] == UNKNOWN_ID])]
 
     def unknown_note(self, prompt: str) -> str | None:
         """What the sampler skips of ``prompt`` (characters the model has never seen), or None."""
