@@ -39,7 +39,8 @@ from textgen.npsampling import row_uniforms
 log = logging.getLogger(__name__)
 
 # Characters per generate call over all busy rows: the default model (1 x 512) runs 1,024 in ~20 ms on 2 cores at
-# batch 4 to 64, so a newcomer waits about that long to join. Per row at least MIN_STEPS and at most MAX_STEPS.
+# batch 4 to 64, so a newcomer waits about that long to join. Per row at least MIN_STEPS and at most MAX_STEPS, so
+# above 32 rows a call is longer: 2,048 characters, ~40 ms, at 64.
 # At 64 clients (benchmarks/serve.py, mixed load, 15 s, alternating): 32 steps gave 0.67-0.71 of offline in 4
 # loads, 16 steps 0.62-0.65 and 64 steps 0.66-0.75, with the 100-character prompts' first character p95 at 79-121
 # ms, 63-73 and 161-183 (over the 150 ms target). 2,048 characters a call at 8 clients took that p95 from ~96 ms
