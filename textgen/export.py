@@ -178,8 +178,14 @@ def export_module(generator: Generator) -> tuple[tf.Module, dict[str, tf.types.e
     )
     def generate(prompt: tf.Tensor, length: tf.Tensor, temperature: tf.Tensor, top_k: tf.Tensor, top_p: tf.Tensor,
                  seed: tf.Tensor) -> dict[str, tf.Tensor]:  # fmt: skip
-        tf.debugging.assert_positive(length, message="length must be at least 1")
-        tf.debugging.assert_positive(tf.shape(prompt)[1], message="the prompt must hold at least one id")
+        checks = [
+            tf.debugging.assert_positive(length, message="length must be at least 1"),
+            tf.debugging.assert_positive(tf.shape(prompt)[1], message="the prompt must hold at least one id"),
+        ]
+        # Without the dependency the graph may run the draw loop first, and a length of 0 then fails inside it
+        # with TensorFlow's own message instead of this one (it did so once in CI).
+        with tf.control_dependencies(checks):
+            prompt, length = tf.identity(prompt), tf.identity(length)
         zeros = tf.zeros([tf.shape(prompt)[0], cfg.units])
         logits, states = generator.feed_function(prompt, tuple(zeros for _ in names))
         # The graph's own seeded stream (textgen's uniforms are made in NumPy, outside the graph).
