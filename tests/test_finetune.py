@@ -225,8 +225,10 @@ def test_bad_fine_tuning_flags_get_one_line(checkpoints: Path, tmp_path: Path, f
     assert not (checkpoints / "refused").exists()
 
 
+# 10-12 s each; float16 weights with -m slow.
 @pytest.mark.parametrize(("format", "quantize", "tolerance"),
-                         [("savedmodel", "none", 0.0), ("litert", "none", 0.0), ("litert", "float16", 1e-3)])  # fmt: skip
+                         [("savedmodel", "none", 0.0), ("litert", "none", 0.0),
+                          pytest.param("litert", "float16", 1e-3, marks=pytest.mark.slow)])  # fmt: skip
 def test_a_float_export_starts_a_run_with_its_run_s_weights(
     checkpoints: Path, tmp_path: Path, format: str, quantize: str, tolerance: float
 ) -> None:

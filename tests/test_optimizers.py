@@ -77,7 +77,10 @@ def _plan(base: Path, name: str, resume: bool = False, **training):
     )
 
 
-@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+# ~11-14 s each: adam (the default) and sgd (momentum) by default, the others with -m slow (the suite ~10 min).
+@pytest.mark.parametrize(
+    "optimizer", [o if o in ("adam", "sgd") else pytest.param(o, marks=pytest.mark.slow) for o in OPTIMIZERS]
+)
 def test_each_optimizer_trains_on_the_fast_path_and_resumes_with_its_state(tmp_path: Path, optimizer: str) -> None:
     """Two epochs in one go and one epoch plus a resumed one end on the same weights only if the resumed run
     got the optimizer's moments, momentum and step count back."""

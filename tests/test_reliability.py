@@ -167,7 +167,8 @@ def test_a_second_trainer_fails_at_once_naming_the_first(tmp_path: Path, corpus:
 # --- 2. every stop signal saves ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+# 8 s each: SIGHUP, handled by the same code as SIGTERM, with -m slow.
+@pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGHUP, marks=pytest.mark.slow)])
 def test_sigterm_and_sighup_save_like_ctrl_c(tmp_path: Path, corpus: Path, sig: signal.Signals) -> None:
     proc, out = start_training(
         tmp_path, "tiny.txt", *TINY_FLAGS, "--epochs", "50", "--checkpoint-dir", "ck", "--run", "r"

@@ -206,7 +206,10 @@ def assert_same_last_weights(first: Run, second: Run) -> None:
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize(("accumulate", "shift_windows"), [(1, False), (2, False), (1, True)])
+# ~12-15 s each; --shift-windows with -m slow (test_shifted_windows_move_each_epoch_by_the_runs_seed is its own).
+@pytest.mark.parametrize(
+    ("accumulate", "shift_windows"), [(1, False), (2, False), pytest.param(1, True, marks=pytest.mark.slow)]
+)
 def test_a_run_stopped_mid_epoch_and_resumed_ends_where_an_uninterrupted_one_does(
     tmp_path: Path, tiny_corpus: Path, accumulate: int, shift_windows: bool
 ) -> None:
@@ -237,7 +240,8 @@ def test_a_run_stopped_mid_epoch_and_resumed_ends_where_an_uninterrupted_one_doe
     assert_same_last_weights(*runs.values())
 
 
-@pytest.mark.parametrize("accumulate", [1, 2])
+# ~13-17 s each; two accumulation groups with -m slow (resuming mid-epoch tests putting their states back).
+@pytest.mark.parametrize("accumulate", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_validating_mid_epoch_leaves_training_as_it_was(tmp_path: Path, tiny_corpus: Path, accumulate: int) -> None:
     """An interim validation (tune's, for its pruner) runs the streams through the validation split; the training
     streams' states (each accumulation group's too) are put back, so the run makes the same updates as without
@@ -558,7 +562,8 @@ def test_early_stopping_does_not_count_the_epochs_before_the_anneal(hold_epochs:
     assert stopping.best == 1.5
 
 
-@pytest.mark.parametrize("time_budget", [None, 3600.0])  # a budget the epochs end long before
+# A budget the epochs end long before: with -m slow (6 s; the budget schedules are tested below).
+@pytest.mark.parametrize("time_budget", [None, pytest.param(3600.0, marks=pytest.mark.slow)])
 def test_cosine_schedule_anneals_over_the_epochs_when_they_end_first(
     tmp_path: Path, tiny_corpus: Path, time_budget: float | None
 ) -> None:
