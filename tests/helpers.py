@@ -8,6 +8,7 @@ import random
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -128,6 +129,16 @@ def assert_one_line_error(result, *fragments: str) -> str:
     for fragment in fragments:
         assert fragment in lines[0]
     return lines[0]
+
+
+def wait_until(condition: Callable[[], object], what: str, timeout: float = 10.0) -> None:
+    """Poll ``condition`` until it holds; fail saying ``what`` did not happen. Generous: how soon it happens is for a
+    benchmark to measure (benchmarks/serve.py), not for tests sharing 2 cores with another test process."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} within {timeout:.0f}s")
+        time.sleep(0.01)
 
 
 def wait_for(path: Path, text: str, proc: subprocess.Popen, timeout: float = 120) -> None:
