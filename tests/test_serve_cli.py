@@ -76,7 +76,7 @@ def test_sigterm_drains_running_streams_and_exits_0(server) -> None:
         server.proc.send_signal(signal.SIGTERM)
         sent_at = time.monotonic()
         rest = [line[6:] for line in lines if line.startswith("data: ")]
-    assert time.monotonic() - sent_at < 5, "the stream did not end within a few seconds"
+    assert time.monotonic() - sent_at < 10, "the stream did not end soon after --drain's 3 s"
     assert rest[-1] == "[DONE]"
     assert json.loads(rest[-2])["choices"][0]["finish_reason"] == "shutdown"
     assert server.proc.wait(15) == 0, server.output.read_text()
