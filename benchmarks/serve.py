@@ -4,7 +4,8 @@
 (C = 1, 8, 64, 256) for ``--seconds`` each, arriving over its first second. Every client loops: a streamed
 completion with a prompt of 10, 100 or 1,000 characters of the corpus and 50, 300 or 1,000 characters to generate,
 picked at random (seeded); a 429 waits its Retry-After. The clients speak HTTP/1.1 on raw asyncio streams, so that
-the client side costs little of the 2 cores the server needs.
+the client side costs little of the 2 cores the server needs, and each keeps its connection open from one request to
+the next, as OpenAI's Python client does (``--connection close``: a new connection for every request).
 
 Reported per C: the total characters per second (prompt characters read plus characters generated, as LLM serving
 benchmarks count tokens: reading a character costs the model a step as generating one does) and the generated ones
@@ -58,33 +59,63 @@ class Load:
         self.errors[kind] = self.errors.get(kind, 0) + 1
 
 
-async def request(
-    host: str, port: int, body: dict[str, Any]
-) -> tuple[int, dict[str, str], asyncio.StreamReader, asyncio.StreamWriter]:
-    """POST /v1/completions; the status, the headers and the connection (the body unread)."""
-    reader, writer = await asyncio.open_connection(host, port)
-    payload = json.dumps(body).encode()
-    head = (
-        f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
-    )
-    writer.write(head.encode() + payload)
-    await writer.drain()
-    status_line = await reader.readline()
-    status = int(status_line.split()[1])
-    headers = {}
-    while (line := await reader.readline()) not in (b"\r\n", b""):
-        name, _, value = line.decode().partition(":")
-        headers[name.strip().lower()] = value.strip()
-    return status, headers, reader, writer
+@dataclass
+class Connection:
+    """A client's HTTP/1.1 connection to the server: kept open from one request to the next, as OpenAI's Python
+    client (httpx's pool) keeps it, or opened for each request (``--connection close``)."""
+
+    host: str
+    port: int
+    keep_alive: bool = True
+    reader: asyncio.StreamReader | None = None
+    writer: asyncio.StreamWriter | None = None
+
+    async def post(self, body: dict[str, Any]) -> tuple[int, dict[str, str], asyncio.StreamReader]:
+        """POST /v1/completions; the status, the headers and the reader of the body (unread)."""
+        payload = json.dumps(body).encode()
+        head = (
+            f"POST /v1/completions HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\nConnection: {'keep-alive' if self.keep_alive else 'close'}\r\n\r\n"
+        )
+        reused = self.writer is not None
+        if self.reader is None or self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        self.writer.write(head.encode() + payload)
+        await self.writer.drain()
+        status_line = await self.reader.readline()
+        if not status_line and reused:  # the server closed the idle connection first: open another
+            self.close()
+            return await self.post(body)
+        status = int(status_line.split()[1])
+        headers = {}
+        while (line := await self.reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode().partition(":")
+            headers[name.strip().lower()] = value.strip()
+        return status, headers, self.reader
+
+    async def skip_body(self, headers: dict[str, str]) -> None:
+        """Read a whole (non-streamed) body, so the connection can take the next request."""
+        assert self.reader is not None
+        await self.reader.readexactly(int(headers.get("content-length", "0")))
+
+    def done(self, whole: bool) -> None:
+        """After a response: keep the connection only if its body was read to its end."""
+        if not (self.keep_alive and whole):
+            self.close()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
 
 
 async def sse_texts(reader: asyncio.StreamReader) -> AsyncIterator[list[str]]:
-    """The choice texts of a chunked server-sent-event body, a list per network chunk (None at the finish)."""
+    """The choice texts of a chunked server-sent-event body, a list per network chunk."""
     buffer = b""
     while True:
         size = int((await reader.readline()).strip() or b"0", 16)
         if size == 0:
+            await reader.readline()  # the blank line that ends a chunked body
             return
         buffer += (await reader.readexactly(size + 2))[:-2]  # a chunk ends with CRLF; an event may span chunks
         *events, buffer = buffer.split(b"\n\n")
@@ -98,7 +129,7 @@ async def sse_texts(reader: asyncio.StreamReader) -> AsyncIterator[list[str]]:
             yield texts
 
 
-async def client(host: str, port: int, model: str, corpus: str, load: Load, end: float, rng: random.Random) -> None:
+async def client(connection: Connection, model: str, corpus: str, load: Load, end: float, rng: random.Random) -> None:
     # Clients arrive over the first second, as users do, not all in one instant: 64 requests at once would wait for
     # one another's prompts, and at 64 clients that burst alone is over 5% of the requests of a 20 s load.
     await asyncio.sleep(rng.random())
@@ -107,15 +138,15 @@ async def client(host: str, port: int, model: str, corpus: str, load: Load, end:
         start = rng.randrange(len(corpus) - prompt_chars)
         body = {"model": model, "prompt": corpus[start : start + prompt_chars], "max_tokens": out_chars, "stream": True}
         sent = time.monotonic()
-        writer = None
+        whole = False
         try:
-            status, headers, reader, writer = await asyncio.wait_for(request(host, port, body), 30)
-            if status == 429:
-                load.error("429")
-                await asyncio.sleep(float(headers.get("retry-after", "1")))
-                continue
+            status, headers, reader = await asyncio.wait_for(connection.post(body), 30)
             if status != 200:
                 load.error(str(status))
+                await connection.skip_body(headers)
+                whole = True
+                if status == 429:
+                    await asyncio.sleep(float(headers.get("retry-after", "1")))
                 continue
             last = None
             async for texts in sse_texts(reader):
@@ -134,21 +165,24 @@ async def client(host: str, port: int, model: str, corpus: str, load: Load, end:
                 last = now
             else:
                 load.completed += 1
+                whole = True
         except asyncio.TimeoutError:
             load.error("hang (no answer in 30 s)")
         except (OSError, ValueError, asyncio.IncompleteReadError) as exc:
             load.error(type(exc).__name__)
         finally:
-            if writer is not None:
-                writer.close()
+            connection.done(whole)
+    connection.close()
 
 
-async def drive(host: str, port: int, model: str, corpus: str, clients: int, seconds: float) -> Load:
+async def drive(
+    host: str, port: int, model: str, corpus: str, clients: int, seconds: float, keep_alive: bool = True
+) -> Load:
     load = Load(clients)
     started = time.monotonic()
     end = started + seconds
     rngs = [random.Random(1000 * clients + i) for i in range(clients)]
-    tasks = [client(host, port, model, corpus, load, end, rngs[i]) for i in range(clients)]
+    tasks = [client(Connection(host, port, keep_alive), model, corpus, load, end, rngs[i]) for i in range(clients)]
     await asyncio.wait_for(asyncio.gather(*tasks), seconds + 60)
     load.seconds = min(time.monotonic(), end) - started
     return load
@@ -159,10 +193,11 @@ async def leave_early(host: str, port: int, model: str, clients: int) -> None:
 
     async def one() -> None:
         body = {"model": model, "prompt": "The ", "max_tokens": 100_000, "stream": True}
-        _, _, reader, writer = await request(host, port, body)
+        connection = Connection(host, port)
+        _, _, reader = await connection.post(body)
         async for _ in sse_texts(reader):
             break
-        writer.close()
+        connection.close()
 
     await asyncio.gather(*(one() for _ in range(clients)))
 
@@ -235,6 +270,12 @@ def main() -> None:
     parser.add_argument("--outputs", type=int, nargs="+", default=list(OUTPUTS), help="output lengths to pick from")
     parser.add_argument("--json", action="store_true", help="one JSON object instead of a table")
     parser.add_argument("--serve-flags", nargs="*", default=[], help="more flags for textgen serve, e.g. --prefill=128")
+    parser.add_argument(
+        "--connection",
+        choices=["keep-alive", "close"],
+        default="keep-alive",
+        help="keep each client's connection open between its requests (as OpenAI's client does), or not",
+    )
     args = parser.parse_args()
 
     corpus = args.corpus.read_text(encoding="utf-8-sig")[:2_000_000]
@@ -253,7 +294,9 @@ def main() -> None:
             offline_before = offline_rate(sampler, batch, offline_seconds)
             before = first_char_buckets(url)
             cpu_before = cpu_seconds(proc.pid), time.process_time()
-            load = asyncio.run(drive(host, int(port), args.run, corpus, clients, args.seconds))
+            load = asyncio.run(
+                drive(host, int(port), args.run, corpus, clients, args.seconds, args.connection == "keep-alive")
+            )
             cpu_server, cpu_clients = cpu_seconds(proc.pid) - cpu_before[0], time.process_time() - cpu_before[1]
             time.sleep(0.5)
             after = first_char_buckets(url)
