@@ -91,6 +91,7 @@ def test_train_help_shows_examples() -> None:
         (["--epochs", "-1"], "--epochs must be a positive integer up to 2,147,483,647 (got -1)"),
         (["--time-budget", "abc"], "--time-budget must be a duration like 90s, 30m or 1h30m (got 'abc')"),
         (["--time-budget", "0"], "--time-budget must be positive"),
+        (["--time-budget", "+1m"], "--time-budget +1m00s adds time to a run you resume: add --resume"),
         (["--dropout", "1.5"], "--dropout must be in [0, 1) (got 1.5)"),
         (["--batch-size", "0"], "--batch-size must be a positive integer up to 2,147,483,647 (got 0)"),
         (["--seq-len", "-4"], "--seq-len must be a positive integer up to 2,147,483,647 (got -4)"),

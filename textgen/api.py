@@ -37,6 +37,7 @@ from textgen.config import (
 )
 from textgen.corpus import resolve_corpora
 from textgen.device import apply_profile, configure_for_inference, import_tensorflow, resolve_profile
+from textgen.durations import format_seconds
 from textgen.errors import ConfigError
 from textgen.idcache import cache_root
 from textgen.recipe import BEST_RECIPE, apply_recipe, read_recipe, recipe_base
@@ -242,6 +243,12 @@ def _check_train_settings(
         PruneConfig(**{**prune.given(), "source": ""})
     if threads is not None and not 0 < threads <= 1024:
         raise ConfigError(f"--threads must be between 1 and 1024 (got {threads})")
+    if training.more_time is not None and not saved:  # forgetting --resume must not start a second run quietly
+        more = format_seconds(training.more_time)
+        raise ConfigError(
+            f"--time-budget +{more} adds time to a run you resume: add --resume (the latest run, or --run NAME), "
+            f"or give --time-budget {more} for a new run"
+        )
     if saved and device != "auto" and saved.profile.name != device:
         raise ConfigError(
             f"run {run_name or 'the latest'!r} was trained with the {saved.profile.name} profile; a resumed run "

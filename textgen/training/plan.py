@@ -122,8 +122,6 @@ def plan_training(
     names = [corpus] if isinstance(corpus, str) else list(corpus or [])
     data_given, model_given, training_given = (s.given() if s else {} for s in (data, model, training))
     more_time = training.more_time if training else None
-    if more_time is not None and not resume:  # a new run has trained nothing: +30m is 30m
-        training_given["time_budget"] = more_time
     ensure_writable(checkpoint_dir)
     if resume:
         run = find_run(checkpoint_dir, run_name)
