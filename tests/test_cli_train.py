@@ -116,10 +116,11 @@ def test_bad_flag_values(workdir: Path, flags: list[str], fragment: str) -> None
             "invalid value for '--device': 'tpu' is not one of 'auto', 'cpu', 'gpu'",
         ),
         (["train", "x.txt", "--lr-schedule", "step"], "invalid value for '--lr-schedule': 'step' is not one of"),
-        (["train", "x.txt", "--units", "many"], "invalid value for '--units'"),
+        (["train", "x.txt", "--units", "many"], "invalid value for '--units': not a whole number"),
+        (["sample", "--temp", "warm"], "invalid value for '--temp': not a number"),
         (["evaluate", "--split", "train"], "invalid value for '--split': 'train' is not one of 'test', 'val'"),
         (["sample", "--bogus"], "no such option --bogus for sample"),
-        (["trian"], "no such command 'trian'"),
+        (["trian"], "no such command 'trian' (did you mean 'train'?)"),
         (["export"], "missing option '--format'. Choose from: litert, savedmodel"),
     ],
 )

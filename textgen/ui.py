@@ -136,10 +136,20 @@ def show_os_error(err_console: Console, exc: OSError) -> None:
     err_console.print(f"[red]error:[/] {escape(where + (exc.strerror or str(exc)))}; check the path and free space")
 
 
+# Typer words a value that is not a number as pydantic does.
+_NOT_A_NUMBER = {
+    "Input should be a valid number, unable to parse string as a number": "not a number",
+    "Input should be a valid integer, unable to parse string as an integer": "not a whole number",
+}
+
+
 def show_usage_error(err_console: Console, message: str, ctx: Any) -> None:
     """One of click's usage errors (a bad choice, an unknown option) on one line, with where to find help."""
     # Typer words choices as pydantic errors, and lists a missing option's choices one per line.
     message = " ".join(message.replace("Value error, ", "").split()).rstrip(".")
+    for pydantic, plain in _NOT_A_NUMBER.items():
+        message = message.replace(pydantic, plain)
+    message = re.sub(r"\. Did you mean (.*)\?$", r" (did you mean \1?)", message)  # click's, for a command
     where = f"; see {ctx.command_path} --help" if ctx is not None else ""
     err_console.print(f"[red]error:[/] {escape(message[:1].lower() + message[1:])}{where}")
 
