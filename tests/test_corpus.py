@@ -105,6 +105,13 @@ def test_unknown_name_says_where_it_looked(in_tmp: Path, monkeypatch: pytest.Mon
     assert "'my_book.txt' not found" in message
     assert "corpora" in message and str(in_tmp / "shelf") in message
     assert "--download" not in message  # not a Project Gutenberg name
+    assert "TEXTGEN_CORPUS_PATH (not set)" not in message
+
+
+def test_an_unset_corpus_path_is_named_where_it_looked(in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TEXTGEN_CORPUS_PATH", raising=False)
+    with pytest.raises(CorpusError, match=r"looked in \., corpora, \$TEXTGEN_CORPUS_PATH \(not set\)"):
+        resolve_corpus("my_book.txt")
 
 
 def test_gutenberg_name_not_found_suggests_download(in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -79,6 +79,8 @@ def resolve_corpus(name: str, download: bool = False) -> Path:
         if candidate.is_file():
             return candidate
     looked = ", ".join(str(d) for d in [path.parent if str(path.parent) != "." else Path("."), *dirs])
+    if not os.environ.get(CORPUS_PATH_ENV):
+        looked += f", ${CORPUS_PATH_ENV} (not set)"
     number = gutenberg_number(name)
     if number is None:
         raise CorpusError(f"corpus {name!r} not found (looked in {looked}); give a path to a text file")
