@@ -377,8 +377,13 @@ def test_weights_from_another_model(tmp_path: Path, trained_run) -> None:
 def test_missing_best_weights(tmp_path: Path, trained_run) -> None:
     run = trained_run.copy_to(tmp_path)
     run.best_weights_path.unlink()
-    with pytest.raises(CheckpointError, match="no saved weights yet"):
-        run.load_weights(build_model(run.load_config().model, 2))
+    model = build_model(run.load_config().model, 2)
+    with pytest.raises(CheckpointError, match=r"no best weights yet .*use --last"):  # a run stopped mid-epoch
+        run.load_weights(model)
+    run.load_weights(model, "last")
+    (run.path / run.load_state().last_weights).unlink()
+    with pytest.raises(CheckpointError, match="no saved weights yet; train it first"):
+        run.load_weights(model)
 
 
 @pytest.mark.parametrize("damage", ["bad-zip", "truncate", "empty", "garbage", "missing"])

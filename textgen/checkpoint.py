@@ -350,6 +350,11 @@ class Run:
         """The weights file for ``best`` or ``last``."""
         path = self.best_weights_path if which == "best" else self.path / self.load_state().last_weights
         if not path.is_file():
+            if which == "best" and self.is_usable("last"):  # stopped before its first epoch's end, say
+                raise CheckpointError(
+                    f"{path} is missing: the run has no best weights yet (they are saved when an epoch ends); "
+                    "use --last for the weights of its last resume point, or train it further"
+                )
             raise CheckpointError(f"{path} is missing: the run has no saved weights yet; train it first")
         return path
 
