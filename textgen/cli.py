@@ -837,7 +837,10 @@ The directory holds the network and textgen.json (vocabulary, model config); not
 
 @app.command(epilog=EXPORT_EXAMPLES)
 def export(
-    format: Annotated[ExportFormat, typer.Option(help="litert: a .tflite next-token step; savedmodel: TensorFlow's")],
+    format: Annotated[
+        ExportFormat,
+        typer.Option(help="litert: a .tflite next-token step; savedmodel: a SavedModel for TensorFlow Serving"),
+    ],
     run: RunOption = None,
     checkpoint_dir: CheckpointDirOption = DEFAULT_CHECKPOINT_DIR,
     last: LastOption = False,
