@@ -17,6 +17,7 @@ from textgen.device import CPU
 from textgen.errors import CheckpointError, ConfigError, TrainingInterrupted
 from textgen.model import build_model
 from textgen.results import EpochLog, StopReason
+from textgen.runs import run_summary
 from textgen.settings import DataSettings, ModelSettings, TrainSettings
 from textgen.training.loop import train
 from textgen.training.plan import TrainPlan, plan_training
@@ -650,6 +651,10 @@ def test_the_time_budget_is_the_runs_and_a_resumed_run_trains_for_what_is_left(
     result = train(resume_plan(tmp_path, time_budget=budget), clock)
     assert result.stop_reason == "time_budget"
     assert (clock.batches, plan.run.load_state().seconds) == (64, budget)  # not another `before`
+    # The epochs it reports are counted as textgen runs and the page count them: complete ones, and batches.
+    state, summary = plan.run.load_state(), run_summary(plan.run)
+    assert (result.epochs, result.batches_into_epoch) == (summary.epochs, summary.batches_into_epoch)
+    assert (result.epochs, result.batches_into_epoch) == (state.epoch, state.batch) == divmod(spe + 1 + 64, spe)
     rates = [row["learning_rate"] for row in read_history(plan.run.path)]
     assert len(rates) > 1 and rates == sorted(rates, reverse=True)
     last = spe + 1 + 64 - 1  # the run's last batch: annealed to zero by the run's deadline

@@ -56,6 +56,7 @@ def test_json_is_every_field_of_the_result(tmp_path: Path) -> None:
         "unknown_chars": 0,
         "chief": True,
         "stop_requested": None,
+        "batches_into_epoch": 0,
         "best_val_bpc": pytest.approx(1.5 / math.log(2)),
     }
 

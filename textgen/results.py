@@ -115,7 +115,7 @@ class TrainResult:
 
     run: str
     path: Path
-    epochs: int  # epochs trained so far, all invocations
+    epochs: int  # complete epochs trained so far, all invocations
     best_val_loss: float
     stop_reason: StopReason
     seconds: float  # trained by the run, all invocations
@@ -126,6 +126,7 @@ class TrainResult:
     unknown_chars: int = 0  # characters of the corpus --max-vocab mapped to the unknown id
     chief: bool = True  # whether this process wrote the run (the other workers of a cluster do not)
     stop_requested: str | None = None  # a stop signal that came as the last epoch ended (the run finished anyway)
+    batches_into_epoch: int = 0  # of the epoch a time budget cut (the run resumes there), as RunSummary's
     best_val_bpc: float = field(init=False)
 
     def __post_init__(self) -> None:

@@ -205,7 +205,15 @@ def _add_run_routes(app: FastAPI, checkpoint_dir: Path | None) -> None:
                 else None
             )
             nats = None if s.best_val_bpc is None else s.best_val_bpc * math.log(2)
-            listed.append({"name": s.run, "epochs": s.epochs, "best_val_loss": nats, "curve": curve})
+            listed.append(
+                {
+                    "name": s.run,
+                    "epochs": s.epochs,
+                    "batches_into_epoch": s.batches_into_epoch,
+                    "best_val_loss": nats,
+                    "curve": curve,
+                }
+            )
         return {"runs": listed}
 
     @app.get("/runs/{name}/loss.svg")
@@ -263,7 +271,8 @@ def card_of_run(summary: RunSummary, model: ModelConfig, vocab_size: int) -> Mod
     training = {
         "best_val_loss": nats,
         "best_val_bpc": summary.best_val_bpc,
-        "epochs": summary.epochs,
+        "epochs": summary.epochs,  # complete ones, and the batches of one cut short: as textgen runs shows them
+        "batches_into_epoch": summary.batches_into_epoch,
         "train_seconds": summary.seconds,
         "corpus": summary.corpus,
     }

@@ -346,7 +346,9 @@ def show_train_result(console: Console, result: TrainResult, as_json: bool) -> N
         print(json_line(result, event="done"), flush=True)
         return
     if not result.chief:
-        console.print(f"done ({result.stop_reason.label}) after {result.epochs} epochs; the chief worker saved the run")
+        console.print(
+            f"done ({result.stop_reason.label}) after {epochs_trained(result)}; the chief worker saved the run"
+        )
         return
     run = Run(result.path)
     took = format_seconds(result.session_seconds)
@@ -356,7 +358,7 @@ def show_train_result(console: Console, result: TrainResult, as_json: bool) -> N
         else took
     )
     console.print(
-        f"done ({result.stop_reason.label}) after {result.epochs} epoch{'' if result.epochs == 1 else 's'} in {trained}: "
+        f"done ({result.stop_reason.label}) after {epochs_trained(result)} in {trained}: "
         f"best validation {result.best_val_loss:.4f} nats/char ({result.best_val_bpc:.3f} bits/char), "
         f"last epoch {result.chars_per_sec:,.0f} chars/s",
         highlight=False,
@@ -370,8 +372,9 @@ def further(run: Run, result: TrainResult) -> str:
     """How to train ``run`` further, in words and as a command: both flags when the budget ran out in the last
     epoch."""
     more, what = [], []
-    if result.max_epochs is not None and result.epochs >= result.max_epochs:
-        more.append(f" --epochs {result.epochs + 10}")
+    entered = result.epochs + (1 if result.batches_into_epoch else 0)  # the epoch it resumes in counts
+    if result.max_epochs is not None and entered >= result.max_epochs:
+        more.append(f" --epochs {entered + 10}")
         what.append("10 more epochs")
     if result.stop_reason is StopReason.TIME_BUDGET:
         more.append(f" --time-budget {MORE_TIME}")
@@ -508,7 +511,7 @@ def show_runs(console: Console, runs: list[RunSummary], checkpoint_dir: Path, as
             r.run,
             r.corpus,
             r.model,
-            epochs_cell(r.epochs, r.batches_into_epoch, r.steps),
+            epochs_cell(r.epochs, r.batches_into_epoch),
             f"{r.best_val_bpc:.3f}" if r.best_val_bpc is not None else "-",
             f"{r.seconds / 60:.1f} min",
             r.status,
@@ -544,10 +547,12 @@ def show_runs(console: Console, runs: list[RunSummary], checkpoint_dir: Path, as
             console.print(f"{r.run}: {r.problem or r.made_from}", markup=False, highlight=False)
 
 
-def epochs_cell(epochs: int, batches_into_epoch: int, steps: int) -> str:
-    """Epochs trained, with the fraction of one cut short (e.g. 5.2); "0 + 89 batches" before the first ends."""
-    if not batches_into_epoch:
-        return str(epochs)
-    if not epochs:
-        return f"0 + {batches_into_epoch} batches"
-    return f"{epochs + batches_into_epoch / ((steps - batches_into_epoch) / epochs):.1f}"
+def epochs_cell(epochs: int, batches_into_epoch: int) -> str:
+    """Complete epochs, and the batches of one cut short: "5", "5 + 89 batches" (the page shows them alike)."""
+    return f"{epochs} + {batches_into_epoch} batches" if batches_into_epoch else str(epochs)
+
+
+def epochs_trained(result: TrainResult) -> str:
+    """ "1 epoch", "5 epochs", "5 epochs and 89 batches": the numbers ``epochs_cell`` shows."""
+    text = f"{result.epochs} epoch{'' if result.epochs == 1 else 's'}"
+    return f"{text} and {result.batches_into_epoch} batches" if result.batches_into_epoch else text

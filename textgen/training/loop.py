@@ -126,6 +126,7 @@ def _train(
         run=run.name,
         path=run.path,
         epochs=session.epochs_done,
+        batches_into_epoch=session.batches_into_epoch,
         best_val_loss=checkpoint.best_val_loss,
         stop_reason=reason,
         seconds=clock.elapsed(),
@@ -151,7 +152,8 @@ class _Session:
     checkpoint: RunCheckpoint
     callbacks: keras.callbacks.CallbackList
     steps: int  # batches in every epoch
-    epochs_done: int = 0
+    epochs_done: int = 0  # complete ones
+    batches_into_epoch: int = 0  # of the one a time budget cut
     clock: Clock = field(init=False)
     batches_done: int = 0  # by this invocation
     first_batch_at: float | None = None  # this invocation's agreed seconds when its first batch ended
@@ -165,7 +167,7 @@ class _Session:
         """Train epoch after epoch from where the plan starts, until a stop reason; the last epoch's log."""
         resume, run, cfg = self.plan.resume_state, self.plan.run, self.plan.config
         first = resume.epoch if resume else 0
-        self.epochs_done = first
+        self.epochs_done, self.batches_into_epoch = first, resume.batch if resume else 0
         self.progress.start(self.plan, self.steps)
         self.callbacks.on_train_begin()
         self.checkpoint.restore(resume)
@@ -276,6 +278,7 @@ class _Session:
         checkpoint, steps = self.checkpoint, self.steps
         # Commit the training before validating: a kill during validation costs only the validation.
         checkpoint.save_resume_point(epoch, done.batch, self.clock.elapsed(), done)
+        self.epochs_done, self.batches_into_epoch = epoch, done.batch
         if reason is StopReason.INTERRUPTED and done.batch < steps:  # after the last batch: end the epoch first
             raise self.interrupted(f"stopped at epoch {epoch + 1}, batch {done.batch}/{steps}")
         if reason is StopReason.PRUNED:  # by the judge, mid-epoch: it has its validation
@@ -284,7 +287,8 @@ class _Session:
         # A time budget that cut the epoch resumes where training stopped, not at the next epoch.
         checkpoint.resume_at = (epoch, done.batch, done) if log.partial else (epoch + 1, 0, None)
         self.callbacks.on_epoch_end(epoch, log.metrics())  # the checkpoint commits the epoch there
-        self.epochs_done = epoch + 1
+        if not log.partial:
+            self.epochs_done, self.batches_into_epoch = epoch + 1, 0
         self.progress.epoch_end(log)
         if self.judge is not None and self.judge.should_stop(log.seconds, log.val_loss):
             self.stopper.request(StopReason.PRUNED)
