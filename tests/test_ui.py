@@ -244,6 +244,24 @@ def test_the_live_bar_shows_no_numbers_before_the_first_batch() -> None:
     assert "loss 2.000 (2.885 bpc)" in frame() and "chars/s" in frame()
 
 
+@pytest.mark.parametrize("width", [80, 100, 140])
+def test_the_live_bar_fits_the_terminal_and_its_eta_ends_with_the_budget(width: int) -> None:
+    """In 80 columns nothing is cut to "…" (the bar and the elapsed time are left out below 130); an epoch the
+    budget ends early shows the run's time left, not the whole epoch's."""
+    display = ui.TrainingDisplay(Console(file=io.StringIO(), force_terminal=True, width=width))
+    display.epochs, display.steps, display.chars_per_step, display.budget = None, 400, 6400, 300.5
+    display.epoch_begin(0, 0)
+    display.started = display.epoch_started = display.epoch_started - 100.0  # 100 batches in 100 s
+    display.batch_end(99, 2.0)
+    out = io.StringIO()
+    Console(file=out, width=width, color_system=None).print(display.progress.get_renderable())
+    frame = out.getvalue()
+    assert "…" not in frame and len(frame.splitlines()) == 1, frame
+    assert "100/400" in frame and "6,400 chars/s  loss 2.000" in frame
+    assert ("━" in frame) == (width >= ui.TrainingDisplay.WIDE)
+    assert "eta 3m20s" in frame and "run" not in frame  # 300 batches left (5m00s), but 200 s of the budget
+
+
 def test_the_start_up_summary_is_a_readable_block() -> None:
     """The settings that matter as labelled lines, not a line of every key=value (those are in config.json)."""
     from textgen.config import DataConfig, ModelConfig, PruneConfig, RunConfig, TrainConfig

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from rich import box
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from textgen.checkpoint import Run, resume_hint
@@ -184,20 +184,21 @@ class TrainingDisplay:
 
     LOG_EVERY = 60.0  # seconds between plain progress lines when the output is not a terminal
     EXPECT_AFTER = 10.0  # seconds of training before the run's expected duration is said
+    WIDE = 130  # columns the whole bar needs; narrower, the bar, the elapsed time and bits/char are left out
 
     def __init__(self, console: Console, as_json: bool = False) -> None:
         self.console, self.as_json = console, as_json
         self.live = not as_json and console.is_terminal
+        # In 80 or 100 columns every column would be cut to "…" (a new user's report): fewer columns instead.
+        self.wide = console.width >= self.WIDE
         self.progress = Progress(
             TextColumn("[bold]epoch {task.fields[epoch]}"),
-            BarColumn(),
+            *([BarColumn(bar_width=24)] if self.wide else []),
             MofNCompleteColumn(),
             TextColumn("{task.fields[measured]}"),  # empty until the epoch's first batch gives a number
-            TimeElapsedColumn(),
+            *([TimeElapsedColumn()] if self.wide else []),
             TextColumn("{task.description}"),
-            TextColumn("eta"),
-            TimeRemainingColumn(),
-            TextColumn("{task.fields[run_eta]}"),
+            TextColumn("{task.fields[eta]}"),
             console=console,
             transient=True,
             disable=not self.live,
@@ -245,7 +246,7 @@ class TrainingDisplay:
     def epoch_begin(self, epoch: int, first_batch: int) -> None:
         self.epoch, self.first_batch, self.epoch_started = epoch, first_batch, time.monotonic()
         self.task = self.progress.add_task(
-            "", total=self.steps, completed=first_batch, epoch=self._epoch_label(epoch), measured="", run_eta=""
+            "", total=self.steps, completed=first_batch, epoch=self._epoch_label(epoch), measured="", eta=""
         )
 
     def batch_end(self, batch: int, loss: float) -> None:
@@ -254,7 +255,12 @@ class TrainingDisplay:
         measured = f"{rate:>7,.0f} chars/s  loss {loss:.3f} ({bits(loss):.3f} bpc)"
         left = self.run_left(batch, now)
         run_eta = f"run {format_seconds(left)}" if left is not None and self.epochs != self.epoch + 1 else ""
-        self.progress.update(self.task, completed=batch + 1, measured=measured, run_eta=run_eta)
+        epoch_left = (self.steps - batch - 1) * (now - self.epoch_started) / (batch + 1 - self.first_batch)
+        if left is not None and left < epoch_left:  # the budget ends the run inside this epoch
+            epoch_left, run_eta = left, ""
+        eta = f"eta {format_seconds(epoch_left)}{f', {run_eta}' if run_eta else ''}"
+        shown = measured if self.wide else f"{rate:,.0f} chars/s  loss {loss:.3f}"
+        self.progress.update(self.task, completed=batch + 1, measured=shown, eta=eta)
         if self.as_json:
             return
         if not self.expected_said and now - self.epoch_started >= self.EXPECT_AFTER:
@@ -262,7 +268,6 @@ class TrainingDisplay:
             self.console.print(self.expectation(batch, rate, now), highlight=False, markup=False, soft_wrap=True)
         if not self.live and now - self.logged_at >= self.LOG_EVERY:
             self.logged_at = now
-            epoch_left = (self.steps - batch - 1) * (now - self.epoch_started) / (batch + 1 - self.first_batch)
             self.console.print(
                 f"epoch {self._epoch_label(self.epoch)}  batch {batch + 1}/{self.steps}  {measured.strip()}  "
                 f"eta epoch {format_seconds(epoch_left)}{f', {run_eta}' if run_eta else ''}",
