@@ -524,7 +524,7 @@ def test_time_budget_stops_mid_epoch(tmp_path: Path, tiny_corpus: Path, monkeypa
     plan = new_plan(tmp_path, tiny_corpus, time_budget=0.5, epochs=50)  # 32 batches of the first epoch's 48
     assert steps_per_epoch(len(plan.splits.train), TINY_DATA["batch_size"], TINY_DATA["seq_len"]) > 32
     result = train(plan, clock)
-    assert (result.stop_reason, result.epochs, clock.batches) == ("time_budget", 1, 32)
+    assert (result.stop_reason, result.epochs, result.batches_into_epoch, clock.batches) == ("time_budget", 0, 32, 32)
     assert len(read_history(Run(result.path).path)) == 1
     state = Run(result.path).load_state()
     assert state.finished == "time_budget"
