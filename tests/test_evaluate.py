@@ -301,3 +301,21 @@ def test_the_quality_frontier_sets_each_budget_beside_pytorch(monkeypatch: pytes
     assert rows[0] == "| 7m | 3 | 17,000 | 1.2500 | - | - |"  # no reference at 7 minutes
     assert rows[1] == "| 10m | 3 | 17,000 | 1.2500 | 1.298 | -0.0480 |"
     assert rows[2] == "| 20m | 3 | 17,000 | 1.2500 | 1.231 | +0.0190 |"
+
+
+MISSING_FILE_WITHOUT_TENSORFLOW = """
+import sys
+from textgen.cli import main
+sys.argv = ["textgen", "evaluate", "missing.txt", "--checkpoint-dir", sys.argv[1]]
+try:
+    main()
+except SystemExit as exit:
+    assert exit.code == 1, exit.code
+assert "tensorflow" not in sys.modules, "TensorFlow was imported"
+"""
+
+
+def test_a_missing_file_to_score_is_refused_before_tensorflow_loads(trained_run, tmp_path: Path) -> None:
+    result = run_python(["-c", MISSING_FILE_WITHOUT_TENSORFLOW, str(trained_run.run.path.parent)], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "corpus 'missing.txt' not found" in result.stderr
