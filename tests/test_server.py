@@ -258,3 +258,14 @@ def test_an_api_key_is_required_when_set(trained_run, sampler) -> None:
         assert client.get("/v1/models", headers={"Authorization": "Bearer s3cret"}).status_code == 200
         assert client.get("/health").status_code == 200  # probes need no key
         assert client.get("/info").json()["auth"] is True
+
+
+def test_an_export_answers_to_its_run_s_name_too() -> None:
+    """A client written against the run's server (model="wp") goes on working when the run's export is served."""
+    from textgen.completion import ApiError, ModelCard, check_model
+
+    card = ModelCard("wp-litert-int8", "litert", 90, 512, 1, 64, 1, {"run": "wp", "weights": "best"})
+    check_model("wp-litert-int8", card)
+    check_model("wp", card)
+    with pytest.raises(ApiError, match="this server serves 'wp-litert-int8'"):
+        check_model("gpt-4", card)

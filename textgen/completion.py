@@ -148,7 +148,9 @@ class Metrics:
 
 
 def check_model(name: str, card: ModelCard) -> None:
-    if name != card.model:
+    """404 unless ``name`` is the served model's, or the name of the run an export was made from (a client of the
+    run's server goes on working when an export of it is served instead)."""
+    if name not in (card.model, card.training.get("run", card.model)):
         message = f"the model {name!r} is not served here; this server serves {card.model!r} (GET /v1/models)"
         raise ApiError(404, message, "model", kind="not_found")
 
