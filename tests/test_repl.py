@@ -235,7 +235,8 @@ def test_context_off_starts_each_prompt_fresh(generator) -> None:
     session.handle("a ")
     greedy = SampleConfig(length=30, temperature=0.0, seed=0)
     expected = generator.generate(["the "], greedy)[0] + "\n" + generator.generate(["a "], greedy)[0] + "\n"
-    assert out.getvalue() == "context off\n" + expected
+    assert out.getvalue() == session.describe() + "\n" + expected
+    assert session.describe().endswith("context off")
 
 
 # --- textgen repl in a pseudo-terminal ----------------------------------------------------------

@@ -22,7 +22,7 @@ Commands:
   :temp T       temperature (0 = greedy)        :len N     characters per answer
   :topk K       keep the K likeliest (0 = off)  :topp P    nucleus mass in (0, 1] (1 = off)
   :seed S       fixed seed (or 'none')          :num N     samples per prompt
-  :context on|off   carry the conversation on (on) or start each prompt fresh (off)
+  :context on|off   on (the default): go on from the last answer; off: each prompt alone
   :settings     show the settings               :help      this text      :quit  exit"""
 
 GREETING = f"{HELP.splitlines()[0]} Type :help for commands."
@@ -75,7 +75,7 @@ class Session:
         elif words[0] == "context" and len(words) == 2 and words[1] in ("on", "off"):
             self.carry_context = words[1] == "on"
             self.state = None
-            print(f"context {words[1]}", file=self.out)
+            print(self.describe(), file=self.out)  # as every setting: the whole line
         elif words[0] in _SETTINGS and len(words) == 2:
             self.set(words[0], words[1])
         else:
