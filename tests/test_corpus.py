@@ -263,6 +263,15 @@ def test_empty_file(tmp_path: Path, content: bytes) -> None:
         read_corpus(path)
 
 
+def test_a_file_of_no_bytes_is_refused_as_the_corpus_is_found(tmp_path: Path) -> None:
+    """Before TensorFlow loads (train and evaluate find the corpus first), also among other books."""
+    (tmp_path / "books").mkdir()
+    (tmp_path / "books" / "one.txt").write_text("some text", encoding="utf-8")
+    (tmp_path / "books" / "two.txt").write_bytes(b"")
+    with pytest.raises(CorpusError, match=r"two\.txt is empty; give a plain-text file"):
+        resolve_corpora([str(tmp_path / "books")])
+
+
 def test_binary_file(tmp_path: Path) -> None:
     path = tmp_path / "model.bin"
     path.write_bytes(b"\x89HDF\r\n\x1a\n\x00\x00\x00\x00\x08\x08\x00\x04")

@@ -35,7 +35,7 @@ from textgen.config import (
     check_fits_in_memory,
     settings_given,
 )
-from textgen.corpus import resolve_corpora, resolve_corpus
+from textgen.corpus import resolve_corpora
 from textgen.device import apply_profile, configure_for_inference, import_tensorflow, resolve_profile
 from textgen.durations import format_seconds
 from textgen.errors import ConfigError
@@ -370,8 +370,8 @@ def evaluate(
             raise ConfigError("an exported --model has no corpus splits: give a text FILE to score")
         return evaluate_artifact(model, file, encoding, streams)
     run = find_run(checkpoint_dir, run_name, which)
-    if file is not None:  # a missing file is said at once, not after TensorFlow's ~3 s
-        resolve_corpus(file)
+    if file is not None:  # a missing or empty file is said at once, not after TensorFlow's ~3 s
+        resolve_corpora([file])
     import_tensorflow()
     configure_for_inference()
     from textgen.evaluate import evaluate_run

@@ -116,7 +116,14 @@ def resolve_corpora(names: list[str], download: bool = False) -> list[Path]:
         else:
             found = [resolve_corpus(name, download=download)]
         files.update((p.resolve(), None) for p in found)
+    if empty := next((p for p in files if p.stat().st_size == 0), None):  # said at once, not after TensorFlow's ~3 s
+        raise empty_file(empty)
     return list(files)
+
+
+def empty_file(path: Path) -> CorpusError:
+    """The error for a corpus file with no text in it (no bytes, found as it is named; or only whitespace, as read)."""
+    return CorpusError(f"{path} is empty; give a plain-text file with some text in it")
 
 
 def _glob_files(pattern: str) -> list[Path]:
@@ -506,7 +513,7 @@ def scan_text(path: Path, codec: str, strip_boilerplate: bool = True) -> TextSca
             pieces.append((offset + a, *char_counts(chunk[a:b])))
         offset += len(chunk)
     if not _has_text(pieces):
-        raise CorpusError(f"{path} is empty; give a plain-text file with some text in it")
+        raise empty_file(path)
     start = starts[0] if starts else 0
     end = next((e for e in ends if e >= start), offset)
     kept = [p for p in pieces if start <= p[0] < end]
