@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from textgen import corpus
+from textgen import corpus, gutenberg
 from textgen.corpus import (
     HEAD_BYTES,
     available_memory,
@@ -385,10 +385,10 @@ def server() -> Iterator[str]:
 def serve(server: str, in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
     """Point the downloader at routes of the local server, with no proxy in between."""
     monkeypatch.setenv("no_proxy", "*")
-    monkeypatch.setattr(corpus, "GUTENBERG_MAX_BYTES", SMALL_CAP * 2)
+    monkeypatch.setattr(gutenberg, "GUTENBERG_MAX_BYTES", SMALL_CAP * 2)
 
     def point(*routes: str) -> None:
-        monkeypatch.setattr(corpus, "_GUTENBERG_URLS", tuple(f"{server}/{route}/{{n}}" for route in routes))
+        monkeypatch.setattr(gutenberg, "GUTENBERG_URLS", tuple(f"{server}/{route}/{{n}}" for route in routes))
 
     return point
 
@@ -439,7 +439,7 @@ def test_download_failures(in_tmp: Path, server: str, serve: Callable[..., None]
 def test_a_slow_download_stops_at_the_deadline(
     in_tmp: Path, server: str, serve: Callable[..., None], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(corpus, "DOWNLOAD_DEADLINE_S", 1.0)
+    monkeypatch.setattr(gutenberg, "DOWNLOAD_DEADLINE_S", 1.0)
     serve("slow", "book")
     message = download_error(in_tmp)
     received = re.search(r"too slow: ([\d,]+) bytes in", message)
@@ -451,7 +451,7 @@ def test_a_slow_download_stops_at_the_deadline(
 def test_a_stalled_download_times_out(
     in_tmp: Path, server: str, serve: Callable[..., None], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(corpus, "DOWNLOAD_READ_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(gutenberg, "DOWNLOAD_READ_TIMEOUT_S", 0.3)
     serve("stall")
     assert f"{server}/stall/2600: timed out" in download_error(in_tmp)
 
@@ -461,12 +461,12 @@ def test_a_refused_connection(in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> 
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # closed again: nothing listens there
     monkeypatch.setenv("no_proxy", "*")
-    monkeypatch.setattr(corpus, "_GUTENBERG_URLS", (f"http://127.0.0.1:{port}/{{n}}",))
+    monkeypatch.setattr(gutenberg, "GUTENBERG_URLS", (f"http://127.0.0.1:{port}/{{n}}",))
     assert f"http://127.0.0.1:{port}/2600: Connection refused" in download_error(in_tmp)
 
 
 def test_a_bad_url(in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(corpus, "_GUTENBERG_URLS", ("nonsense/{n}",))
+    monkeypatch.setattr(gutenberg, "GUTENBERG_URLS", ("nonsense/{n}",))
     assert "nonsense/2600: bad URL (unknown url type" in download_error(in_tmp)
 
 

@@ -1,5 +1,5 @@
-"""Find corpus files (files, directories, globs), download Project Gutenberg books, and decode and clean
-their text a chunk at a time."""
+"""Find corpus files (files, directories, globs; a missing Project Gutenberg book through ``textgen.gutenberg``),
+and decode and clean their text a chunk at a time."""
 
 from __future__ import annotations
 
@@ -8,14 +8,10 @@ import contextlib
 import fnmatch
 import glob
 import hashlib
-import http.client
 import itertools
 import os
 import re
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,20 +20,16 @@ from typing import BinaryIO
 import numpy as np
 
 from textgen.errors import CorpusError
-from textgen.files import atomic_path
+from textgen.gutenberg import DownloadFailed, download_gutenberg
 from textgen.vocab import char_counts, merge_counts
 
 CORPUS_PATH_ENV = "TEXTGEN_CORPUS_PATH"
 LOCAL_CORPORA = Path("corpora")
 _GUTENBERG_NAME = re.compile(r"^(?:pg)?(\d+)(?:-0|-8)?\.txt$")
-_GUTENBERG_URLS = (
-    "https://www.gutenberg.org/cache/epub/{n}/pg{n}.txt",
-    "https://www.gutenberg.org/files/{n}/{n}-0.txt",
-)
 _START = re.compile(r"^\*\*\* ?START OF.*$", re.MULTILINE)
 _END = re.compile(r"^\*\*\* ?END OF.*$", re.MULTILINE)
 
-READ_CHUNK_BYTES = 1 << 20  # files and downloads are read this much at a time: memory stays bounded
+READ_CHUNK_BYTES = 1 << 20  # files are read this much at a time: memory stays bounded
 HEAD_BYTES = 64 << 10  # how much of a file the binary / UTF-16 checks look at
 
 # Memory ``read_corpus`` and ``evaluate FILE`` hold per character: the str (1 byte per character
@@ -45,10 +37,6 @@ HEAD_BYTES = 64 << 10  # how much of a file the binary / UTF-16 checks look at
 # file's size in bytes is at least its number of characters, so size * 12 errs on the side of
 # refusing. (Training streams the corpus instead: textgen.idcache.)
 BYTES_PER_CORPUS_CHAR = 12
-
-GUTENBERG_MAX_BYTES = 64 << 20  # the largest books are about 15 MB; a much bigger answer is not a book
-DOWNLOAD_DEADLINE_S = 120.0  # for all the URLs together, so a trickling server cannot stall a run
-DOWNLOAD_READ_TIMEOUT_S = 30.0  # for connecting and for each read
 
 
 def search_dirs() -> list[Path]:
@@ -89,7 +77,13 @@ def resolve_corpus(name: str, download: bool = False) -> Path:
             f"corpus {name!r} not found (looked in {looked}); add --download to fetch "
             f"Project Gutenberg book #{number} into {LOCAL_CORPORA}/"
         )
-    return download_gutenberg(number, LOCAL_CORPORA / path.name, looked)
+    try:
+        return download_gutenberg(number, LOCAL_CORPORA / path.name)
+    except DownloadFailed as exc:
+        raise CorpusError(
+            f"could not download Project Gutenberg book #{number} ({exc}); offline? "
+            f"Put the file in {LOCAL_CORPORA}/ or a directory on ${CORPUS_PATH_ENV} (looked in {looked})"
+        ) from None
 
 
 def resolve_corpora(names: list[str], download: bool = False) -> list[Path]:
@@ -177,102 +171,6 @@ def _skipped(relative: Path, root: Path) -> bool:
 
 
 # --- downloading ---------------------------------------------------------------
-
-
-class _FetchError(Exception):
-    """Why one URL gave no book, as a short phrase."""
-
-
-def download_gutenberg(number: int, dest: Path, looked: str = "") -> Path:
-    """Fetch Project Gutenberg book ``number`` to ``dest``, trying each of ``_GUTENBERG_URLS``.
-
-    All attempts together get ``DOWNLOAD_DEADLINE_S``; a body over ``GUTENBERG_MAX_BYTES``
-    or cut short is a failure. Nothing partial is ever left at ``dest``.
-    """
-    deadline = time.monotonic() + DOWNLOAD_DEADLINE_S
-    errors = []
-    for template in _GUTENBERG_URLS:
-        url = template.format(n=number)
-        try:
-            body = _fetch(url, deadline)
-        except _FetchError as exc:
-            errors.append(f"{url}: {exc}")
-            continue
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_path(dest) as tmp:
-            tmp.write_bytes(body)
-        return dest
-    where = f" (looked in {looked})" if looked else ""
-    raise CorpusError(
-        f"could not download Project Gutenberg book #{number} ({'; '.join(errors)}); offline? "
-        f"Put the file in {LOCAL_CORPORA}/ or a directory on ${CORPUS_PATH_ENV}{where}"
-    )
-
-
-def _fetch(url: str, deadline: float) -> bytearray:
-    """The body at ``url``, or a _FetchError saying why not."""
-    remaining = deadline - time.monotonic()
-    if remaining <= 0:
-        raise _FetchError(f"not tried, the {DOWNLOAD_DEADLINE_S:g} s download deadline had passed")
-    try:
-        with urllib.request.urlopen(url, timeout=min(DOWNLOAD_READ_TIMEOUT_S, remaining)) as response:
-            return _read_body(response, deadline)
-    except urllib.error.HTTPError as exc:
-        exc.close()  # an HTTPError holds the response open
-        raise _FetchError(f"HTTP {exc.code} {exc.reason}") from None
-    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
-        raise _FetchError(_why(exc)) from None
-
-
-def _read_body(response: http.client.HTTPResponse, deadline: float) -> bytearray:
-    """``response``'s body read in chunks, checking its size and the deadline as it comes."""
-    expected = _content_length(response)
-    if expected is not None and expected > GUTENBERG_MAX_BYTES:
-        raise _FetchError(f"too big: {expected:,} bytes, the limit is {GUTENBERG_MAX_BYTES:,}")
-    body = bytearray()
-    try:
-        # read1, not read: read(n) waits for all n bytes, so a trickle would never reach the deadline check.
-        while chunk := response.read1(READ_CHUNK_BYTES):
-            body += chunk
-            if len(body) > GUTENBERG_MAX_BYTES:
-                raise _FetchError(f"too big: over {GUTENBERG_MAX_BYTES:,} bytes")
-            if time.monotonic() > deadline:
-                raise _FetchError(
-                    f"too slow: {len(body):,} bytes in when the {DOWNLOAD_DEADLINE_S:g} s deadline passed"
-                )
-    except http.client.IncompleteRead:
-        raise _FetchError(f"truncated: the connection closed after {len(body):,} bytes") from None
-    if expected is not None and len(body) < expected:
-        raise _FetchError(f"truncated: got {len(body):,} of {expected:,} bytes")
-    return body
-
-
-def _content_length(response: http.client.HTTPResponse) -> int | None:
-    """The announced body size, if the server gave a usable one."""
-    try:
-        return int(response.headers.get("Content-Length", ""))
-    except ValueError:
-        return None
-
-
-def _why(exc: BaseException) -> str:
-    """A network failure as a short one-line phrase."""
-    if isinstance(exc, urllib.error.URLError):
-        reason = exc.reason
-        return _why(reason) if isinstance(reason, BaseException) else _one_line(str(reason))
-    if isinstance(exc, TimeoutError):
-        return "timed out"
-    if isinstance(exc, http.client.HTTPException):
-        return _one_line(f"bad HTTP response ({type(exc).__name__}: {exc})")
-    if isinstance(exc, ValueError):
-        return _one_line(f"bad URL ({exc})")
-    if isinstance(exc, OSError) and exc.strerror:
-        return _one_line(exc.strerror)
-    return _one_line(str(exc) or type(exc).__name__)
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
 
 
 # --- encodings -------------------------------------------------------------------
