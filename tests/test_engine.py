@@ -185,13 +185,15 @@ def test_draining_ends_running_and_queued_requests_and_refuses_new_ones(sampler)
     assert running.wait(5).finishes == {0: Finish.shutdown}
     assert engine.busy_rows == 0
     engine.close()
-    assert not engine.thread.is_alive()
+    assert not any(thread.is_alive() for thread in engine.threads)
 
 
 def test_prompts_read_on_arrival_give_the_same_text(sampler, monkeypatch) -> None:
-    # Calls of 4 steps: a prompt of 4 or more ids is read on arrival, a shorter one by the call itself.
+    # Calls of 4 steps: a prompt of 4 or more ids is read on arrival, a shorter one by the call itself; every batch
+    # call is too slow to read one within the goal.
     monkeypatch.setattr(engine_module, "CALL_CHARS", 4)
     monkeypatch.setattr(engine_module, "MIN_STEPS", 4)
+    monkeypatch.setattr(engine_module, "FIRST_CHAR_GOAL", 0.0)
     fed: list[tuple[int, int]] = []  # (rows, steps) of each call that fed prompt ids
     generate = sampler.generate_steps
 
@@ -221,3 +223,48 @@ def test_prompts_read_on_arrival_give_the_same_text(sampler, monkeypatch) -> Non
     )
     assert long_text == sampler.generate(["a prompt longer than the prefill " * 4], SampleConfig(length=100, seed=5))[0]
     assert tiny_text == sampler.generate(["He "], SampleConfig(length=50, seed=6))[0]
+
+
+def test_a_prompt_the_batch_reads_soon_enough_is_not_read_on_arrival(sampler, monkeypatch) -> None:
+    monkeypatch.setattr(engine_module, "CALL_CHARS", 4)
+    monkeypatch.setattr(engine_module, "MIN_STEPS", 4)
+    monkeypatch.setattr(engine_module, "FIRST_CHAR_GOAL", 3600.0)  # any call is quick enough
+    fed: list[tuple[int, int]] = []
+    generate = sampler.generate_steps
+
+    def spy(logits, states, uniforms, settings, forced=None):
+        if forced is not None:
+            fed.append((forced.shape[1], forced.shape[0]))
+        return generate(logits, states, uniforms, settings, forced)
+
+    monkeypatch.setattr(sampler, "generate_steps", spy)
+    engine = Engine(sampler, slots=8, max_queue=8, prefill=64, lanes=1)
+    engine.start()
+    try:
+        running = submit(engine, Job(("x",), max_chars=10**6))
+        wait_until(lambda: running.events, "the running request got no event")  # the lane has timed a call
+        text = submit(engine, Job(("The old ",), max_chars=50, seed=4)).wait().texts[0]
+        engine.cancel(next(row.ticket for row in engine.rows if row is not None))
+    finally:
+        engine.close()
+    assert all(steps <= 4 for rows, steps in fed)  # no call of its own: the batch's 4-step calls read the prompt
+    assert text == sampler.generate(["The old "], SampleConfig(length=50, seed=4))[0]
+
+
+def test_two_lanes_share_the_rows(sampler) -> None:
+    engine = Engine(sampler, slots=4, max_queue=4, lanes=2)
+    engine.start()
+    try:
+        running = [submit(engine, Job((f"{i}",), max_chars=10**6)) for i in range(4)]
+        wait_until(lambda: all(r.events for r in running), "not every request got an event")
+        lanes = sorted(row.lane for row in engine.rows if row is not None)
+        seeded = submit(engine, Job(("The old ",), max_chars=1, seed=3))
+        assert engine.queue_length == 1  # every row busy
+        for row in list(engine.rows):
+            if row is not None:
+                engine.cancel(row.ticket)
+        assert seeded.wait().texts[0]
+        wait_until(lambda: engine.busy_rows == 0, "rows still busy after every request ended")
+    finally:
+        engine.close()
+    assert lanes == [0, 0, 1, 1]  # each lane at most half of the rows

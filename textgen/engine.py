@@ -1,6 +1,7 @@
 """Continuous batching: many requests share one sampler's batched step; no TensorFlow here.
 
-The engine holds ``slots`` rows of LSTM state. One scheduler thread repeats a round:
+The engine holds ``slots`` rows of LSTM state, advanced by ``lanes`` scheduler threads. Each busy row belongs to
+the lane that admitted it, and each lane repeats a round over its own rows:
 
 * requests that were cancelled or ran out of time leave their rows (or the queue);
 * waiting requests take free rows, their states reset to zero;
@@ -14,6 +15,11 @@ The engine holds ``slots`` rows of LSTM state. One scheduler thread repeats a ro
 * rows that have drawn all they were asked for are freed at once; the call's ids go to an emitter thread, which
   turns them into each request's text (cut at its stop sequences) and tells its listener while the next call runs.
   A row whose stop sequence the emitter finds is freed by the round after.
+
+Two lanes keep the cores busy: while one lane's call computes, the other turns its last call into events, admits
+newcomers and starts its next call, so the machine is never idle for a lane's Python (and its waits for the GIL,
+which the HTTP server holds much of the time). A newcomer goes to the first lane with room, and a lane holds at
+most half of the rows (unless one request needs more): a few streams share one batch, 64 run as two of 32.
 
 Each row draws at the uniforms of (its request's seed, its position, its number in the request), the numbers
 ``textgen sample`` draws at: a seeded request gives the same text alone or among 63 others, and the text
@@ -38,17 +44,25 @@ from textgen.npsampling import row_uniforms
 
 log = logging.getLogger(__name__)
 
-# Characters per generate call over all busy rows: the default model (1 x 512) runs 1,024 in ~20 ms on 2 cores at
-# batch 4 to 64, so a newcomer waits about that long to join. Per row at least MIN_STEPS and at most MAX_STEPS, so
-# above 32 rows a call is longer: 2,048 characters, ~40 ms, at 64.
-# At 64 clients (benchmarks/serve.py, mixed load, 15 s, alternating): 32 steps gave 0.67-0.71 of offline in 4
-# loads, 16 steps 0.62-0.65 and 64 steps 0.66-0.75, with the 100-character prompts' first character p95 at 79-121
-# ms, 63-73 and 161-183 (over the 150 ms target). 2,048 characters a call at 8 clients took that p95 from ~96 ms
-# to 134, for nothing.
-CALL_CHARS = 1024
+# Characters per generate call over a lane's busy rows, per row at least MIN_STEPS and at most MAX_STEPS: at 64
+# clients, 32 rows a lane, 64 steps a call, ~30 ms for the default model (1 x 512) on 2 cores with the other
+# lane's call beside it; a newcomer waits about that long to join. At 64 clients (benchmarks/serve.py, mixed load,
+# 20 s, alternating): 112.1k and 112.5k chars/s against 100.5k and 109.2k for 1,024 characters a call, the
+# 100-character prompts' first character p95 at 112-117 ms against 101-110.
+CALL_CHARS = 2048
 MIN_STEPS, MAX_STEPS = 32, 256
 FIRST_CHARS = 8  # characters a newcomer draws in the call that reads its prompt on arrival
+# A newcomer's prompt is read on arrival only when reading it in the batch's calls would keep its first character
+# longer than this (at the lane's recent time per step): a read on arrival costs the other streams ~8% of the
+# throughput at 64 clients (100.6k-105.3k chars/s without, 87.4k-94.7k with), and a machine where the batch reads a
+# 100-character prompt within this needs none.
+FIRST_CHAR_GOAL = 0.1  # seconds
 IDLE_WAIT = 0.05  # seconds a round with nothing to do waits for a request (or a drain's deadline)
+# Scheduler threads with calls in flight at once. At 64 clients the one lane spent 17% of its time outside
+# TensorFlow (its Python, and waits for the GIL while the HTTP server's event loop held it), with the cores idle.
+# In isolation, with 2 ms of Python after every 32-step call: one lane of 64 rows 92.9k chars/s, two of 32 rows
+# 116.6k (and 133.5k against 122.1k with no Python between calls).
+LANES = 2
 
 
 class Finish(str, enum.Enum):
@@ -148,6 +162,7 @@ class Row:
     """One busy row: whose it is, what it still has to read, and where its generation stands."""
 
     ticket: Ticket
+    lane: int  # the scheduler thread that advances it
     index: int  # the continuation's number in its request
     sample: int  # its number among the n of its prompt: the row number of its uniforms
     prompt: np.ndarray
@@ -184,10 +199,15 @@ class Emitter:
 
 
 class Engine:
-    """Rows of LSTM state shared by many requests, advanced by one scheduler thread."""
+    """Rows of LSTM state shared by many requests, advanced by ``lanes`` scheduler threads (1 for a sampler whose
+    calls may not overlap)."""
 
-    def __init__(self, sampler: Sampler, slots: int = 64, max_queue: int = 256, prefill: int = 0) -> None:
+    def __init__(
+        self, sampler: Sampler, slots: int = 64, max_queue: int = 256, prefill: int = 0, lanes: int = LANES
+    ) -> None:
         self.sampler, self.slots, self.max_queue, self.prefill = sampler, slots, max_queue, prefill
+        self.lanes = lanes if sampler.concurrent_calls else 1
+        self.step_seconds: list[float | None] = [None] * self.lanes  # each lane's recent time per step of its calls
         self.logits = np.zeros([slots, sampler.vocab.size], np.float32)
         self.states = sampler.zero_states(slots)
         self.temperature = np.zeros(slots, np.float32)
@@ -201,7 +221,11 @@ class Engine:
         self.stopping = False
         self.ready = threading.Event()
         self.emitter: Emitter | None = None
-        self.thread = threading.Thread(target=self._run, name="textgen-engine", daemon=True)
+        self.threads = [
+            threading.Thread(target=self._run, args=(lane,), name=f"textgen-engine-{lane}", daemon=True)
+            for lane in range(self.lanes)
+        ]
+        self.lanes_running = self.lanes
 
     # --- the caller's side (any thread) -------------------------------------------------------
 
@@ -210,7 +234,8 @@ class Engine:
         self._warm_up()
         self.emitter = Emitter()
         self.ready.set()
-        self.thread.start()
+        for thread in self.threads:
+            thread.start()
 
     def submit(self, job: Job, listener: Listener) -> Ticket:
         """Queue ``job``; its events go to ``listener`` from the scheduler's thread. Raises ``QueueFull`` or
@@ -225,29 +250,31 @@ class Engine:
             if would_wait and self._queued() >= self.max_queue:
                 raise QueueFull
             self.waiting.append(ticket)
-            self.lock.notify()
+            self.lock.notify_all()
         return ticket
 
     def cancel(self, ticket: Ticket) -> None:
         """Give ``ticket``'s rows back by the next round (its client went away); no more events reach it."""
         with self.lock:
             ticket.cancelled = True
-            self.lock.notify()
+            self.lock.notify_all()
 
     def drain(self, grace: float) -> None:
         """Take no new requests; end queued ones now and running ones after ``grace`` seconds."""
         with self.lock:
             if self.drain_deadline is None:
                 self.drain_deadline = time.monotonic() + grace
-            self.lock.notify()
+            self.lock.notify_all()
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop the scheduler (requests still open end as ``shutdown``)."""
         with self.lock:
             self.stopping = True
-            self.lock.notify()
-        if self.thread.is_alive():
-            self.thread.join(timeout)
+            self.lock.notify_all()
+        deadline = time.monotonic() + timeout
+        for thread in self.threads:
+            if thread.is_alive():
+                thread.join(max(0.0, deadline - time.monotonic()))
 
     def free_rows(self) -> int:
         return sum(row is None for row in self.rows)
@@ -260,11 +287,6 @@ class Engine:
     def queue_length(self) -> int:
         """Requests waiting for rows: those the free rows cannot take at once."""
         return self._queued()
-
-    @property
-    def idle(self) -> bool:
-        """Nothing running and nothing queued."""
-        return not self.waiting and self.free_rows() == self.slots
 
     def _rows_waiting(self) -> int:
         return sum(t.job.rows for t in self.waiting)
@@ -280,32 +302,44 @@ class Engine:
 
     # --- the scheduler's thread ---------------------------------------------------------------
 
-    def _run(self) -> None:
+    def _run(self, lane: int) -> None:
         while True:
             with self.lock:
-                if self.idle and not self.stopping:
-                    self.lock.wait(IDLE_WAIT)
                 stopping = self.stopping
-                admitted = self._take_waiting(time.monotonic())
-            self._start_rows(admitted)
+                self._take_waiting(time.monotonic(), lane)
+                slots = self._lane_slots(lane)
+                if not slots and not stopping:
+                    self.lock.wait(IDLE_WAIT)
+                    continue
             if stopping:
-                self._end_all(Finish.shutdown)
-                self._emit().close()
+                self._end_rows(slots, Finish.shutdown)
+                with self.lock:
+                    self.lanes_running -= 1
+                    last = self.lanes_running == 0
+                if last:  # the other lanes' rows have had their last events posted
+                    self._emit().close()
                 return
             try:
-                self._round(time.monotonic())
+                self._round(lane, slots, time.monotonic())
             except Exception:  # one failed call ends the requests it served, not the server
                 log.exception("a sampler call failed")
-                self._end_all(Finish.error)
+                self._end_rows(slots, Finish.error)
+
+    def _lane_slots(self, lane: int) -> list[int]:
+        """The rows ``lane`` advances (under the lock: admissions and frees change them)."""
+        return [slot for slot, row in enumerate(self.rows) if row is not None and row.lane == lane]
 
     def _warm_up(self) -> None:
         logits, states = self.logits[:1], self.sampler.zero_states(1)
         uniforms, forced = row_uniforms(np.zeros(1), np.zeros(1), np.zeros(1), 2), np.full([2, 1], -1, np.int32)
         self.sampler.generate_steps(logits, states, uniforms, self._settings([0]), forced)  # the call rounds make
 
-    def _take_waiting(self, now: float) -> list[Ticket]:
+    def _take_waiting(self, now: float, lane: int) -> None:
         """Under the lock: drop queued tickets that were cancelled or timed out, end them all when draining, and
-        take those that fit the free rows, in order."""
+        give ``lane`` those that fit the free rows, in order, when it is the first lane with room for them: a lane
+        holds at most its share of the rows (a request with more rows than that only a lane that has none). Filling
+        the first lane first keeps a few streams in one batch: at 8 clients, two lanes of 4 rows ran at 0.53 of
+        ``textgen sample``'s batch-8 rate."""
         ended = [t for t in self.waiting if t.cancelled or now >= t.deadline]
         draining = self.drain_deadline is not None or self.stopping
         if draining:
@@ -314,37 +348,42 @@ class Engine:
             self.waiting.remove(ticket)
             reason = Finish.shutdown if draining else Finish.cancelled if ticket.cancelled else Finish.timeout
             self._end_ticket(ticket, reason)
-        admitted = []
         free = self.free_rows()
+        share = -(-self.slots // self.lanes)
+        held = [0] * self.lanes
+        for row in self.rows:
+            if row is not None:
+                held[row.lane] += 1
         while self.waiting and self.waiting[0].job.rows <= free:
+            rows = self.waiting[0].job.rows
+            if next((n for n in range(self.lanes) if held[n] + rows <= max(share, rows)), None) != lane:
+                break  # the first lane with room takes it: a few streams run in one lane, as one batch
             ticket = self.waiting.popleft()
-            free -= ticket.job.rows
-            admitted.append(ticket)
+            free -= rows
+            held[lane] += rows
             # Rows are claimed now, under the lock, so submit's queue check counts them.
-            self._claim(ticket)
-        return admitted
+            self._claim(ticket, lane)
 
-    def _claim(self, ticket: Ticket) -> None:
+    def _claim(self, ticket: Ticket, lane: int) -> None:
+        """Give ``ticket`` free rows in ``lane``: states reset, strategy set (under the lock, before the lane's
+        round sees them; no other lane touches them)."""
         free = (i for i, row in enumerate(self.rows) if row is None)
         job = ticket.job
         encoded = self.sampler.encode_prompts(job.prompts)
         for p, prompt in enumerate(encoded):
             for sample in range(job.n):
                 slot = next(free)
-                self.rows[slot] = Row(ticket, p * job.n + sample, sample, prompt, scanner=StopScanner(job.stops))
-
-    def _start_rows(self, tickets: list[Ticket]) -> None:
-        """Reset the state of the rows ``tickets`` took, and set their strategy."""
-        for slot, row in enumerate(self.rows):
-            if row is not None and row.ticket in tickets:
-                job = row.ticket.job
                 for state in self.states:
                     state[slot] = 0.0
                 self.temperature[slot], self.top_k[slot], self.top_p[slot] = job.temperature, job.top_k, job.top_p
                 self.seeds[slot] = job.seed
+                scanner = StopScanner(job.stops)
+                self.rows[slot] = Row(ticket, lane, p * job.n + sample, sample, prompt, scanner=scanner)
 
-    def _round(self, now: float) -> None:
-        for slot, row in enumerate(self.rows):
+    def _round(self, lane: int, slots: list[int], now: float) -> None:
+        """One round of ``lane`` over its rows ``slots``."""
+        for slot in slots:
+            row = self.rows[slot]
             if row is None:
                 continue
             if row.ticket.cancelled or row.ended:
@@ -353,32 +392,44 @@ class Engine:
                 self._finish(slot, Finish.timeout)
             elif self.drain_deadline is not None and now >= self.drain_deadline:
                 self._finish(slot, Finish.shutdown)
-        self._start_newcomers()
-        self._advance([i for i, row in enumerate(self.rows) if row is not None], self._call_steps())
+        busy = [slot for slot in slots if self.rows[slot] is not None]
+        self._start_newcomers(lane, busy)
+        self._advance(busy, self._call_steps(len(busy)), lane)
 
-    def _start_newcomers(self) -> None:
-        """Rows that have just arrived with a prompt of at most ``prefill`` ids read it and draw their first
-        characters in a call of their own, at their small batch, where a step costs a fraction of one at the full
-        batch: those characters go out while the batch's call runs, and the other rows wait for this call. A prompt
-        the batch's next call reads whole is left to it: reading it apart would cost a small batch's steps and gain
-        little."""
-        steps = self._call_steps()
+    def _start_newcomers(self, lane: int, slots: list[int]) -> None:
+        """Rows that have just arrived with a prompt of at most ``prefill`` ids, which the lane's calls would take
+        longer than ``FIRST_CHAR_GOAL`` to read, read it and draw their first characters in a call of their own, at
+        their small batch, where a step costs a fraction of one at the full batch: those characters go out while
+        the batch's call runs, and the lane's other rows wait for this call. A prompt the batch's next call reads
+        whole is left to it: reading it apart would cost a small batch's steps and gain little."""
+        steps = self._call_steps(len(slots))
+        step_seconds = self.step_seconds[lane]
+
+        def slow_in_batch(length: int) -> bool:
+            calls = -(-(length + 1) // steps)  # the call that draws its first character
+            return step_seconds is None or calls * steps * step_seconds > FIRST_CHAR_GOAL
+
         lengths = {
             slot: len(row.prompt)
-            for slot, row in enumerate(self.rows)
-            if row is not None and row.read == 0 and row.generated == 0 and steps <= len(row.prompt) <= self.prefill
+            for slot in slots
+            if (row := self.rows[slot]) is not None
+            and row.read == 0
+            and row.generated == 0
+            and steps <= len(row.prompt) <= self.prefill
+            and slow_in_batch(len(row.prompt))
         }
         if lengths:
             self._advance(list(lengths), max(lengths.values()) + FIRST_CHARS)
 
-    def _call_steps(self) -> int:
-        """Steps per row of the next generate call: ``CALL_CHARS`` over the busy rows, within the bounds."""
-        busy = max(1, self.busy_rows)
-        return max(MIN_STEPS, min(MAX_STEPS, CALL_CHARS // busy))
+    def _call_steps(self, rows: int) -> int:
+        """Steps per row of a lane's next generate call for ``rows`` rows: ``CALL_CHARS`` over them, within the
+        bounds."""
+        return max(MIN_STEPS, min(MAX_STEPS, CALL_CHARS // max(1, rows)))
 
-    def _advance(self, slots: list[int], steps: int) -> None:
+    def _advance(self, slots: list[int], steps: int, timed_lane: int | None = None) -> None:
         """One generate call of at most ``steps`` for the rows in ``slots``: rows still reading their prompt are fed
-        its next ids (forced), and draw once it ends, in the same call; the rest draw."""
+        its next ids (forced), and draw once it ends, in the same call; the rest draw. A lane's batch call
+        (``timed_lane``) updates its time per step."""
         rows = [r for r in (self.rows[i] for i in slots) if r is not None]
         if not rows:
             return
@@ -393,6 +444,7 @@ class Engine:
         uniforms = row_uniforms(self.seeds[slots], positions, np.array([r.sample for r in rows]), steps)
         # Without prompt ids to feed, the plain drawing loop: the forced one's gather and select per step cost 9% at
         # batch 1 and 4% at batch 64 (alternating A/B, 3 x 3 s each).
+        started = time.monotonic()
         ids, logits, states = self.sampler.generate_steps(
             self.logits[slots],
             tuple(s[slots] for s in self.states),
@@ -400,6 +452,9 @@ class Engine:
             self._settings(slots),
             forced if reads.any() else None,
         )
+        if timed_lane is not None:
+            measured, recent = (time.monotonic() - started) / steps, self.step_seconds[timed_lane]
+            self.step_seconds[timed_lane] = measured if recent is None else 0.8 * recent + 0.2 * measured
         self._store(slots, logits, states)
         drawn = np.minimum(steps - reads, [r.ticket.job.max_chars - r.generated for r in rows])
         last = []
@@ -456,7 +511,7 @@ class Engine:
     def _free(self, slot: int) -> None:
         with self.lock:  # submit counts the free rows under it
             self.rows[slot] = None
-            self.lock.notify()
+            self.lock.notify_all()
 
     def _end_ticket(self, ticket: Ticket, reason: Finish) -> None:
         """End a queued ticket: every continuation gets its last event (from the emitter, as every event)."""
@@ -467,8 +522,8 @@ class Engine:
 
         self._emit().post(end)
 
-    def _end_all(self, reason: Finish) -> None:
-        for slot in range(self.slots):
+    def _end_rows(self, slots: list[int], reason: Finish) -> None:
+        for slot in slots:
             self._finish(slot, reason)
 
     def _tell(self, ticket: Ticket, event: Event) -> None:

@@ -80,6 +80,8 @@ class Piece:
 class Sampler(ABC):
     """Prompts in, continuations out, over a next-token ``read`` and a strategy's ``generate_steps``."""
 
+    concurrent_calls = False  # whether two threads may call generate_steps at once (a server's lanes)
+
     def __init__(self, cfg: ModelConfig, vocab: Vocabulary) -> None:
         self.cfg, self.vocab = cfg, vocab
 

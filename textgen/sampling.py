@@ -129,6 +129,8 @@ def choose_next(logits: tf.Tensor, rows: StepStrategy, u: tf.Tensor) -> tf.Tenso
 class Generator(Sampler):
     """A generation model of any batch size built from a trained model's weights."""
 
+    concurrent_calls = True  # TensorFlow runs concurrent calls of a function
+
     def __init__(
         self,
         cfg: ModelConfig,
@@ -295,6 +297,8 @@ class Generator(Sampler):
 class SavedModelGenerator(Sampler):
     """A ``Generator`` loaded from a SavedModel that ``textgen export --format savedmodel`` wrote: the
     same compiled functions, kept in the SavedModel beside its serving signatures."""
+
+    concurrent_calls = True  # TensorFlow runs concurrent calls of a function
 
     def __init__(self, cfg: ModelConfig, vocab: Vocabulary, path: Path) -> None:
         super().__init__(cfg, vocab)

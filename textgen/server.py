@@ -131,10 +131,11 @@ def _add_error_handlers(app: FastAPI, metrics: Metrics) -> None:
         ).response()
 
 
-def _key_check(api_key: str | None) -> Callable[[Request], None]:
-    """The dependency that refuses a request without ``api_key`` (none when it is None)."""
+def _key_check(api_key: str | None) -> Callable[[Request], Awaitable[None]]:
+    """The dependency that refuses a request without ``api_key`` (none when it is None). Async, so FastAPI runs it on
+    the event loop rather than handing every request to a worker thread and back."""
 
-    def authorized(request: Request) -> None:
+    async def authorized(request: Request) -> None:
         if api_key is None:
             return
         given = request.headers.get("authorization", "")
