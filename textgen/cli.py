@@ -775,7 +775,8 @@ def serve(
         int,
         typer.Option(
             help="Read prompts of up to N characters on arrival and draw the first characters, apart from the "
-            "batch: a sooner first character, paid for by the other streams (0: read every prompt in the batch)"
+            "batch, when the batch would take over 0.1 s to reach them: a sooner first character, paid for by the "
+            "other streams (0: read every prompt in the batch)"
         ),
     ] = SERVING.prefill,
 ) -> None:

@@ -487,7 +487,7 @@ class ServeConfig:
     max_body: int = 2**20  # bytes of a request body
     request_timeout: float = 600.0  # seconds a request may run, queued or generating
     drain_seconds: float = 3.0  # on SIGTERM or Ctrl-C, how long running streams may go on before they are ended
-    prefill: int = 128  # prompts up to this many characters are read on arrival, and first characters drawn, apart
+    prefill: int = 128  # prompts up to this many characters may be read on arrival, first characters drawn, apart
 
     def __post_init__(self) -> None:
         _require(isinstance(self.port, int) and 0 <= self.port <= 65535, "port", "in 0..65535", self.port)
