@@ -53,6 +53,20 @@ def submit(engine: Engine, job: Job) -> Collector:
     return collector
 
 
+def record_fed_calls(sampler, monkeypatch) -> list[tuple[int, int]]:
+    """(rows, steps) of each of ``sampler``'s generate calls that feeds prompt ids, from now on."""
+    fed: list[tuple[int, int]] = []
+    generate = sampler.generate_steps
+
+    def spy(logits, states, uniforms, settings, forced=None):
+        if forced is not None:
+            fed.append((forced.shape[1], forced.shape[0]))
+        return generate(logits, states, uniforms, settings, forced)
+
+    monkeypatch.setattr(sampler, "generate_steps", spy)
+    return fed
+
+
 @pytest.fixture
 def engine(sampler):
     engine = Engine(sampler, slots=64, max_queue=16)
@@ -194,15 +208,7 @@ def test_prompts_read_on_arrival_give_the_same_text(sampler, monkeypatch) -> Non
     monkeypatch.setattr(engine_module, "CALL_CHARS", 4)
     monkeypatch.setattr(engine_module, "MIN_STEPS", 4)
     monkeypatch.setattr(engine_module, "FIRST_CHAR_GOAL", 0.0)
-    fed: list[tuple[int, int]] = []  # (rows, steps) of each call that fed prompt ids
-    generate = sampler.generate_steps
-
-    def spy(logits, states, uniforms, settings, forced=None):
-        if forced is not None:
-            fed.append((forced.shape[1], forced.shape[0]))
-        return generate(logits, states, uniforms, settings, forced)
-
-    monkeypatch.setattr(sampler, "generate_steps", spy)
+    fed = record_fed_calls(sampler, monkeypatch)
     engine = Engine(sampler, slots=8, max_queue=8, prefill=64)
     engine.start()
     try:
@@ -229,15 +235,7 @@ def test_a_prompt_the_batch_reads_soon_enough_is_not_read_on_arrival(sampler, mo
     monkeypatch.setattr(engine_module, "CALL_CHARS", 4)
     monkeypatch.setattr(engine_module, "MIN_STEPS", 4)
     monkeypatch.setattr(engine_module, "FIRST_CHAR_GOAL", 3600.0)  # any call is quick enough
-    fed: list[tuple[int, int]] = []
-    generate = sampler.generate_steps
-
-    def spy(logits, states, uniforms, settings, forced=None):
-        if forced is not None:
-            fed.append((forced.shape[1], forced.shape[0]))
-        return generate(logits, states, uniforms, settings, forced)
-
-    monkeypatch.setattr(sampler, "generate_steps", spy)
+    fed = record_fed_calls(sampler, monkeypatch)
     engine = Engine(sampler, slots=8, max_queue=8, prefill=64, lanes=1)
     engine.start()
     try:
