@@ -1,5 +1,5 @@
-"""The README's Layout section lists every module of textgen/ so that each imports only modules below it: checked
-here from the source, every textgen import counted (inside functions and type-checking blocks too)."""
+"""docs/layout.md lists every module of textgen/ so that each imports only modules below it: checked here from the
+source, every textgen import counted (inside functions and type-checking blocks too)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,9 @@ PACKAGE = ROOT / "textgen"
 
 
 def layout_order() -> list[str]:
-    """The modules the README's Layout section lists, top first, as dotted names."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = text.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
-    paths = re.findall(r"^- `(textgen/[\w/]+\.py)`", section, re.MULTILINE)
+    """The modules docs/layout.md lists, top first, as dotted names."""
+    text = (ROOT / "docs" / "layout.md").read_text(encoding="utf-8")
+    paths = re.findall(r"^- `(textgen/[\w/]+\.py)`", text, re.MULTILINE)
     return [path.removesuffix(".py").replace("/", ".") for path in paths]
 
 
@@ -46,7 +45,7 @@ def imported(module: str, known: set[str]) -> set[str]:
 def test_the_layout_lists_every_module_once() -> None:
     order = layout_order()
     assert len(order) == len(set(order)), "a module is listed twice"
-    assert set(order) == modules(), "README's Layout and textgen/ differ"
+    assert set(order) == modules(), "docs/layout.md and textgen/ differ"
 
 
 def test_every_module_imports_only_modules_below_it_in_the_layout() -> None:
