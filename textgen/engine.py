@@ -46,11 +46,14 @@ log = logging.getLogger(__name__)
 
 # Characters per generate call over a lane's busy rows, per row at least MIN_STEPS and at most MAX_STEPS: at 64
 # clients, 32 rows a lane, 64 steps a call, ~30 ms for the default model (1 x 512) on 2 cores with the other
-# lane's call beside it; a newcomer waits about that long to join. At 64 clients (benchmarks/serve.py, mixed load,
-# 20 s, alternating): 112.1k and 112.5k chars/s against 100.5k and 109.2k for 1,024 characters a call, the
-# 100-character prompts' first character p95 at 112-117 ms against 101-110.
-CALL_CHARS = 2048
-MIN_STEPS, MAX_STEPS = 32, 256
+# lane's call beside it; at 8 clients, 8 rows in one lane, 128 steps. A newcomer waits about one call to join.
+# Against 2,048 characters and at least 32 steps (benchmarks/serve.py, mixed load, 20 s each, alternating): 8
+# clients 51.9k and 56.5k chars/s against 53.1k and 39.6k, first character p50 35-38 ms against 52-70; 64 clients
+# 119.4k and 122.0k against 116.4k and 119.0k. And 64-step calls at 32 rows against 32-step ones: 112.1k and
+# 112.5k chars/s against 100.5k and 109.2k, the 100-character prompts' first character p95 112-117 ms against
+# 101-110.
+CALL_CHARS = 1024
+MIN_STEPS, MAX_STEPS = 64, 256
 FIRST_CHARS = 8  # characters a newcomer draws in the call that reads its prompt on arrival
 # A newcomer's prompt is read on arrival only when reading it in the batch's calls would keep its first character
 # longer than this (at the lane's recent time per step): a read on arrival costs the other streams ~8% of the
