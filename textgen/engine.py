@@ -241,7 +241,7 @@ class Engine:
             thread.start()
 
     def submit(self, job: Job, listener: Listener) -> Ticket:
-        """Queue ``job``; its events go to ``listener`` from the scheduler's thread. Raises ``QueueFull`` or
+        """Queue ``job``; its events go to ``listener`` from the engine's emitter thread. Raises ``QueueFull`` or
         ``Draining``; a job with more rows than the engine has is a ``ValueError``."""
         if job.rows > self.slots:
             raise ValueError(f"{job.rows} continuations need more rows than the server's {self.slots}")
