@@ -405,10 +405,11 @@ def tune(
     training: TrainSettings | None = None,
     init_from: InitSettings | None = None,
     progress: TuneProgress | None = None,
+    download: bool = False,
 ) -> StudyResult:
     """Run or continue a ``textgen tune`` study (see ``textgen.tune``); ``data``, ``model`` and ``training`` hold
     the recipe settings the user fixed, which are not searched. With ``init_from``, every trial fine-tunes that
-    run: its model's shape is fixed."""
+    run: its model's shape is fixed. ``download`` fetches a Project Gutenberg book the corpus names, if absent."""
     if trials is not None and not 0 < trials <= 10_000:
         raise ConfigError(f"--trials must be between 1 and 10000 (got {trials})")
     fixed = {
@@ -422,7 +423,7 @@ def tune(
         raise ConfigError(f"--trial-budget must be at least {MIN_TRIAL_SECONDS:g}s (got {trial_budget:g}s)")
     from textgen.study import DATABASE, check_fixed_settings, locate_study
 
-    directory = locate_study(checkpoint_dir, corpus, study)[2]
+    directory = locate_study(checkpoint_dir, corpus, study, download)[2]  # the book fetched here, if asked
     if not (directory / DATABASE).is_file():  # a continued study's own fixed settings count too: checked with them
         check_fixed_settings(fixed)
     ensure_writable(checkpoint_dir)

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from textgen.commands import command
 from textgen.config import DataConfig, RunConfig
 from textgen.corpus import check_unchanged
 from textgen.errors import CheckpointError, ConfigError, one_line, shown
@@ -495,7 +496,7 @@ def check_corpus_unchanged(run: Run, data: DataConfig) -> None:
 def resume_hint(run: Run, more: str = "", what: str = "continue with") -> str:
     """How to continue ``run`` from the command line; ``more``: the flags a finished run needs to train further,
     ``what``: what they do (``train 30 more minutes``)."""
-    return f"{what}: textgen train --resume --run {run.name}{checkpoint_dir_flag(run.path.parent)}{more}"
+    return f"{what}: {command('train --resume')} --run {run.name}{checkpoint_dir_flag(run.path.parent)}{more}"
 
 
 def checkpoint_dir_flag(checkpoint_dir: Path) -> str:

@@ -24,7 +24,7 @@ from typer._click import Command, Context  # typer 0.29 vendors click privately 
 from typer._click.exceptions import NoSuchOption
 from typer.core import TyperGroup, TyperOption
 
-from textgen import api, tuneview, ui
+from textgen import api, commands, tuneview, ui
 from textgen.artifact import ExportFormat, Quantize
 from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR
 from textgen.config import (
@@ -172,7 +172,18 @@ def _show_version(asked: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
+# The help's first lines, with the quick start as the user runs textgen (``.venv/bin/textgen``, say): runnable as shown.
+HELP = f"""Train character-level LSTM language models on a book, and play with them.
+
+Quick start, War and Peace on the CPU, then a sample of what the model learned:
+
+`{commands.command(commands.QUICK_START_TRAIN)}`
+
+`{commands.command(commands.QUICK_START_SAMPLE)}`
+"""
+
+
+@app.callback(help=HELP)
 def _main(
     version: Annotated[
         bool,
@@ -184,10 +195,7 @@ def _main(
         ),
     ] = False,
 ) -> None:
-    """Train character-level LSTM language models on a book, and play with them.
-
-    Quick start: `textgen train 2600-0.txt --device cpu`, then `textgen sample --temp 0.8`.
-    """
+    """The options every command shares (``--version``); the help is ``HELP``."""
 
 
 @contextlib.contextmanager
@@ -935,6 +943,9 @@ def tune(
     last: InitLastOption = False,
     freeze: FreezeOption = None,
     device: Annotated[Device, typer.Option(help="Device profile of every trial")] = Device.auto,
+    download: Annotated[
+        bool, typer.Option("--download", help="Fetch a Project Gutenberg book (e.g. 2600-0.txt) if not found locally")
+    ] = False,
     checkpoint_dir: CheckpointDirOption = DEFAULT_CHECKPOINT_DIR,
     show: Annotated[bool, typer.Option("--show", help="List a study's trials and best recipe, and exit")] = False,
     as_json: Annotated[
@@ -978,6 +989,7 @@ def tune(
             training=training,
             init_from=_init_settings(init_from, last, freeze),
             progress=display,
+            download=download,
         )
         tuneview.show_study(console, result, as_json, shown_live=display.live is not None)
 

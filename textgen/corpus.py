@@ -19,6 +19,7 @@ from typing import BinaryIO
 
 import numpy as np
 
+from textgen.commands import QUICK_START_TRAIN, command
 from textgen.errors import CorpusError
 from textgen.gutenberg import DownloadFailed, download_gutenberg
 from textgen.vocab import char_counts, merge_counts
@@ -91,7 +92,7 @@ def resolve_corpora(names: list[str], download: bool = False) -> list[Path]:
     ``*.txt`` file under them) and glob patterns, in the order given, each directory's or pattern's
     files sorted by path; a file named twice is read once."""
     if not names:
-        raise CorpusError("give a corpus to train on, e.g. textgen train 2600-0.txt")
+        raise CorpusError(f"give a corpus to train on, e.g. {command(QUICK_START_TRAIN)}")
     files: dict[Path, None] = {}
     for name in names:
         if not name.strip():  # Path("") is the current directory: an unset "$BOOK" would read every .txt under it

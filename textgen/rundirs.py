@@ -9,7 +9,8 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, Run, RunLock, check_run_name
+from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, Run, RunLock, check_run_name, checkpoint_dir_flag
+from textgen.commands import QUICK_START_TRAIN, command
 from textgen.errors import CheckpointError, ConfigError
 
 
@@ -95,7 +96,8 @@ def find_run(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR, name: str | None = N
                 "use --last, or train it further"
             )
     raise CheckpointError(
-        f"no trained run in {checkpoint_dir}/; train one first: textgen train 2600-0.txt --device cpu"
+        f"no trained run in {checkpoint_dir}/; "
+        f"train one first: {command(QUICK_START_TRAIN + checkpoint_dir_flag(checkpoint_dir))}"
     )
 
 

@@ -14,7 +14,8 @@ import optuna
 import sqlalchemy.exc
 from optuna.trial import FrozenTrial, TrialState
 
-from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, Run
+from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, Run, checkpoint_dir_flag
+from textgen.commands import FIRST_STUDY, command
 from textgen.corpus import corpus_stem, resolve_corpora
 from textgen.errors import CheckpointError, ConfigError
 from textgen.recipe import BEST_RECIPE, Recipe, base_of, read_recipe, recipe_of, write_recipe
@@ -40,12 +41,15 @@ def find_study(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR, name: str | None =
     if name is None:
         databases = sorted((checkpoint_dir / "studies").glob(f"*/{DATABASE}"), key=lambda p: p.stat().st_mtime)
         if not databases:
-            raise ConfigError(f"no study in {checkpoint_dir}/studies/; start one: textgen tune 2600-0.txt")
+            raise ConfigError(
+                f"no study in {checkpoint_dir}/studies/; start one: {command(FIRST_STUDY)}{checkpoint_dir_flag(checkpoint_dir)}"
+            )
         name = databases[-1].parent.name
     directory = study_path(checkpoint_dir, name)
     if not (directory / DATABASE).is_file():
         raise ConfigError(
-            f"no study {name!r} in {checkpoint_dir}/studies/; start one: textgen tune CORPUS --study {name}"
+            f"no study {name!r} in {checkpoint_dir}/studies/; "
+            f"start one: {command(FIRST_STUDY)} --study {name}{checkpoint_dir_flag(checkpoint_dir)}"
         )
     return directory
 
@@ -193,7 +197,8 @@ def best_recipe(directory: Path) -> Recipe:
     save_best_recipe(load_study_in(directory), directory)
     if not path.is_file():
         raise ConfigError(
-            f"study {directory.name!r} has no finished trial yet; let it run: textgen tune --study {directory.name}"
+            f"study {directory.name!r} has no finished trial yet; "
+            f"let it run: {command('tune')} --study {directory.name}{checkpoint_dir_flag(directory.parent.parent)}"
         )
     return read_recipe(path)
 
@@ -205,14 +210,16 @@ def show_study(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR, name: str | None =
 
 
 def locate_study(
-    checkpoint_dir: Path, corpus: list[str] | None, study_name: str | None
+    checkpoint_dir: Path, corpus: list[str] | None, study_name: str | None, download: bool = False
 ) -> tuple[str, list[Path], Path]:
-    """A study's name, its corpus's files (if given) and its directory; a study that does not exist yet needs a
-    corpus."""
-    name, files = study_name_of(corpus, study_name)
+    """A study's name, its corpus's files (if given; ``download`` fetches a missing Project Gutenberg book) and its
+    directory; a study that does not exist yet needs a corpus."""
+    name, files = study_name_of(corpus, study_name, download)
     directory = study_path(checkpoint_dir, name)
     if not (directory / DATABASE).is_file() and not files:
-        raise ConfigError(f"there is no study {name!r} yet; give a corpus to tune on, e.g. textgen tune book.txt")
+        raise ConfigError(
+            f"there is no study {name!r} yet; give a corpus to tune on, e.g. {command(FIRST_STUDY)} --study {name}{checkpoint_dir_flag(checkpoint_dir)}"
+        )
     return name, files, directory
 
 
@@ -223,12 +230,12 @@ def check_fixed_settings(fixed: dict[str, dict[str, Any]]) -> None:
         raise ConfigError("a fixed --lr needs a fixed --optimizer (SGD's steps are ~50x Adam's): give both, or neither")
 
 
-def study_name_of(corpus: list[str] | None, study_name: str | None) -> tuple[str, list[Path]]:
+def study_name_of(corpus: list[str] | None, study_name: str | None, download: bool = False) -> tuple[str, list[Path]]:
     """The study's name (given, or made from the corpus's) and the corpus's files."""
     names = list(corpus or [])
-    files = resolve_corpora(names) if names else []
+    files = resolve_corpora(names, download=download) if names else []
     if study_name is not None:
         return study_name, files
     if not files:
-        raise ConfigError("give a corpus to tune on, e.g. textgen tune 2600-0.txt, or --study NAME to continue one")
+        raise ConfigError(f"give a corpus to tune on, e.g. {command(FIRST_STUDY)}, or --study NAME to continue one")
     return safe_name(corpus_stem(names, files)), files

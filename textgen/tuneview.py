@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from textgen.checkpoint import checkpoint_dir_flag
+from textgen.commands import command
 from textgen.durations import format_seconds
 from textgen.results import EpochLog, StudyResult, StudyStop, TrialStatus, TrialSummary, bits
 from textgen.ui import chars_per_second, json_line
@@ -214,7 +215,7 @@ def show_study(console: Console, result: StudyResult, as_json: bool, shown_live:
     console.print(
         f"best: trial {result.best.number}, {result.best.val_loss:.4f} nats/char ({result.best.val_bpc:.4f} bits/char) "
         f"on validation: {describe_recipe(result.best.recipe)}\n"
-        f"recipe saved to {result.best_recipe}; train it: textgen train {corpus} --from-study {result.study}{where} "
+        f"recipe saved to {result.best_recipe}; train it: {command('train')} {corpus} --from-study {result.study}{where} "
         "--time-budget 1h",
         markup=False,
         highlight=False,

@@ -10,6 +10,7 @@ import dataclasses
 import json
 import math
 import re
+import shlex
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -21,7 +22,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from textgen.checkpoint import Run, resume_hint
+from textgen.checkpoint import Run, checkpoint_dir_flag, resume_hint
+from textgen.commands import QUICK_START_TRAIN, command
 from textgen.durations import MORE_TIME, format_seconds
 from textgen.errors import TextgenError, TrainingInterrupted
 from textgen.results import (
@@ -491,7 +493,7 @@ def show_export(console: Console, result: ExportResult, as_json: bool) -> None:
     quantized = "" if result.quantize == "none" else f", {result.quantize} weights"
     console.print(
         f"exported {result.run} as {result.format}{quantized}: {result.path} ({_size(result.bytes)}); "
-        f"try: textgen sample --model {result.path}",
+        f"try: {command(f'sample --model {shlex.quote(str(result.path))}')}",
         markup=False,
         highlight=False,
     )
@@ -509,7 +511,8 @@ def show_runs(console: Console, runs: list[RunSummary], checkpoint_dir: Path, as
             print(json_line(summary))
         return
     if not runs:
-        console.print(f"no runs in {checkpoint_dir}/; train one: textgen train 2600-0.txt --device cpu", markup=False)
+        first = command(QUICK_START_TRAIN + checkpoint_dir_flag(checkpoint_dir))
+        console.print(f"no runs in {checkpoint_dir}/; train one: {first}", markup=False)
         return
     rows = [
         (

@@ -14,6 +14,7 @@ import numpy as np
 
 from textgen import config as cfgmod
 from textgen.checkpoint import ResumeState, Run, RunLock, check_corpus_unchanged, resume_hint
+from textgen.commands import QUICK_START_TRAIN, command
 from textgen.config import (
     DataConfig,
     DeviceProfile,
@@ -140,7 +141,7 @@ def plan_training(
             checkpoint_dir, run_name, profile, data_given, model_given, training_given, cache_dir, derived_from
         )
     if not names:
-        raise ConfigError("give a corpus to train on, e.g. textgen train 2600-0.txt")
+        raise ConfigError(f"give a corpus to train on, e.g. {command(QUICK_START_TRAIN)}")
     if init_from and base is None:
         base = Base.of_run(find_run(checkpoint_dir, init_from.source, init_from.weights), init_from.weights)
     if base is not None:
