@@ -4,6 +4,7 @@ many, stop sequences, the queue, cancellation, time limits and draining."""
 from __future__ import annotations
 
 import itertools
+import sys
 import threading
 from collections import defaultdict
 
@@ -13,7 +14,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from textgen import engine as engine_module
-from textgen.config import SampleConfig
+from textgen.config import MAX_STOP_CHARS, SampleConfig
 from textgen.engine import Draining, Engine, Event, Finish, Job, QueueFull, StopScanner
 
 
@@ -122,6 +123,7 @@ def test_a_long_prompt_is_read_in_pieces_while_others_stream(engine) -> None:
     cuts=st.lists(st.integers(0, 40), max_size=6),
 )
 @example(text="aca", stops=["c", "aca"], cuts=[2])  # "c" is completed first, whether "aca" comes whole or not
+@example(text="a" * 30 + "abab", stops=["abab"], cuts=[29, 31])  # more possible starts than are checked
 def test_stop_sequences_are_trimmed_alike_however_the_stream_is_split(text, stops, cuts) -> None:
     # The first stop sequence to be completed, the earlier-starting of two completed together: (end, start).
     first = min(((start + len(s), start) for s in stops if (start := text.find(s)) >= 0), default=None)
@@ -137,6 +139,33 @@ def test_stop_sequences_are_trimmed_alike_however_the_stream_is_split(text, stop
         sent += scanner.flush()
     assert sent == expected
     assert stopped == (first is not None)
+
+
+def test_a_push_costs_the_same_however_long_the_stops_and_the_stream(monkeypatch) -> None:
+    """The scanner's work per push, counted in the calls it makes (each over at most its text and the longest
+    stop): bounded by a constant, for stops of 2 characters or of the most allowed, at the first push or the
+    thousandth, on text made to look like the start of a stop sequence everywhere."""
+
+    def calls_per_push(stops: tuple[str, ...], text: str) -> list[int]:
+        scanner, counts = StopScanner(stops), []
+        for start in range(0, len(text), 64):
+            calls = [0]
+
+            def count(frame, event, arg, calls=calls) -> None:
+                calls[0] += event == "c_call"
+
+            sys.setprofile(count)
+            scanner.push(text[start : start + 64])
+            sys.setprofile(None)
+            counts.append(calls[0])
+            assert len(scanner.held) < max(map(len, stops))
+        return counts
+
+    for length in (2, MAX_STOP_CHARS):
+        stops = ("a" * (length - 1) + "c", "ab" * (length // 2), "ba" * (length // 2), "b" * length)
+        for text in ("a" * 64_000, "ab" * 32_000):
+            counts = calls_per_push(stops, text)
+            assert max(counts) <= 40, (length, text[:4], max(counts))
 
 
 def test_a_stop_sequence_ends_the_row(engine, sampler) -> None:
