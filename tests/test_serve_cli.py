@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,12 +23,18 @@ from helpers import assert_one_line_error, invoke, subprocess_env, wait_until
 class ServerProcess:
     proc: subprocess.Popen
     url: str
-    output: Path
+    output: Path  # stdout
+    log: Path  # stderr
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
 
-def start(trained_run, tmp_path: Path, *flags: str) -> ServerProcess:
-    output = tmp_path / "serve.out"
-    with output.open("w") as out:
+def start(trained_run, tmp_path: Path, *flags: str, **env: str) -> ServerProcess:
+    output, log = tmp_path / "serve.out", tmp_path / "serve.err"
+    with output.open("w") as out, log.open("w") as err:
         proc = subprocess.Popen(
             [
                 sys.executable,
@@ -41,49 +47,97 @@ def start(trained_run, tmp_path: Path, *flags: str) -> ServerProcess:
                 str(trained_run.checkpoint_dir),
                 *flags,
             ],
-            env=subprocess_env(),
+            env=subprocess_env(**env),
             stdout=out,
-            stderr=subprocess.STDOUT,
+            stderr=err,
         )
     deadline = time.monotonic() + 120
-    while not (found := re.search(r"on (http://127\.0\.0\.1:\d+)", output.read_text())):
+    # The start-up lines on stdout, or with --log-format json the start-up record on stderr.
+    while not (found := re.search(r"(http://127\.0\.0\.1:\d+)", output.read_text() + log.read_text())):
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
-            pytest.fail(f"textgen serve did not start:\n{output.read_text()}")
+            pytest.fail(f"textgen serve did not start:\n{output.read_text()}{log.read_text()}")
         time.sleep(0.1)
-    return ServerProcess(proc, found.group(1), output)
+    return ServerProcess(proc, found.group(1), output, log)
 
 
 @pytest.fixture
-def server(trained_run, tmp_path) -> Iterator[ServerProcess]:
-    served = start(trained_run, tmp_path, "--drain", "1")
-    yield served
-    if served.proc.poll() is None:
-        served.proc.kill()
-        served.proc.wait()
+def started(trained_run, tmp_path) -> Iterator[Callable[..., ServerProcess]]:
+    """Start ``textgen serve`` with flags (and environment variables); killed at the end if still running."""
+    servers: list[ServerProcess] = []
+
+    def start_one(*flags: str, **env: str) -> ServerProcess:
+        servers.append(start(trained_run, tmp_path, *flags, **env))
+        return servers[-1]
+
+    yield start_one
+    for server in servers:
+        server.stop()
 
 
 def rows_busy(url: str) -> int:
     return httpx.get(url + "/ready", timeout=5).json()["rows_busy"]
 
 
-def test_sigterm_drains_running_streams_and_exits_0(server) -> None:
+def small_request(url: str, **headers: str) -> httpx.Response:
+    """A small completion on a connection of its own."""
+    body = {"model": "tiny", "prompt": "y", "max_tokens": 5}
+    return httpx.post(url + "/v1/completions", json=body, headers=headers, timeout=30)
+
+
+def test_sigterm_drains_new_requests_get_503_running_streams_end_and_it_exits_0(started) -> None:
+    server = started("--drain", "3", "--slots", "1", "--max-queue", "0", "--log-format", "json")
     body = {"model": "tiny", "prompt": "x", "max_tokens": 10**6, "stream": True}
     with httpx.Client(timeout=30) as client, client.stream("POST", server.url + "/v1/completions", json=body) as r:
         lines = r.iter_lines()
         first = next(line for line in lines if line.startswith("data: "))
         assert json.loads(first[6:])["choices"][0]["text"]
+        busy = small_request(server.url)  # the one row is taken and --max-queue 0 lets none wait
+        assert busy.status_code == 429 and busy.headers["retry-after"] == "1", busy.text
         server.proc.send_signal(signal.SIGTERM)
         sent_at = time.monotonic()
+        wait_until(
+            lambda: httpx.get(server.url + "/ready", timeout=5).status_code == 503, "/ready did not say draining"
+        )
+        refused = small_request(server.url)  # a new connection: the socket is still open
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "1", refused.text
+        assert refused.json()["error"]["type"] == "server_error"
         rest = [line[6:] for line in lines if line.startswith("data: ")]
-    assert time.monotonic() - sent_at < 10, "the stream did not end soon after --drain's 3 s"
+    assert time.monotonic() - sent_at < 13, "the stream did not end soon after --drain's 3 s"
     assert rest[-1] == "[DONE]"
     assert json.loads(rest[-2])["choices"][0]["finish_reason"] == "shutdown"
-    assert server.proc.wait(15) == 0, server.output.read_text()
-    assert "Traceback" not in server.output.read_text()
+    assert server.proc.wait(15) == 0, server.log.read_text()
+    records = [json.loads(line) for line in server.log.read_text().splitlines()]  # every line strict JSON
+    assert records[0]["event"] == "start" and records[0]["rows"] == 1 and records[0]["auth"] is False
+    requests = [(r["path"], r["status"], r["finish"]) for r in records if r["event"] == "request"]
+    assert ("/v1/completions", 429, None) in requests and ("/v1/completions", 503, None) in requests
+    assert ("/v1/completions", 200, "shutdown") in requests
+    assert any(r["event"].startswith("draining") for r in records)
 
 
-def test_the_page_streams_text_and_stop_frees_the_row(server) -> None:
+def test_an_api_key_and_max_body_through_the_command(started) -> None:
+    server = started("--api-key", "s3cret", "--max-body", "1000", "--drain", "0.5")
+    url = server.url + "/v1/completions"
+    for body in ("{not json", '{"model": 5, "prompt": []}', "x" * 5000):  # malformed, wrong types, too large
+        response = httpx.post(url, content=body, headers={"content-type": "application/json"}, timeout=30)
+        assert response.status_code == 401, (body[:10], response.text)
+    assert small_request(server.url, Authorization="Bearer wrong").status_code == 401
+    assert small_request(server.url, Authorization="Bearer s3cret").status_code == 200
+    assert httpx.get(server.url + "/metrics", timeout=5).status_code == 401
+    for route in ("/", "/health", "/ready", "/info"):
+        assert httpx.get(server.url + route, timeout=5).status_code == 200, route
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(15) == 0
+    out, log = server.output.read_text(), server.log.read_text()
+    assert "auth     an API key on every route but /" in out and "1,000-byte bodies" in out
+    assert re.search(r"127\.0\.0\.1 POST /v1/completions 401 took=\S+s\n", log), log
+    assert re.search(r"POST /v1/completions 200 in=1 out=5 first=\S+s took=\S+s finish=length\n", log), log
+    assert "Traceback" not in out + log
+
+
+def test_the_page_streams_text_and_stop_frees_the_row(started) -> None:
+    server = started(TEXTGEN_API_KEY="page-key")  # the page works with a key: it asks for it, and sends it
+    assert small_request(server.url).status_code == 401
     try:
         from playwright.sync_api import sync_playwright
     except ImportError as exc:
@@ -99,6 +153,7 @@ def test_the_page_streams_text_and_stop_frees_the_row(server) -> None:
         page = browser.new_page()
         page.goto(server.url + "/")
         page.wait_for_function("document.querySelector('#model-info').textContent.includes('tiny')")
+        page.fill("#api-key", "page-key")
         page.fill("#prompt", "the fox ")
         page.fill("#length", "100000")
         page.click("#generate")

@@ -4,6 +4,8 @@ errors as JSON naming the field, the queue's 429, API keys, metrics, disconnects
 from __future__ import annotations
 
 import json
+import logging
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -15,9 +17,10 @@ import pytest
 import uvicorn
 from helpers import wait_until
 
-from textgen.config import SampleConfig, ServeConfig
+from textgen import completion as completion_module
+from textgen.config import MAX_STOP_CHARS, MAX_WHOLE_CHARS, SampleConfig, ServeConfig
 from textgen.engine import Engine, Job
-from textgen.server import card_of_run, create_app, listen
+from textgen.server import LogLines, card_of_run, create_app, listen
 
 
 @pytest.fixture(scope="module")
@@ -142,6 +145,8 @@ def test_a_streamed_answer_can_end_with_its_usage(client, served) -> None:
         ({"echo": True}, 422, "echo"),
         ({"colour": "red"}, 422, "colour"),
         ({"model": "gpt-4"}, 404, "model"),
+        ({"stop": ["x" * (MAX_STOP_CHARS + 1)]}, 422, "stop"),
+        ({"n": 2, "max_tokens": MAX_WHOLE_CHARS // 2 + 1}, 422, "max_tokens"),  # a whole answer's characters
     ],
 )
 def test_bad_requests_get_a_json_error_naming_the_field(client, served, fields, status, param) -> None:
@@ -149,7 +154,35 @@ def test_bad_requests_get_a_json_error_naming_the_field(client, served, fields, 
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert error["param"] == param
-    assert error["message"] and "Traceback" not in response.text
+    assert error["type"] == "invalid_request_error" and (error["code"] is None or isinstance(error["code"], str))
+    message = error["message"]
+    assert message[0].isupper() and message.endswith(".") and f"'{param}'" in message, message
+
+
+@pytest.mark.parametrize(
+    ("fields", "code", "says"),
+    [
+        ({"model": "gpt-4"}, "model_not_found", "send 'model' as 'tiny'"),
+        ({"colour": "red"}, "unknown_parameter", "the fields are model, prompt"),
+        ({"temperature": "hot"}, "invalid_type", "must be a number"),
+        ({"max_tokens": 0}, "invalid_value", "from 1 to 1,000,000"),
+        ({"logprobs": 0}, "unsupported_parameter", "does not return the characters' log-probabilities"),
+        ({"presence_penalty": 0.5}, "unsupported_parameter", "does not penalise repeats"),
+        ({"best_of": 3}, "unsupported_parameter", "ask for n"),
+        ({"n": 9}, "invalid_value", "more than the server's 8 rows"),
+    ],
+)
+def test_errors_carry_openai_s_codes_and_say_what_to_send(client, served, fields, code, says) -> None:
+    error = completion(client, served, **{"prompt": "x", "max_tokens": 5, **fields}).json()["error"]
+    assert error["code"] == code
+    assert says in error["message"], error["message"]
+    assert "Input should" not in error["message"]  # the validation library's wording
+
+
+def test_the_prompts_characters_are_bounded_whatever_the_body_limit(client, served, monkeypatch) -> None:
+    monkeypatch.setattr(completion_module, "MAX_PROMPT_CHARS", 10)
+    error = completion(client, served, prompt=["x" * 6, "y" * 5], max_tokens=5).json()["error"]
+    assert error["param"] == "prompt" and "11 characters, more than the 10 allowed" in error["message"]
 
 
 def test_bodies_that_are_not_json_or_too_large_are_refused(client, served) -> None:
@@ -157,7 +190,12 @@ def test_bodies_that_are_not_json_or_too_large_are_refused(client, served) -> No
     response = client.post("/v1/completions", content=nan, headers={"content-type": "application/json"})
     assert response.status_code == 422 and response.json()["error"]["param"] == "temperature"
     response = client.post("/v1/completions", content="{not json", headers={"content-type": "application/json"})
-    assert response.status_code == 422
+    assert response.status_code == 400
+    assert response.json()["error"]["message"].startswith("The body is not valid JSON (")
+    response = client.post("/v1/completions", json=["a", "list"])
+    assert response.status_code == 422 and response.json()["error"]["message"].startswith(
+        "The body must be a JSON object"
+    )
     response = completion(client, served, prompt="x" * 5000)
     assert response.status_code == 413
     assert "4,096 bytes" in response.json()["error"]["message"]
@@ -194,10 +232,21 @@ def test_a_client_that_stops_waiting_for_a_whole_answer_frees_its_row(client, se
     assert 'textgen_requests_total{outcome="cancelled"}' in client.get("/metrics").text
 
 
-def test_a_union_field_says_each_reason_once(client, served) -> None:
+def test_a_union_field_says_what_it_takes_once(client, served) -> None:
     error = completion(client, served, prompt="x", stop=["a", "b", "c", "d", "e"]).json()["error"]
     assert error["param"] == "stop"
-    assert "at most 4" in error["message"] and error["message"].count("stop:") == 1
+    assert error["message"].count("up to 4 strings") == 1
+
+
+def test_chat_completions_and_unknown_routes_get_a_json_404_saying_why(client) -> None:
+    chat = client.post("/v1/chat/completions", json={"model": "tiny", "messages": []})
+    assert chat.status_code == 404
+    message = chat.json()["error"]["message"]
+    assert "POST /v1/completions" in message and "no chat template" in message
+    unknown = client.get("/nowhere")
+    assert unknown.status_code == 404 and unknown.json()["error"]["message"].startswith("There is no GET /nowhere")
+    wrong_method = client.get("/v1/completions")
+    assert wrong_method.status_code == 405 and "send POST" in wrong_method.json()["error"]["message"]
 
 
 def test_health_ready_metrics_and_info(client, served) -> None:
@@ -217,6 +266,57 @@ def test_health_ready_metrics_and_info(client, served) -> None:
     info = client.get("/info").json()
     assert info["model"] == served.model and info["vocab_size"] == served.engine.sampler.vocab.size
     assert info["training"]["epochs"] == 4 and info["limits"]["max_tokens"] >= 100_000
+
+
+@pytest.fixture
+def access_lines() -> Iterator[list[logging.LogRecord]]:
+    """The request log's records from now on."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("textgen.access")
+    logger.addHandler(handler)
+    level, logger.level = logger.level, logging.INFO
+    yield records
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+def test_every_request_leaves_one_log_line(client, served, access_lines) -> None:
+    completion(client, served, prompt="abc", max_tokens=7)
+    completion(client, served, prompt="abc", max_tokens=0)
+    with client.stream(
+        "POST", "/v1/completions", json={"model": served.model, "prompt": "ab", "max_tokens": 9, "stream": True}
+    ) as r:
+        events(r)
+    client.get("/health")
+    wait_until(lambda: len(access_lines) == 4, "four requests did not leave four log lines")
+    whole, invalid, streamed, health = (r.fields for r in access_lines)  # type: ignore[attr-defined]
+    assert (whole["method"], whole["path"], whole["status"], whole["finish"]) == (
+        "POST",
+        "/v1/completions",
+        200,
+        "length",
+    )
+    assert (whole["chars_in"], whole["chars_out"]) == (3, 7)
+    assert 0 < whole["first_char_s"] <= whole["duration_s"]
+    assert (invalid["status"], invalid["chars_in"]) == (422, None)
+    assert (streamed["chars_in"], streamed["chars_out"], streamed["finish"]) == (2, 9, "length")
+    assert (health["path"], health["status"], health["first_char_s"]) == ("/health", 200, None)
+
+    text, as_json = LogLines(as_json=False), LogLines(as_json=True)
+    line = text.format(access_lines[0])
+    assert re.fullmatch(
+        r"\S+Z 127\.0\.0\.1 POST /v1/completions 200 in=3 out=7 first=\d\.\d{3}s took=\d+\.\d{3}s finish=length", line
+    ), line
+    record = json.loads(as_json.format(access_lines[0]))
+    assert {k: record[k] for k in ("event", "method", "status", "chars_out", "finish")} == {
+        "event": "request",
+        "method": "POST",
+        "status": 200,
+        "chars_out": 7,
+        "finish": "length",
+    }
 
 
 def test_the_page_and_the_runs_view(client, served) -> None:
@@ -242,7 +342,7 @@ def test_requests_beyond_the_rows_and_the_queue_get_429(trained_run, sampler) ->
         response = client.post("/v1/completions", json={"model": card.model, "prompt": "y"})
     assert response.status_code == 429
     assert response.headers["retry-after"] == "1"
-    assert response.json()["error"]["type"] == "rate_limit_error"
+    assert response.json()["error"]["code"] == "rate_limit_exceeded"
 
 
 def test_an_api_key_is_required_when_set(trained_run, sampler) -> None:
@@ -252,12 +352,40 @@ def test_an_api_key_is_required_when_set(trained_run, sampler) -> None:
 
     engine = Engine(sampler, slots=1, max_queue=1)
     card = card_of_run(run_summary(trained_run.run), sampler.cfg, sampler.vocab.size)
-    with TestClient(create_app(engine, card, ServeConfig(api_key="s3cret"))) as client:
-        assert client.get("/v1/models").status_code == 401
-        assert client.get("/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    config = ServeConfig(api_key="s3cret", max_body=100)
+    with TestClient(create_app(engine, card, config, trained_run.checkpoint_dir)) as client:
+        missing = client.get("/v1/models")
+        assert missing.status_code == 401 and missing.json()["error"]["code"] is None
+        wrong = client.get("/v1/models", headers={"Authorization": "Bearer wrong"})
+        assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_api_key"
         assert client.get("/v1/models", headers={"Authorization": "Bearer s3cret"}).status_code == 200
-        assert client.get("/health").status_code == 200  # probes need no key
+        for route in ("/metrics", "/v1/chat/completions", "/nowhere"):
+            assert client.get(route).status_code == 401, route
+        for route in ("/", "/health", "/ready", "/runs"):  # the page's and the probes'
+            assert client.get(route).status_code in (200, 503), route
         assert client.get("/info").json()["auth"] is True
+
+
+def test_without_the_key_any_body_gets_401_before_it_is_read(trained_run, sampler) -> None:
+    from starlette.testclient import TestClient
+
+    from textgen.runs import run_summary
+
+    engine = Engine(sampler, slots=1, max_queue=1)
+    card = card_of_run(run_summary(trained_run.run), sampler.cfg, sampler.vocab.size)
+    read = []
+
+    def endless() -> Iterator[bytes]:  # a chunked body past --max-body: 413 if it were read
+        for _ in range(10):
+            read.append(1)
+            yield b"x" * 100
+
+    with TestClient(create_app(engine, card, ServeConfig(api_key="s3cret", max_body=100))) as client:
+        for body in ("{not json", '{"model": 5, "prompt": []}', "x" * 1000):
+            response = client.post("/v1/completions", content=body, headers={"content-type": "application/json"})
+            assert response.status_code == 401, (body, response.text)
+        assert client.post("/v1/completions", content=endless()).status_code == 401
+    assert len(read) <= 1  # at most what the client sent before the answer
 
 
 def test_an_export_answers_to_its_run_s_name_too() -> None:
@@ -267,5 +395,5 @@ def test_an_export_answers_to_its_run_s_name_too() -> None:
     card = ModelCard("wp-litert-int8", "litert", 90, 512, 1, 64, 1, {"run": "wp", "weights": "best"})
     check_model("wp-litert-int8", card)
     check_model("wp", card)
-    with pytest.raises(ApiError, match="this server serves 'wp-litert-int8'"):
+    with pytest.raises(ApiError, match="send 'model' as 'wp-litert-int8'"):
         check_model("gpt-4", card)

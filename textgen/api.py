@@ -303,10 +303,12 @@ def serve(
     on_ready: Callable[[str, ModelSource], None] | None = None,
 ) -> None:
     """Serve a run's best weights (the latest run if ``run_name`` is None) or an exported ``model`` over HTTP until
-    SIGTERM or Ctrl-C drains the server; ``on_ready`` hears its address once the model answers."""
+    SIGTERM or Ctrl-C drains the server; ``on_ready`` hears its address once the model answers (with
+    ``--log-format json``, a start-up record on stderr says it instead)."""
     from textgen.engine import Engine
-    from textgen.server import card_of_export, card_of_run, create_app, listen, run
+    from textgen.server import card_of_export, card_of_run, configure_logs, create_app, listen, log_start, run
 
+    configure_logs(config.log_format)
     sock = listen(config.host, config.port)
     with contextlib.closing(sock):
         sampler, source = open_generator(checkpoint_dir, run_name, "best", model)
@@ -323,8 +325,11 @@ def serve(
         try:
             app = create_app(engine, card, config, None if model is not None else checkpoint_dir)
             host, port = sock.getsockname()[:2]
-            if on_ready is not None:
-                on_ready(f"http://{f'[{host}]' if ':' in host else host}:{port}", source)
+            url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+            if config.log_format == "json":
+                log_start(url, card.model, config)
+            elif on_ready is not None:
+                on_ready(url, source)
             run(app, sock, engine, config.drain_seconds)
         finally:
             engine.close()

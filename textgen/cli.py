@@ -755,7 +755,8 @@ SERVE_EXAMPLES = """
     TEXTGEN_API_KEY=secret textgen serve --host 0.0.0.0
 
 Clients speak OpenAI's completions API (POST /v1/completions, "max_tokens" in characters); /metrics is
-Prometheus text. SIGTERM or Ctrl-C drains: new requests get 503, running streams end within --drain seconds.
+Prometheus text. SIGTERM or Ctrl-C drains: for --drain seconds new requests get 503 and running streams go on,
+then they end and the server exits. Each request leaves a line on stderr (--log-format json: a JSON object).
 """
 
 
@@ -770,7 +771,11 @@ def serve(
     max_queue: Annotated[int, typer.Option(help="Requests that may wait for a row; more get 429")] = SERVING.max_queue,
     api_key: Annotated[
         str | None,
-        typer.Option(envvar="TEXTGEN_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1/*", show_default=False),
+        typer.Option(
+            envvar="TEXTGEN_API_KEY",
+            help="Require 'Authorization: Bearer KEY' on every route but /, /health, /ready, /info and /runs",
+            show_default=False,
+        ),
     ] = None,
     max_body: Annotated[int, typer.Option(help="Largest request body, in bytes")] = SERVING.max_body,
     request_timeout: Annotated[
@@ -787,10 +792,15 @@ def serve(
             "other streams (0: read every prompt in the batch)"
         ),
     ] = SERVING.prefill,
+    log_format: Annotated[
+        str, typer.Option(help="The request log on stderr: text (a line each) or json (a JSON object a line)")
+    ] = SERVING.log_format,
 ) -> None:
     """Serve a run (or an export) to many clients at once: an OpenAI-compatible API and a page to try it."""
     with _errors():
-        config = ServeConfig(host, port, slots, max_queue, api_key, max_body, request_timeout, drain, prefill)
+        config = ServeConfig(
+            host, port, slots, max_queue, api_key, max_body, request_timeout, drain, prefill, log_format
+        )
         api.serve(config, checkpoint_dir, run, model, lambda url, source: ui.show_serving(console, url, source, config))
     console.print("stopped")
 

@@ -20,14 +20,20 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-from textgen.config import MAX_REQUEST_CHARS, SampleConfig, ServeConfig
+from textgen.config import (
+    MAX_PROMPT_CHARS,
+    MAX_PROMPTS,
+    MAX_REQUEST_CHARS,
+    MAX_STOP_CHARS,
+    MAX_STOPS,
+    MAX_WHOLE_CHARS,
+    SampleConfig,
+    ServeConfig,
+)
 from textgen.engine import Engine, Event, Finish, Job
-from textgen.errors import FieldError
+from textgen.errors import FieldError, shown
 
 DISCONNECT_CHECK = 0.5  # seconds between checks that a non-streamed request's client is still there
-
-
-MAX_PROMPTS = 64  # prompts in one request (each takes n rows)
 
 
 # Time to first character: tens of milliseconds when a row is free, up to seconds when queued.
@@ -57,21 +63,25 @@ class ModelCard:
 
 
 class ApiError(Exception):
-    """An answer other than 200, as OpenAI's API words errors: ``{"error": {"message", "type", "param", "code"}}``."""
+    """An answer other than 200, as OpenAI's API words errors: ``{"error": {"message", "type", "param", "code"}}``,
+    ``type`` a string (``invalid_request_error``, ``server_error``, ...) and ``code`` a string or null
+    (``model_not_found``, ``invalid_api_key``, ``rate_limit_exceeded``, ...), as OpenAI's are."""
 
     def __init__(
         self,
         status: int,
         message: str,
         param: str | None = None,
+        code: str | None = None,
         kind: str = "invalid_request_error",
         headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
-        self.status, self.message, self.param, self.kind, self.headers = status, message, param, kind, headers
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+        self.headers = headers
 
     def response(self) -> JSONResponse:
-        error = {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}
+        error = {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}
         return JSONResponse({"error": error}, self.status, headers=self.headers)
 
 
@@ -81,6 +91,7 @@ class StreamOptions(BaseModel):
 
 
 Finite = Annotated[float, Field(allow_inf_nan=False, strict=True)]  # an integer is a number too; a string is not
+Stop = Annotated[str, Field(strict=True, max_length=MAX_STOP_CHARS)]
 
 
 class CompletionRequest(BaseModel):
@@ -97,7 +108,7 @@ class CompletionRequest(BaseModel):
     top_k: StrictInt = 0
     n: Annotated[int, Field(strict=True, ge=1)] = 1
     seed: StrictInt | None = None
-    stop: StrictStr | Annotated[list[StrictStr], Field(max_length=4)] | None = None
+    stop: Stop | Annotated[list[Stop], Field(max_length=MAX_STOPS)] | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     user: StrictStr | None = None  # recorded by OpenAI for abuse reports; accepted and unused here
@@ -151,8 +162,8 @@ def check_model(name: str, card: ModelCard) -> None:
     """404 unless ``name`` is the served model's, or the name of the run an export was made from (a client of the
     run's server goes on working when an export of it is served instead)."""
     if name not in (card.model, card.training.get("run", card.model)):
-        message = f"the model {name!r} is not served here; this server serves {card.model!r} (GET /v1/models)"
-        raise ApiError(404, message, "model", kind="not_found")
+        message = f"The model {shown(name)} is not served here: send 'model' as {shown(card.model)} (GET /v1/models)."
+        raise ApiError(404, message, "model", "model_not_found")
 
 
 def completion_job(
@@ -170,11 +181,28 @@ def completion_job(
         ).seeded()
     except FieldError as exc:
         param = API_FIELDS.get(exc.field, exc.field)
-        raise ApiError(422, f"{param} must be {exc.rule}", param) from None
+        value = getattr(body, param)
+        raise ApiError(422, f"The field '{param}' must be {exc.rule} (got {shown(value)}).", param, INVALID) from None
     rows = len(body.prompts) * body.n
     if rows > engine.slots:
-        message = f"{rows} continuations (prompts x n) are more than the server's {engine.slots} rows"
-        raise ApiError(422, message, "n")
+        message = (
+            f"The request asks for {rows} continuations (prompts x n), more than the server's {engine.slots} rows: "
+            f"send fewer prompts or a smaller 'n'."
+        )
+        raise ApiError(422, message, "n", INVALID)
+    if not body.stream and rows * body.max_tokens > MAX_WHOLE_CHARS:
+        message = (
+            f"A whole answer holds at most {MAX_WHOLE_CHARS:,} characters, and this one asks for "
+            f"{rows * body.max_tokens:,} (max_tokens x n x prompts): send a smaller 'max_tokens', or 'stream' true."
+        )
+        raise ApiError(422, message, "max_tokens", INVALID)
+    prompt_chars = sum(map(len, body.prompts))
+    if prompt_chars > MAX_PROMPT_CHARS:
+        message = (
+            f"The prompts hold {prompt_chars:,} characters, more than the {MAX_PROMPT_CHARS:,} allowed: send a "
+            f"shorter 'prompt'."
+        )
+        raise ApiError(422, message, "prompt", INVALID)
     vocab = engine.sampler.vocab
     warnings = [note for note in (vocab.unknown_note(p) for p in body.prompts) if note]
     job = Job(
@@ -205,15 +233,17 @@ class Completion:
             "model": card.model,
         }
         self.prefix = (json.dumps(self.head)[:-1] + ', "choices": [').encode()
-        self.texts = [""] * job.rows
+        self.chars = 0  # generated, over all rows
+        self.pieces: list[list[str]] = [[] for _ in range(job.rows)]  # a whole answer's texts: joined once, at the end
         self.finishes: list[str | None] = [None] * job.rows
         self.first_char: float | None = None
 
     def take(self, event: Event) -> None:
-        """Record one of the engine's events."""
+        """Record one of the engine's events (a whole answer's ``collect`` keeps its text too)."""
         if event.text:
-            self.texts[event.index] += event.text
-            self.metrics.chars.inc(len(event.text))
+            chars = len(event.text)
+            self.chars += chars
+            self.metrics.chars.inc(chars)
             if self.first_char is None:
                 self.first_char = time.monotonic()
                 self.metrics.first_char.observe(self.first_char - self.arrived)
@@ -235,15 +265,18 @@ class Completion:
                 return worst.value
         return "completed"
 
+    def finish_reasons(self) -> str:
+        """Its rows' finish reasons, each once ("cancelled" for a row its client left): for the log."""
+        return ",".join(sorted({finish or "cancelled" for finish in self.finishes}))
+
     def usage(self) -> dict[str, int]:
         prompt = sum(len(p) for p in self.job.prompts) * self.job.n
-        completion = sum(len(t) for t in self.texts)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        return {"prompt_tokens": prompt, "completion_tokens": self.chars, "total_tokens": prompt + self.chars}
 
     def whole(self) -> dict[str, Any]:
         choices = [
-            {"index": i, "text": text, "logprobs": None, "finish_reason": finish}
-            for i, (text, finish) in enumerate(zip(self.texts, self.finishes, strict=True))
+            {"index": i, "text": "".join(pieces), "logprobs": None, "finish_reason": finish}
+            for i, (pieces, finish) in enumerate(zip(self.pieces, self.finishes, strict=True))
         ]
         return {**self.head, "choices": choices, "usage": self.usage(), "seed": self.job.seed, **self._warnings()}
 
@@ -257,7 +290,9 @@ class Completion:
         try:
             while self.open_rows:
                 with contextlib.suppress(asyncio.TimeoutError):
-                    self.take(await asyncio.wait_for(events.get(), DISCONNECT_CHECK))
+                    event = await asyncio.wait_for(events.get(), DISCONNECT_CHECK)
+                    self.take(event)
+                    self.pieces[event.index].append(event.text)
                 if self.open_rows and time.monotonic() - checked >= DISCONNECT_CHECK:
                     checked = time.monotonic()
                     if await request.is_disconnected():
@@ -300,12 +335,6 @@ class Completion:
             self.end(self.outcome())
 
 
-def _field(error: Any) -> str | None:
-    """The request field a validation error is about (None: the body as a whole, e.g. its JSON)."""
-    location = error["loc"]
-    return str(location[1]) if len(location) > 1 and isinstance(location[1], str) else None
-
-
 def _choice(event: Event) -> dict[str, Any]:
     finish = None if event.finish is None else event.finish.value
     return {"index": event.index, "text": event.text, "logprobs": None, "finish_reason": finish}
@@ -315,12 +344,79 @@ def _sse(payload: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
 
 
+INVALID = "invalid_value"  # the code of a field's value out of its bounds, as OpenAI's API says it
+
+# What each field takes, for the message that refuses another value.
+RULES = {
+    "model": "the served model's name, a string (GET /v1/models)",
+    "prompt": f"a string or a list of 1 to {MAX_PROMPTS} strings",
+    "max_tokens": f"an integer from 1 to {MAX_REQUEST_CHARS:,}: the characters to generate",
+    "temperature": "a number: 0 (the likeliest character) or from 0.001 to 1000",
+    "top_p": "a number in (0, 1]",
+    "top_k": "an integer: 0 (off) or how many of the likeliest characters to sample among",
+    "n": "an integer of at least 1: the continuations of each prompt",
+    "seed": "an integer in [0, 2**31), or null",
+    "stop": f"a string or a list of up to {MAX_STOPS} strings, each of up to {MAX_STOP_CHARS} characters, or null",
+    "stream": "true or false",
+    "stream_options": 'an object {"include_usage": true or false}, or null',
+    "user": "a string",
+}
+
+# Fields of OpenAI's API that a character model cannot honour: what may be sent, and why.
+UNSUPPORTED = {
+    "echo": ("false", "the answer holds the continuation only; put the prompt before it yourself"),
+    "logprobs": ("null", "textgen's compiled sampler does not return the characters' log-probabilities"),
+    "suffix": ("null", "a character model writes left to right and cannot aim at a given ending"),
+    "best_of": ("1 or null", "each continuation is drawn once and not scored; ask for n and choose yourself"),
+    "presence_penalty": ("0 or null", "textgen does not penalise repeats; temperature, top_k and top_p shape the text"),
+    "frequency_penalty": (
+        "0 or null",
+        "textgen does not penalise repeats; temperature, top_k and top_p shape the text",
+    ),
+    "logit_bias": ("{} or null", "textgen does not bias the characters' odds; top_k and top_p narrow the choice"),
+}
+
+EXAMPLE = '{"model": "...", "prompt": "Once upon a time", "max_tokens": 100}'
+
+
+def _field(error: Any) -> str | None:
+    """The request field a validation error is about (None: the body as a whole, e.g. its JSON)."""
+    location = error["loc"]
+    return str(location[1]) if len(location) > 1 and isinstance(location[1], str) else None
+
+
+def _json_shown(value: Any) -> str:
+    """A value of a request as JSON, cut short."""
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def validation_error(errors: Sequence[Any]) -> ApiError:
-    """A 422 naming the field the first of pydantic's ``errors`` is about; a union's field fails once per member,
-    so each reason is said once."""
-    field = _field(errors[0])
-    reasons = dict.fromkeys(e["msg"][:1].lower() + e["msg"][1:] for e in errors if _field(e) == field)
-    return ApiError(422, f"{field or 'the body'}: {' or '.join(reasons)}", field)
+    """The answer to a body FastAPI's checks refused, from the first of pydantic's ``errors``: a sentence naming the
+    field (or the body) and what to send instead."""
+    error, field = errors[0], _field(errors[0])
+    kind = error["type"]
+    if kind == "json_invalid":
+        message = f"The body is not valid JSON ({error['ctx']['error']}): send a JSON object such as {EXAMPLE}."
+        return ApiError(400, message)
+    if field is None:
+        message = f"The body must be a JSON object of the request's fields, such as {EXAMPLE}."
+        return ApiError(400 if kind == "missing" else 422, message)
+    if field in UNSUPPORTED:
+        allowed, why = UNSUPPORTED[field]
+        message = f"This server does not support '{field}': {why}. Send {allowed}, or leave it out."
+        return ApiError(422, message, field, "unsupported_parameter")
+    if kind == "extra_forbidden" and len(error["loc"]) == 2:
+        known = ", ".join(RULES)
+        message = f"Unknown field '{field}': the fields are {known} (a misspelt field is refused, not ignored)."
+        return ApiError(422, message, field, "unknown_parameter")
+    if kind == "missing":
+        return ApiError(
+            422, f"The field '{field}' is required: send {RULES[field]}.", field, "missing_required_parameter"
+        )
+    got = _json_shown(error["input"])
+    code = "invalid_type" if kind.endswith("_type") or kind.endswith("_parsing") else INVALID
+    return ApiError(422, f"The field '{field}' must be {RULES[field]} (got {got}).", field, code)
 
 
 class Dispatcher:

@@ -472,7 +472,15 @@ class SampleConfig:
         return self if self.seed is not None else dataclasses.replace(self, seed=secrets.randbelow(2**31))
 
 
-MAX_REQUEST_CHARS = 1_000_000  # characters one request to `textgen serve` may ask for (it streams them)
+# What one request to `textgen serve` may ask for: each bounds work on the threads every request shares (the event
+# loop, the engine's lanes and emitter), so that no request's fields can slow the others' streams.
+MAX_REQUEST_CHARS = 1_000_000  # characters one continuation may ask for (max_tokens: streamed, they cost as they go)
+MAX_WHOLE_CHARS = 1_000_000  # characters of a non-streamed answer over all its continuations: built and encoded at once
+MAX_PROMPT_CHARS = 1_000_000  # characters of a request's prompts together, whatever --max-body allows
+MAX_PROMPTS = 64  # prompts in one request (each takes n rows)
+MAX_STOPS = 4  # stop sequences of one request, as OpenAI's API allows
+MAX_STOP_CHARS = 256  # characters of one stop sequence: each row holds back, and checks, up to this many
+LOG_FORMATS = ("text", "json")  # textgen serve --log-format: a line per request, for people or for machines
 
 
 @dataclasses.dataclass(frozen=True)
@@ -483,11 +491,12 @@ class ServeConfig:
     port: int = 8000  # 0 lets the system choose a free port
     slots: int = 64  # rows of LSTM state: continuations generated at once
     max_queue: int = 256  # requests that may wait for rows; beyond them the answer is 429
-    api_key: str | None = None  # when set, /v1/* needs "Authorization: Bearer <key>"
+    api_key: str | None = None  # when set, every route but the page's and the probes' needs "Authorization: Bearer"
     max_body: int = 2**20  # bytes of a request body
     request_timeout: float = 600.0  # seconds a request may run, queued or generating
     drain_seconds: float = 3.0  # on SIGTERM or Ctrl-C, how long running streams may go on before they are ended
     prefill: int = 128  # prompts up to this many characters may be read on arrival, first characters drawn, apart
+    log_format: str = "text"  # one of LOG_FORMATS
 
     def __post_init__(self) -> None:
         _require(isinstance(self.port, int) and 0 <= self.port <= 65535, "port", "in 0..65535", self.port)
@@ -497,9 +506,26 @@ class ServeConfig:
             value = getattr(self, name)
             _require(isinstance(value, int) and value >= 0, name, "0 or more", value)
         _require(self.api_key is None or bool(self.api_key.strip()), "api_key", "a non-empty key", "")
+        _require(self.log_format in LOG_FORMATS, "log_format", " or ".join(LOG_FORMATS), self.log_format)
         for name in ("request_timeout", "drain_seconds"):
             value = getattr(self, name)
             _require(_finite(value) and value > 0, name, "a positive number of seconds", value)
+
+    def limits(self) -> dict[str, Any]:
+        """What the server holds and what one request may ask, as its start-up lines say them."""
+        return {
+            "rows": self.slots,
+            "max_queue": self.max_queue,
+            "max_body_bytes": self.max_body,
+            "request_timeout_s": self.request_timeout,
+            "drain_s": self.drain_seconds,
+            "auth": self.api_key is not None,
+            "max_tokens": MAX_REQUEST_CHARS,
+            "max_whole_chars": MAX_WHOLE_CHARS,
+            "max_prompt_chars": MAX_PROMPT_CHARS,
+            "max_stops": MAX_STOPS,
+            "max_stop_chars": MAX_STOP_CHARS,
+        }
 
 
 def max_generated_chars() -> int:

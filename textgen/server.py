@@ -13,11 +13,13 @@ import asyncio
 import contextlib
 import errno
 import hmac
+import json
+import logging
 import math
 import signal
 import socket
 import time
-from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from collections.abc import Iterator, MutableMapping
 from dataclasses import asdict
 from importlib import resources
 from pathlib import Path
@@ -25,10 +27,11 @@ from typing import Any
 from urllib.parse import quote
 
 import prometheus_client as prom
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp
 
 from textgen.artifact import ArtifactInfo
 from textgen.completion import (
@@ -44,18 +47,105 @@ from textgen.completion import (
 )
 from textgen.config import MAX_REQUEST_CHARS, ModelConfig, ServeConfig
 from textgen.engine import Draining, Engine, Event, QueueFull
-from textgen.errors import ConfigError
+from textgen.errors import ConfigError, shown
 from textgen.plot import loss_svg, read_history
 from textgen.results import RunSummary
 from textgen.runs import run_summaries
 
 RETRY_AFTER = 1  # seconds a refused client is told to wait: rows free every few tens of milliseconds under load
+OPEN_ROUTES = ("/", "/health", "/ready", "/info", "/runs")  # the page's and the probes': no API key asked
+SHUTDOWN_GRACE = 5  # seconds after the drain for the streams it ended to send their last events
+REFUSALS = {401: "unauthorized", 429: "rejected", 503: "unavailable"}  # a refused completion's outcome (else invalid)
+
+access_log = logging.getLogger("textgen.access")
+serve_log = logging.getLogger("textgen.serve")
+
+
+class AccessLog:
+    """ASGI middleware: one log line per request once it is answered (a stream once it ends), and the completion
+    requests refused (401, 413, 422, 429, 503, ...) counted by outcome. Its only work while a response is sent is
+    noting its status."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started, status = time.monotonic(), 500  # 500: the app failed before answering (uvicorn's answer)
+
+        async def noting(message: MutableMapping[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, noting)
+        finally:
+            completion: Completion | None = scope.get("state", {}).get("completion")
+            if scope["path"] == "/v1/completions" and status >= 400 and status != 499:  # 499: counted as cancelled
+                self.metrics.requests.labels(REFUSALS.get(status, "invalid")).inc()
+            access_log.info("request", extra={"fields": _access_fields(scope, status, started, completion)})
+
+
+def _access_fields(
+    scope: MutableMapping[str, Any], status: int, started: float, completion: Completion | None
+) -> dict[str, Any]:
+    """A request's log line: what was asked, how it was answered, and for a completion its characters and times."""
+    client = scope.get("client")
+    path = scope.get("raw_path", scope["path"].encode())[:200].decode("latin-1")  # still %-encoded: one line
+    fields: dict[str, Any] = {
+        "client": client[0] if client else None,
+        "method": scope["method"],
+        "path": path,
+        "status": status,
+        "chars_in": None,
+        "chars_out": None,
+        "first_char_s": None,
+        "duration_s": round(time.monotonic() - started, 4),
+        "finish": None,
+    }
+    if completion is not None:
+        first = completion.first_char
+        fields["chars_in"] = sum(map(len, completion.job.prompts))
+        fields["chars_out"] = completion.chars
+        fields["first_char_s"] = None if first is None else round(first - started, 4)
+        fields["finish"] = completion.finish_reasons()
+    return fields
+
+
+class KeyCheck:
+    """ASGI middleware: with an API key set, a request for a route other than ``OPEN_ROUTES`` and the runs' loss
+    curves is answered 401 unless it carries the key, before any of its body is read (the key compared in constant
+    time)."""
+
+    def __init__(self, app: ASGIApp, api_key: str | None) -> None:
+        self.app, self.key = app, None if api_key is None else api_key.encode()
+
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        path = scope.get("path", "")
+        if self.key is None or scope["type"] != "http" or path in OPEN_ROUTES or path.startswith("/runs/"):
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope["headers"]).get(b"authorization")
+        if given is not None and given[:7].lower() == b"bearer " and hmac.compare_digest(given[7:], self.key):
+            await self.app(scope, receive, send)
+            return
+        send_it = "send the header 'Authorization: Bearer <key>' with the key textgen serve was given"
+        if given is None:
+            error = ApiError(401, f"This server needs an API key: {send_it}.", headers={"WWW-Authenticate": "Bearer"})
+        else:
+            message = f"The API key sent is not this server's: {send_it} (--api-key or TEXTGEN_API_KEY)."
+            error = ApiError(401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+        await _send(send, error.response())
 
 
 class BodyLimit:
     """ASGI middleware: a request body over ``limit`` bytes is answered 413 before the app reads it."""
 
-    def __init__(self, app: Callable[..., Awaitable[None]], limit: int) -> None:
+    def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app, self.limit = app, limit
 
     async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
@@ -64,7 +154,8 @@ class BodyLimit:
             return
         declared = dict(scope["headers"]).get(b"content-length", b"0")
         if not declared.isdigit():
-            await _send(send, ApiError(400, "Content-Length is not a number").response())
+            message = "The Content-Length header is not a number: send the body's length in bytes, or no header."
+            await _send(send, ApiError(400, message).response())
             return
         if int(declared) > self.limit:
             await _send(send, self._too_large())
@@ -86,7 +177,7 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
     def _too_large(self) -> JSONResponse:
-        message = f"the request body is over {self.limit:,} bytes (the server's --max-body)"
+        message = f"The request body is over {self.limit:,} bytes (the server's --max-body): send a smaller one."
         return ApiError(413, message).response()
 
 
@@ -101,55 +192,43 @@ def create_app(engine: Engine, card: ModelCard, config: ServeConfig, checkpoint_
     """The ASGI application serving ``engine``'s model (``checkpoint_dir``'s runs listed on the page)."""
     metrics = Metrics(engine)
     app = FastAPI(title="textgen", docs_url=None, redoc_url=None)  # the docs pages fetch scripts from a CDN
-    _add_error_handlers(app, metrics)
-    api_key = [Depends(_key_check(config.api_key))]
-    _add_model_routes(app, engine, card, config, metrics, api_key)
+    _add_error_handlers(app)
+    _add_model_routes(app, engine, card, config, metrics)
     _add_run_routes(app, checkpoint_dir)
-    _add_completions(app, engine, card, config, metrics, api_key)
-    return BodyLimit(app, config.max_body)
+    _add_completions(app, engine, card, config, metrics)
+    return AccessLog(KeyCheck(BodyLimit(app, config.max_body), config.api_key), metrics)
 
 
-def _add_error_handlers(app: FastAPI, metrics: Metrics) -> None:
-    """Every error as OpenAI's JSON, and counted when it answers a completion request."""
-    outcomes = {429: "rejected", 503: "unavailable", 401: "unauthorized"}
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error as OpenAI's JSON (``AccessLog`` counts the refused completion requests)."""
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        if request.url.path == "/v1/completions":
-            metrics.requests.labels(outcomes.get(exc.status, "invalid")).inc()
         return exc.response()
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        metrics.requests.labels("invalid").inc()
         return validation_error(exc.errors()).response()
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        return ApiError(
-            exc.status_code, str(exc.detail), kind="not_found" if exc.status_code == 404 else "error"
-        ).response()
+        asked = f"{request.method} {request.url.path[:100]}"
+        if exc.status_code == 404 and request.url.path.rstrip("/") == "/v1/chat/completions":
+            message = (
+                "This server speaks OpenAI's completions API, not chat completions: a character model continues "
+                "text and has no chat template to turn messages into a prompt. Send "
+                '{"model": ..., "prompt": "..."} to POST /v1/completions instead.'
+            )
+        elif exc.status_code == 404:
+            message = f"There is no {asked} here: the API is POST /v1/completions and GET /v1/models; / is the page."
+        elif exc.status_code == 405:
+            message = f"{asked} is not allowed here: send {(exc.headers or {}).get('Allow', 'another method')}."
+        else:
+            message = f"{asked} failed: {exc.detail}."
+        return ApiError(exc.status_code, message, headers=dict(exc.headers or {})).response()
 
 
-def _key_check(api_key: str | None) -> Callable[[Request], Awaitable[None]]:
-    """The dependency that refuses a request without ``api_key`` (none when it is None). Async, so FastAPI runs it on
-    the event loop rather than handing every request to a worker thread and back."""
-
-    async def authorized(request: Request) -> None:
-        if api_key is None:
-            return
-        given = request.headers.get("authorization", "")
-        token = given[7:] if given[:7].lower() == "bearer " else ""
-        if not hmac.compare_digest(token.encode(), api_key.encode()):
-            message = "a missing or wrong API key: send the header 'Authorization: Bearer <key>'"
-            raise ApiError(401, message, kind="authentication_error", headers={"WWW-Authenticate": "Bearer"})
-
-    return authorized
-
-
-def _add_model_routes(
-    app: FastAPI, engine: Engine, card: ModelCard, config: ServeConfig, metrics: Metrics, api_key: list[Any]
-) -> None:
+def _add_model_routes(app: FastAPI, engine: Engine, card: ModelCard, config: ServeConfig, metrics: Metrics) -> None:
     """The page, the probes, the metrics, and what is served."""
     page = resources.files("textgen").joinpath("page.html").read_text(encoding="utf-8")
 
@@ -178,11 +257,11 @@ def _add_model_routes(
         limits = {"max_tokens": MAX_REQUEST_CHARS, "max_n": engine.slots}
         return {**asdict(card), "limits": limits, "auth": config.api_key is not None}
 
-    @app.get("/v1/models", dependencies=api_key)
+    @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [_model_object(card)]}
 
-    @app.get("/v1/models/{name}", dependencies=api_key)
+    @app.get("/v1/models/{name}")
     async def model(name: str) -> dict[str, Any]:
         check_model(name, card)
         return _model_object(card)
@@ -194,7 +273,7 @@ def _add_run_routes(app: FastAPI, checkpoint_dir: Path | None) -> None:
     @app.get("/runs")
     async def runs() -> dict[str, Any]:
         if checkpoint_dir is None:
-            raise ApiError(404, "this server serves an export: there are no runs to list", kind="not_found")
+            raise ApiError(404, "This server serves an export: there are no runs to list.")
         summaries = await asyncio.to_thread(run_summaries, checkpoint_dir)
         listed = []
         for s in summaries:
@@ -220,22 +299,20 @@ def _add_run_routes(app: FastAPI, checkpoint_dir: Path | None) -> None:
     @app.get("/runs/{name}/loss.svg")
     async def curve(name: str) -> Response:
         if checkpoint_dir is None:
-            raise ApiError(404, "this server serves an export: there are no runs", kind="not_found")
+            raise ApiError(404, "This server serves an export: there are no runs.")
         known = {s.run for s in await asyncio.to_thread(run_summaries, checkpoint_dir) if not s.problem}
         history = checkpoint_dir / name / "history.csv"
         if name not in known or not history.is_file():  # only a listed run's file: the name is never a path
-            raise ApiError(404, f"no run {name!r} with a loss history here", kind="not_found")
+            raise ApiError(404, f"There is no run {shown(name)} with a loss history here: GET /runs lists them.")
         svg = loss_svg(await asyncio.to_thread(read_history, history), title=name)
         return Response(svg, media_type="image/svg+xml")
 
 
-def _add_completions(
-    app: FastAPI, engine: Engine, card: ModelCard, config: ServeConfig, metrics: Metrics, api_key: list[Any]
-) -> None:
+def _add_completions(app: FastAPI, engine: Engine, card: ModelCard, config: ServeConfig, metrics: Metrics) -> None:
     """``POST /v1/completions``: a request becomes an engine job; its events are streamed or gathered."""
     dispatchers: list[Dispatcher] = []  # made on the event loop by the first request
 
-    @app.post("/v1/completions", dependencies=api_key)
+    @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
         arrived = time.monotonic()
         job, warnings = completion_job(body, card, engine, config)
@@ -245,11 +322,18 @@ def _add_completions(
         try:
             ticket = engine.submit(job, dispatchers[0].listener(events))
         except QueueFull:
-            message = f"all {engine.slots} rows are busy and {engine.max_queue} requests are waiting; retry shortly"
-            raise ApiError(429, message, kind="rate_limit_error", headers={"Retry-After": str(RETRY_AFTER)}) from None
-        except Draining:
-            raise ApiError(503, "the server is shutting down", kind="unavailable") from None
+            message = (
+                f"All {engine.slots} rows are busy and {engine.max_queue} requests are waiting: "
+                f"retry in {RETRY_AFTER} s (the Retry-After header)."
+            )
+            retry = {"Retry-After": str(RETRY_AFTER)}
+            raise ApiError(429, message, code="rate_limit_exceeded", kind="requests", headers=retry) from None
+        except Draining:  # closing the connection sends a load balancer's retry to another server
+            message = "The server is shutting down: send the request to another one, or retry once it is back."
+            headers = {"Retry-After": str(RETRY_AFTER), "Connection": "close"}
+            raise ApiError(503, message, kind="server_error", headers=headers) from None
         completion = Completion(body, job, card, warnings, arrived, metrics)
+        request.state.completion = completion  # for the request's log line
         if body.stream:
             return StreamingResponse(
                 completion.stream(events, lambda: engine.cancel(ticket)),
@@ -304,12 +388,62 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+class LogLines(logging.Formatter):
+    """Log records one line each, on stderr: text for people, or (``json``) one strict JSON object per line for
+    machines. A request's line (``AccessLog``) and the start-up record carry their figures as ``fields``."""
+
+    def __init__(self, as_json: bool) -> None:
+        super().__init__()
+        self.as_json = as_json
+
+    def format(self, record: logging.LogRecord) -> str:
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record.created))
+        fields: dict[str, Any] = getattr(record, "fields", {})
+        error = self.formatException(record.exc_info) if record.exc_info else None
+        if self.as_json:
+            entry = {"time": when, "level": record.levelname.lower(), "event": record.getMessage(), **fields}
+            return json.dumps(entry if error is None else {**entry, "error": error}, allow_nan=False)
+        text = _request_line(fields) if record.name == access_log.name else record.getMessage()
+        return f"{when} {text}" if error is None else f"{when} {text}\n{error}"
+
+
+def _request_line(f: dict[str, Any]) -> str:
+    words = [f["client"] or "-", f["method"], f["path"], str(f["status"])]
+    if f["chars_in"] is not None:
+        first = "-" if f["first_char_s"] is None else f"{f['first_char_s']:.3f}s"
+        words += [f"in={f['chars_in']}", f"out={f['chars_out']}", f"first={first}"]
+    words.append(f"took={f['duration_s']:.3f}s")
+    return " ".join(words if f["finish"] is None else [*words, f"finish={f['finish']}"])
+
+
+def configure_logs(log_format: str) -> None:
+    """textgen's and uvicorn's log records to stderr, in ``log_format`` ("text" or "json"): a line per request, the
+    drain, and any error."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(LogLines(log_format == "json"))
+    for name, level in (("textgen", logging.INFO), ("uvicorn", logging.WARNING)):
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [handler]
+        logger.setLevel(level)
+        logger.propagate = False
+
+
+def log_start(url: str, serving: str, config: ServeConfig) -> None:
+    """The start-up record of ``--log-format json``: where the server listens, what it serves, which limits apply."""
+    serve_log.info("start", extra={"fields": {"url": url, "serving": serving, **config.limits()}})
+
+
 def run(app: Any, sock: socket.socket, engine: Engine, drain_seconds: float) -> None:
-    """Serve ``app`` on ``sock`` until SIGTERM or Ctrl-C, which drain: new requests are refused (503), running
-    streams go on for ``drain_seconds`` and then end with a last event, and the call returns."""
+    """Serve ``app`` on ``sock`` until SIGTERM or Ctrl-C, which drain: for ``drain_seconds`` the socket stays open,
+    new requests get 503 with Retry-After and ``/ready`` says draining (a load balancer's cue to send them elsewhere)
+    while running streams go on; then the streams still running end (finish_reason "shutdown") and the call returns.
+    A second Ctrl-C stops at once."""
     import uvicorn
 
     class DrainingServer(uvicorn.Server):
+        drain_ends: float | None = None
+        drain_said = False
+
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
             # uvicorn's own raises the signal again once it has stopped, so that the process dies of it; a drained
@@ -322,11 +456,28 @@ def run(app: Any, sock: socket.socket, engine: Engine, drain_seconds: float) -> 
                     signal.signal(sig, handler)
 
         def handle_exit(self, sig: int, frame: Any) -> None:
-            engine.drain(drain_seconds)
-            self.force_exit = self.should_exit and sig == signal.SIGINT  # a second Ctrl-C stops at once
-            self.should_exit = True
+            # uvicorn stops listening as soon as should_exit is set: it is set when the drain ends (on_tick).
+            if self.drain_ends is None:
+                engine.drain(drain_seconds)
+                self.drain_ends = time.monotonic() + drain_seconds
+            elif sig == signal.SIGINT:
+                self.should_exit = self.force_exit = True
+
+        async def on_tick(self, counter: int) -> bool:
+            if self.drain_ends is None:
+                return await super().on_tick(counter)
+            if not self.drain_said:  # said here, not in the signal handler, which may interrupt a log write
+                self.drain_said = True
+                message = "draining: new requests get 503 for %g s, then running streams end (Ctrl-C again: now)"
+                serve_log.info(message, drain_seconds)
+            return await super().on_tick(counter) or time.monotonic() >= self.drain_ends
 
     config = uvicorn.Config(
-        app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=int(drain_seconds) + 5
+        app,
+        log_config=None,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=SHUTDOWN_GRACE,
     )
     DrainingServer(config).run(sockets=[sock])

@@ -405,9 +405,22 @@ def show_serving(console: Console, url: str, source: ModelSource, config: ServeC
     console.print(f"  page     {url}/")
     console.print(f"  API      {url}/v1/completions (OpenAI completions; max_tokens counts characters)")
     console.print(f"  metrics  {url}/metrics")
+    limit = config.limits()
+    console.print(
+        f"  limits   {limit['max_body_bytes']:,}-byte bodies, {limit['request_timeout_s']:g} s a request, "
+        f"{limit['max_tokens']:,} characters a continuation ({limit['max_whole_chars']:,} a whole answer), "
+        f"{limit['max_prompt_chars']:,} of prompts, {limit['max_stops']} stops of up to {limit['max_stop_chars']}"
+    )
+    if config.api_key is not None:
+        console.print("  auth     an API key on every route but /, /health, /ready, /info and /runs")
+    else:
+        console.print("  auth     none: anyone who can reach the server can use it")
+    console.print("  log      a line per request on stderr (--log-format json: JSON)")
     if config.host not in ("127.0.0.1", "localhost", "::1") and config.api_key is None:
         console.print(f"[yellow]warning:[/] anyone who can reach {escape(config.host)} can use it; set --api-key")
-    console.print("Ctrl-C or SIGTERM drains and stops", style="dim")
+    console.print(
+        f"Ctrl-C or SIGTERM drains: {config.drain_seconds:g} s of 503s to new requests, then stops", style="dim"
+    )
 
 
 def show_sampling(
