@@ -242,7 +242,7 @@ def test_a_layer_normalized_run_trains_resumes_evaluates_and_says_so(workdir: Pa
     assert evaluated.exit_code == 0, evaluated.stderr
     assert json.loads(evaluated.stdout)["nats_per_char"] == pytest.approx(done["best_val_loss"], rel=1e-5)
     listed = invoke("runs", "--checkpoint-dir", "ck")
-    assert "1x32 d0.1 LN" in listed.stdout
+    assert "1 × 32 LSTM, dropout 0.1, layer-normalized" in listed.stdout
 
 
 def test_json_output(workdir: Path) -> None:

@@ -243,9 +243,9 @@ def test_runs_shows_an_epoch_cut_short(trained_run, tmp_path: Path, monkeypatch:
     (run_dir / "state.json").write_text(json.dumps({**state, **cut}))
     out = invoke("runs", "--checkpoint-dir", str(run_dir.parent))
     assert out.exit_code == 0, out.stderr
-    row = next(line.split() for line in out.stdout.splitlines() if line.startswith("cut "))
-    assert row[3:6] == [str(state["epoch"]), "+", "3"]  # "3 + 3 batches": complete epochs, and batches
-    assert row[-2:] == ["budget", "spent"]
+    row = next(line for line in out.stdout.splitlines() if line.startswith("cut "))
+    assert f"  {state['epoch']} epochs and 3 batches  " in row  # complete epochs, and batches, as train says them
+    assert row.endswith("budget spent")
 
 
 def test_runs_names_a_state_with_an_unknown_stop_reason(trained_run, tmp_path: Path) -> None:
@@ -258,12 +258,18 @@ def test_runs_names_a_state_with_an_unknown_stop_reason(trained_run, tmp_path: P
 
 
 @pytest.mark.parametrize(
-    ("epochs", "batches", "cell"), [(4, 0, "4"), (5, 89, "5 + 89 batches"), (0, 89, "0 + 89 batches")]
+    ("epochs", "batches", "cell"),
+    [
+        (1, 0, "1 epoch"),
+        (4, 0, "4 epochs"),
+        (5, 89, "5 epochs and 89 batches"),
+        (0, 1089, "0 epochs and 1,089 batches"),
+    ],
 )
-def test_epochs_cell(epochs: int, batches: int, cell: str) -> None:
-    from textgen.ui import epochs_cell
+def test_epochs_done(epochs: int, batches: int, cell: str) -> None:
+    from textgen.results import epochs_done
 
-    assert epochs_cell(epochs, batches) == cell
+    assert epochs_done(epochs, batches) == cell
 
 
 @pytest.mark.slow  # 27 s of two real training runs; a benchmark's plumbing, not textgen's (keeps the suite ~10 min)

@@ -40,10 +40,15 @@ def test_one_epoch_is_its_numbers_not_a_chart() -> None:
 
 
 def test_two_epochs_are_a_table_and_a_last_epoch_cut_short_says_so() -> None:
-    cut = {**history(2), "batches": [96.0, 54.0]}
+    cut = {**history(2), "batches": [96.0, 54.0], "partial": [0.0, 1.0]}
     lines = loss_chart(cut).splitlines()
     assert [line.split()[0] for line in lines[1:3]] == ["1", "2"]
-    assert lines[-1].endswith("2 epochs in 3m00s; the last cut short at 54 of 96 batches")
+    assert lines[-1].endswith("1 epoch and 54 batches in 3m00s")  # complete epochs, as textgen counts them
+
+
+def test_a_first_epoch_cut_short_is_not_counted_as_an_epoch() -> None:
+    cut = {**history(1), "batches": [404.0], "partial": [1.0]}
+    assert loss_chart(cut).splitlines()[-1].endswith("; 0 epochs and 404 batches in 1m30s")
 
 
 def test_chart_puts_the_highest_value_on_top_and_the_lowest_at_the_bottom() -> None:

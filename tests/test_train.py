@@ -612,6 +612,30 @@ def test_a_schedule_with_a_budget_anneals_to_zero_by_the_deadline(
     assert held == pytest.approx([2e-3] * len(held)) and (schedule == "cosine") == (len(held) == 0)
 
 
+def test_a_run_cut_in_its_first_epoch_is_counted_alike_everywhere(
+    tmp_path: Path, tiny_corpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A budget that ends the first epoch half-way: the end of training, its loss chart, textgen runs and
+    history.csv all count 0 epochs and the batches trained (the chart once said "1 epoch" under "0 epochs")."""
+    from rich.console import Console
+
+    from textgen.ui import show_train_result
+
+    plan = new_plan(tmp_path, tiny_corpus, time_budget=8 / 64, sample_every=0.0)
+    result = train(plan, BatchClock(monkeypatch, 1 / 64))
+    assert result.stop_reason == "time_budget" and steps_per_epoch(len(plan.splits.train), 8, 32) > 8
+    console = Console(width=200)
+    with console.capture() as shown:
+        show_train_result(console, result, as_json=False)
+    said = [line for line in shown.get().splitlines() if "0 epochs and 8 batches" in line]
+    assert [line.split()[0] for line in said] == ["done", "best"]  # the result's line, and the chart's
+    assert "1 epoch" not in shown.get()
+    summary = run_summary(plan.run)
+    assert (summary.epochs, summary.batches_into_epoch) == (result.epochs, result.batches_into_epoch) == (0, 8)
+    (row,) = read_history(plan.run.path)
+    assert (row["epoch"], row["batches"], row["partial"]) == (0, 8, 1)  # the first epoch, 8 batches, cut short
+
+
 def test_the_time_budget_is_the_runs_and_a_resumed_run_trains_for_what_is_left(
     tmp_path: Path, tiny_corpus: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

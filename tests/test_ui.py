@@ -195,7 +195,7 @@ def test_piped_tune_output_is_a_plain_line_per_trial_with_user_text_as_it_is() -
         display.trial_end(TrialSummary(4, TrialStatus.COMPLETE, recipe, math.log(2), 65.0, "t4"))
     lines = out.get().splitlines()
     assert lines[0].startswith("trial 3 failed: - in 12") and lines[0].endswith("(ValueError: [bold]no[/bold] :fire:)")
-    assert lines[1].startswith("trial 4 complete: 1.0000 bits/char in 1m") and "1x64" in lines[1]
+    assert lines[1].startswith("trial 4 complete: 1.0000 bits/char in 1m") and "1 × 64 LSTM" in lines[1]
     assert "\x1b" not in out.get()
 
 
@@ -271,7 +271,7 @@ def test_the_start_up_summary_is_a_readable_block() -> None:
     lines = dict(ui.describe_run(RunConfig(data, model, TrainConfig(time_budget=600.0), CPU)))
     assert list(lines) == ["model", "batches", "optimizer", "stops", "saves", "samples"]
     # 100 x 64 embedding + 4 x 512 x (64 + 512 + 1) LSTM + (512 + 1) x 100 output
-    assert lines["model"] == "1 x 512 LSTM, embedding 64, dropout 0.1 (1,239,396 parameters)"
+    assert lines["model"] == "1 × 512 LSTM, embedding 64, dropout 0.1 (1,239,396 parameters)"
     assert lines["batches"] == "64 streams x 100 characters, windows shifted each epoch"
     assert lines["optimizer"] == (
         "adam, learning rate 0.002 held, then annealed to 0 over the last 20% of the run; clipped at global norm 5"

@@ -11,6 +11,7 @@ from xml.sax.saxutils import escape
 
 from textgen.durations import format_seconds
 from textgen.files import atomic_write_text
+from textgen.results import epochs_done
 
 MARKS = {"bpc": "o", "val_bpc": "*"}
 LABELS = {"bpc": "train bits/char", "val_bpc": "validation bits/char"}
@@ -46,7 +47,8 @@ def loss_chart(history: dict[str, list[float]], height: int = 12, width: int = 6
 
 
 def summary(history: dict[str, list[float]]) -> str:
-    """One line: the best validation bits/char and its epoch, the epochs and time trained, a cut-short last epoch."""
+    """One line: the best validation bits/char and its epoch, and the epochs and time trained, counted as textgen
+    counts them everywhere (an epoch a time budget cut, the last row, says so in its ``partial`` column)."""
     epochs = _epochs(history)
     parts = []
     val = [(v, e) for v, e in zip(history.get("val_bpc", []), epochs, strict=False) if math.isfinite(v)]
@@ -55,10 +57,9 @@ def summary(history: dict[str, list[float]]) -> str:
         parts.append(f"best validation {best:.3f} bits/char at epoch {at}")
     seconds = history.get("seconds", [])
     trained = f" in {format_seconds(seconds[-1])}" if seconds and math.isfinite(seconds[-1]) else ""
-    parts.append(f"{len(epochs)} epoch{'s' * (len(epochs) != 1)}{trained}")
-    batches = [b for b in history.get("batches", []) if math.isfinite(b)]
-    if len(batches) > 1 and batches[-1] < max(batches):  # a budget or a stop cut the last epoch short
-        parts.append(f"the last cut short at {batches[-1]:.0f} of {max(batches):.0f} batches")
+    cut = history.get("partial", [0.0])[-1] == 1  # history.csv written before the column: every epoch whole
+    batches = history.get("batches", [0.0])[-1] if cut else 0
+    parts.append(f"{epochs_done(len(epochs) - cut, round(batches))}{trained}")
     return "; ".join(parts)
 
 

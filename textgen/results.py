@@ -16,6 +16,19 @@ def bits(nats: float) -> float:
     return nats / LN2
 
 
+def epochs_done(epochs: int, batches_into_epoch: int = 0) -> str:
+    """A run's training as every message counts it (the end of training, its loss chart, textgen runs, the serve
+    page): complete epochs, and the batches of one a time budget or a stop cut: "1 epoch", "0 epochs and 1,089
+    batches"."""
+    text = f"{epochs:,} epoch{'' if epochs == 1 else 's'}"
+    return f"{text} and {batches_into_epoch:,} batches" if batches_into_epoch else text
+
+
+def lstm_shape(layers: int, units: int) -> str:
+    """A model's LSTM stack as every message writes it: "1 × 512 LSTM"."""
+    return f"{layers} × {units} LSTM"
+
+
 class StopReason(str, enum.Enum):
     """Why a training run ended; the value is what ``state.json`` records as ``finished`` (a run stopped by a signal,
     a divergence or a lost worker records none: it resumes from its last commit)."""
@@ -102,11 +115,12 @@ class EpochLog:
     sample: str | None = None  # what the model wrote after the epoch (``--sample-every 0``: None)
 
     def metrics(self) -> dict[str, Any]:
-        """The numbers Keras' callbacks log (history.csv, TensorBoard, early stopping)."""
-        return {k: getattr(self, k) for k in METRICS}
+        """The numbers Keras' callbacks log (history.csv, TensorBoard, early stopping); ``partial`` as 1 or 0, so
+        that history.csv says which epoch a time budget cut and counts epochs as the rest of textgen does."""
+        return {**{k: getattr(self, k) for k in METRICS}, "partial": int(self.partial)}
 
 
-METRICS = ("loss", "bpc", "val_loss", "val_bpc", "chars_per_sec", "learning_rate", "batches", "seconds")
+METRICS = ("loss", "bpc", "val_loss", "val_bpc", "chars_per_sec", "learning_rate", "batches", "partial", "seconds")
 
 
 @dataclass(frozen=True)
@@ -158,7 +172,7 @@ class RunSummary:
 
     run: str
     corpus: str = ""
-    model: str = ""  # e.g. 1x512 d0.1
+    model: str = ""  # e.g. "1 × 512 LSTM, dropout 0.1"
     epochs: int = 0  # complete ones
     batches_into_epoch: int = 0  # of the one a time budget or Ctrl-C cut
     steps: int = 0

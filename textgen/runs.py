@@ -8,7 +8,7 @@ from pathlib import Path
 from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, ResumeState, Run
 from textgen.config import RunConfig
 from textgen.errors import CheckpointError
-from textgen.results import RunSummary, bits
+from textgen.results import RunSummary, bits, lstm_shape
 from textgen.rundirs import list_runs
 
 
@@ -33,9 +33,9 @@ def run_summary(run: Run) -> RunSummary:
     return RunSummary(
         run=run.name,
         corpus=cfg.data.corpus_name,
-        model=f"{cfg.model.layers}x{cfg.model.units}"
-        + (f" d{cfg.model.dropout:g}" if cfg.model.dropout else "")
-        + (" LN" if cfg.model.layer_norm else ""),
+        model=lstm_shape(cfg.model.layers, cfg.model.units)
+        + (f", dropout {cfg.model.dropout:g}" if cfg.model.dropout else "")
+        + (", layer-normalized" if cfg.model.layer_norm else ""),
         epochs=state.epoch,
         batches_into_epoch=state.batch,
         steps=state.step,

@@ -17,7 +17,7 @@ from rich.text import Text
 from textgen.checkpoint import checkpoint_dir_flag
 from textgen.commands import command
 from textgen.durations import format_seconds
-from textgen.results import EpochLog, StudyResult, StudyStop, TrialStatus, TrialSummary, bits
+from textgen.results import EpochLog, StudyResult, StudyStop, TrialStatus, TrialSummary, bits, lstm_shape
 from textgen.ui import chars_per_second, json_line
 
 if TYPE_CHECKING:
@@ -136,20 +136,21 @@ class TrialLine:
 
 
 def describe_recipe(recipe: dict[str, Any]) -> str:
-    """A trial's recipe on one line: ``1x512 e64  dropout 0.1  batch 64x100  adam lr 0.002  clip 5`` (``1x512 e64 LN``
-    when layer-normalized)."""
+    """A trial's recipe on one line: ``1 × 512 LSTM e64  dropout 0.1  batch 64x100  adam lr 0.002  clip 5``
+    (``1 × 512 LSTM e64 LN`` when layer-normalized)."""
     model, dropout, batch, optimizer, lr, decay, clip = _recipe_cells(recipe)
     decay = f" weight decay {decay}" if decay != "-" else ""
     return f"{model}  dropout {dropout}  batch {batch}  {optimizer} lr {lr}{decay}  clip {clip}"
 
 
 def _recipe_cells(recipe: dict[str, Any]) -> list[str]:
-    """Model (layers x units, embedding, LN if layer-normalized), dropout, batch, optimizer, learning rate, weight
+    """Model (layers × units, embedding, LN if layer-normalized), dropout, batch, optimizer, learning rate, weight
     decay, clip norm."""
     get = recipe.get
     decay = get("weight_decay") or 0.0
     return [
-        f"{get('layers', '?')}x{get('units', '?')} e{get('embedding_dim', '?')}" + (" LN" if get("layer_norm") else ""),
+        f"{lstm_shape(get('layers', '?'), get('units', '?'))} e{get('embedding_dim', '?')}"
+        + (" LN" if get("layer_norm") else ""),
         f"{get('dropout', 0):g}",
         f"{get('batch_size', '?')}x{get('seq_len', '?')}",
         str(get("optimizer", "?")),

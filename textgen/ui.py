@@ -35,6 +35,8 @@ from textgen.results import (
     StopReason,
     TrainResult,
     bits,
+    epochs_done,
+    lstm_shape,
 )
 from textgen.training.preview import SAMPLE_CHARS
 from textgen.vocab import for_display
@@ -82,7 +84,7 @@ def describe_run(cfg: RunConfig) -> list[tuple[str, str]]:
     """The settings of a run that matter, as labelled lines a person reads (every setting is in config.json and in
     ``--json``)."""
     model, data, training = cfg.model, cfg.data, cfg.training
-    lstm = f"{model.layers} x {model.units} LSTM{' (layer-normalized)' if model.layer_norm else ''}"
+    lstm = f"{lstm_shape(model.layers, model.units)}{' (layer-normalized)' if model.layer_norm else ''}"
     shifted = ", windows shifted each epoch" if data.shift_windows else ""
     accumulated = f", {training.accumulate} batches per update" if training.accumulate > 1 else ""
     limits = [f"{training.epochs} epoch{'s' if training.epochs > 1 else ''}"] if training.epochs else []
@@ -354,7 +356,8 @@ def show_train_result(console: Console, result: TrainResult, as_json: bool) -> N
         return
     if not result.chief:
         console.print(
-            f"done ({result.stop_reason.label}) after {epochs_trained(result)}; the chief worker saved the run"
+            f"done ({result.stop_reason.label}) after {epochs_done(result.epochs, result.batches_into_epoch)}; "
+            "the chief worker saved the run"
         )
         return
     run = Run(result.path)
@@ -365,7 +368,7 @@ def show_train_result(console: Console, result: TrainResult, as_json: bool) -> N
         else took
     )
     console.print(
-        f"done ({result.stop_reason.label}) after {epochs_trained(result)} in {trained}: "
+        f"done ({result.stop_reason.label}) after {epochs_done(result.epochs, result.batches_into_epoch)} in {trained}: "
         f"best validation {result.best_val_loss:.4f} nats/char ({result.best_val_bpc:.3f} bits/char), "
         f"last epoch {result.chars_per_sec:,.0f} chars/s",
         highlight=False,
@@ -532,7 +535,7 @@ def show_runs(console: Console, runs: list[RunSummary], checkpoint_dir: Path, as
             r.run,
             r.corpus,
             r.model,
-            epochs_cell(r.epochs, r.batches_into_epoch),
+            epochs_done(r.epochs, r.batches_into_epoch),
             f"{r.best_val_bpc:.3f}" if r.best_val_bpc is not None else "-",
             f"{r.seconds / 60:.1f} min",
             r.status,
@@ -566,14 +569,3 @@ def show_runs(console: Console, runs: list[RunSummary], checkpoint_dir: Path, as
     for r in runs:
         if r.problem or r.made_from:
             console.print(f"{r.run}: {r.problem or r.made_from}", markup=False, highlight=False)
-
-
-def epochs_cell(epochs: int, batches_into_epoch: int) -> str:
-    """Complete epochs, and the batches of one cut short: "5", "5 + 89 batches" (the page shows them alike)."""
-    return f"{epochs} + {batches_into_epoch} batches" if batches_into_epoch else str(epochs)
-
-
-def epochs_trained(result: TrainResult) -> str:
-    """ "1 epoch", "5 epochs", "5 epochs and 89 batches": the numbers ``epochs_cell`` shows."""
-    text = f"{result.epochs} epoch{'' if result.epochs == 1 else 's'}"
-    return f"{text} and {result.batches_into_epoch} batches" if result.batches_into_epoch else text
