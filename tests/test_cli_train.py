@@ -93,6 +93,8 @@ def test_train_help_shows_examples() -> None:
         (["--time-budget", "0"], "--time-budget must be positive"),
         (["--time-budget", "+1m"], "--time-budget +1m00s adds time to a run you resume: add --resume"),
         (["--dropout", "1.5"], "--dropout must be in [0, 1) (got 1.5)"),
+        (["--weight-drop", "1"], "--weight-drop must be in [0, 1) (got 1.0)"),
+        (["--locked-output-dropout", "-0.1"], "--locked-output-dropout must be in [0, 1) (got -0.1)"),
         (["--batch-size", "0"], "--batch-size must be a positive integer up to 2,147,483,647 (got 0)"),
         (["--seq-len", "-4"], "--seq-len must be a positive integer up to 2,147,483,647 (got -4)"),
         (["--lr", "0"], "--lr must be a positive number"),
@@ -225,6 +227,22 @@ def test_resume_with_changed_model_flags(workdir: Path, trained_run) -> None:
 
 
 # --- real runs ----------------------------------------------------------------------------
+
+
+def test_a_run_with_weight_drop_and_a_locked_output_saves_them_and_evaluates_without_masks(workdir: Path) -> None:
+    write_corpus(workdir / "tiny.txt", 1500)
+    where = ["--checkpoint-dir", "ck", "--run", "wd"]
+    regularized = ["--weight-drop", "0.3", "--locked-output-dropout", "0.2"]
+    trained = invoke("train", "tiny.txt", *TINY_FLAGS, *where, *regularized, "--epochs", "1", "--json")
+    assert trained.exit_code == 0, trained.stderr
+    model = json.loads((workdir / "ck" / "wd" / "config.json").read_text())["model"]
+    assert (model["weight_drop"], model["locked_output_dropout"]) == (0.3, 0.2)
+    refused = invoke("train", "--resume", "--device", "cpu", *where, "--weight-drop", "0.1")
+    assert_one_line_error(refused, "--weight-drop cannot change when resuming run 'wd' (it has --weight-drop 0.3)")
+    done = json.loads(trained.stdout.splitlines()[-1])
+    evaluated = invoke("evaluate", "--split", "val", "--json", *where)  # validation's figure: no mask in either
+    assert evaluated.exit_code == 0, evaluated.stderr
+    assert json.loads(evaluated.stdout)["nats_per_char"] == pytest.approx(done["best_val_loss"], rel=1e-5)
 
 
 def test_a_layer_normalized_run_trains_resumes_evaluates_and_says_so(workdir: Path) -> None:

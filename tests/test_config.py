@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -56,6 +57,10 @@ def test_parse_duration_rejects(text: str) -> None:
         (ModelConfig, {"dropout": 1.0}, "--dropout"),
         (ModelConfig, {"dropout": -0.1}, "--dropout"),
         (ModelConfig, {"layer_norm": "yes"}, "--layer-norm"),
+        (ModelConfig, {"weight_drop": 1.0}, "--weight-drop"),
+        (ModelConfig, {"weight_drop": -0.1}, "--weight-drop"),
+        (ModelConfig, {"locked_output_dropout": 1.0}, "--locked-output-dropout"),
+        (ModelConfig, {"locked_output_dropout": float("nan")}, "--locked-output-dropout"),
         (ModelConfig, {"layer_norm": 1}, "--layer-norm"),
         (TrainConfig, {"epochs": -1}, "--epochs"),
         (TrainConfig, {"epochs": 0}, "--epochs"),
@@ -109,6 +114,24 @@ def test_a_run_saved_before_layer_norm_existed_reads_as_plain() -> None:
     saved = to_dict(ModelConfig(vocab_size=9))
     del saved["layer_norm"]
     assert from_dict(ModelConfig, saved).layer_norm is False
+
+
+def test_a_run_saved_before_weight_drop_and_the_locked_output_reads_without_them() -> None:
+    saved = run_config().to_dict()
+    del saved["model"]["weight_drop"], saved["model"]["locked_output_dropout"]
+    model = RunConfig.from_dict(saved).model
+    assert (model.weight_drop, model.locked_output_dropout) == (0.0, None)  # per element at --dropout, as then
+
+
+def test_the_recurrent_regularizers_round_trip_through_json() -> None:
+    cfg = run_config()
+    for weight_drop, locked in ((0.25, 0.2), (0.5, 0.0)):  # a locked rate of 0: no output dropout, not the default
+        regularized = dataclasses.replace(
+            cfg, model=dataclasses.replace(cfg.model, weight_drop=weight_drop, locked_output_dropout=locked)
+        )
+        data = json.loads(json.dumps(regularized.to_dict()))
+        assert (data["model"]["weight_drop"], data["model"]["locked_output_dropout"]) == (weight_drop, locked)
+        assert RunConfig.from_dict(data) == regularized
 
 
 def test_a_run_saved_before_shift_windows_existed_keeps_its_windows_fixed() -> None:

@@ -104,6 +104,8 @@ def test_the_search_space_keeps_fixed_settings_and_fits_the_corpus() -> None:
         "embedding_dim": 64,
         "dropout": 0.1,
         "layer_norm": False,
+        "weight_drop": 0.0,
+        "locked_output_dropout": None,
         "batch_size": 64,
         "seq_len": 100,
     }
@@ -116,6 +118,20 @@ def test_the_search_space_keeps_fixed_settings_and_fits_the_corpus() -> None:
         study.enqueue_trial(space.first_params())
         data = space.suggest(study.ask())["data"]
         assert data["batch_size"] * data["seq_len"] < 10_000, fixed
+
+
+def test_the_search_tries_weight_drop_and_a_locked_output_unless_they_are_fixed() -> None:
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    space = SearchSpace(FIXED, val_chars=700, profile=CPU)
+    models = [space.suggest(study.ask())["model"] for _ in range(30)]
+    for m in models:  # 0 to 0.5 in steps of 0.05
+        assert 0.0 <= m["weight_drop"] <= 0.5 and m["weight_drop"] == pytest.approx(round(m["weight_drop"] * 20) / 20)
+    assert max(m["weight_drop"] for m in models) > 0.25
+    locked = {m["locked_output_dropout"] for m in models}
+    assert None in locked and locked - {None} and locked <= {None, 0.0, 0.1, 0.2, 0.3, 0.4}
+    fixed = {**FIXED, "model": {**FIXED["model"], "weight_drop": 0.25, "locked_output_dropout": 0.2}}
+    model = SearchSpace(fixed, val_chars=700, profile=CPU).suggest(study.ask())["model"]
+    assert (model["weight_drop"], model["locked_output_dropout"]) == (0.25, 0.2)
 
 
 def test_fixed_settings_that_cannot_work_are_refused_and_the_first_trial_follows_a_fixed_optimizer() -> None:
@@ -204,8 +220,9 @@ def test_a_study_runs_prunes_continues_and_its_best_recipe_trains_again(tmp_path
 
 
 def test_an_interrupted_trial_from_before_layer_norm_resumes_without_it() -> None:
-    """A study begun before layer normalization was searched: its interrupted trial's params lack it, and the trial
-    that resumes it must build the plain model its run holds, whatever the sampler would draw (seeds 0-9 draw both)."""
+    """A study begun before layer normalization (or weight-drop, or a locked output) was searched: its interrupted
+    trial's params lack it, and the trial that resumes it must build the model its run holds, whatever the sampler
+    would draw (seeds 0-9 draw both)."""
     space = SearchSpace(FIXED, val_chars=700, profile=CPU)
     params = {"optimizer": "adam", "lr": 0.002, "clip_norm": 5.0, "dropout": 0.1}
     distributions = {
@@ -225,6 +242,7 @@ def test_an_interrupted_trial_from_before_layer_norm_resumes_without_it() -> Non
         assert resuming.user_attrs["resumes"] == 0
         recipe = space.suggest(resuming)
         assert recipe["model"]["layer_norm"] is False and recipe["training"]["lr"] == 0.002
+        assert (recipe["model"]["weight_drop"], recipe["model"]["locked_output_dropout"]) == (0.0, None)
 
 
 # 61 s: a study killed mid-trial and resumed (run with -m slow)
@@ -547,6 +565,19 @@ def test_recipes_take_the_flags_given_and_another_optimizer_brings_its_defaults(
     other = apply_recipe(recipe, training={"optimizer": "adam", "lr": None})
     assert other["training"] == {"optimizer": "adam"}  # Adam's own learning rate, no SGD momentum
     TrainConfig.of(**other["training"])  # a valid config, not "--momentum is SGD's"
+
+
+def test_a_recipe_carries_weight_drop_and_the_locked_output(tmp_path: Path) -> None:
+    from textgen.config import DataConfig, ModelConfig, RunConfig
+    from textgen.recipe import write_recipe
+
+    model = ModelConfig(vocab_size=9, weight_drop=0.3, locked_output_dropout=0.2)
+    recipe = recipe_of(RunConfig(DataConfig(corpus="c.txt"), model, TrainConfig(), CPU))
+    assert (recipe["model"]["weight_drop"], recipe["model"]["locked_output_dropout"]) == (0.3, 0.2)
+    write_recipe(tmp_path / "best.json", recipe)
+    assert read_recipe(tmp_path / "best.json") == recipe
+    write_recipe(tmp_path / "old.json", {"model": {"units": 64}})  # a recipe from before: the defaults
+    assert read_recipe(tmp_path / "old.json")["model"] == {"units": 64}
 
 
 def test_adamw_without_decay_is_allowed() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import math
@@ -272,6 +273,11 @@ def test_the_start_up_summary_is_a_readable_block() -> None:
     assert list(lines) == ["model", "batches", "optimizer", "stops", "saves", "samples"]
     # 100 x 64 embedding + 4 x 512 x (64 + 512 + 1) LSTM + (512 + 1) x 100 output
     assert lines["model"] == "1 × 512 LSTM, embedding 64, dropout 0.1 (1,239,396 parameters)"
+    regularized = dataclasses.replace(model, weight_drop=0.25, locked_output_dropout=0.2)
+    assert dict(ui.describe_run(RunConfig(data, regularized, TrainConfig(), CPU)))["model"] == (
+        "1 × 512 LSTM, embedding 64, dropout 0.1 on the inputs, 0.2 locked on the output, weight-drop 0.25 "
+        "(1,239,396 parameters)"
+    )
     assert lines["batches"] == "64 streams x 100 characters, windows shifted each epoch"
     assert lines["optimizer"] == (
         "adam, learning rate 0.002 held, then annealed to 0 over the last 20% of the run; clipped at global norm 5"

@@ -280,6 +280,15 @@ LAYER_NORM_HELP = (
     "(docs/performance.md, docs/quality.md); on a GPU it runs Keras' generic loop, not cuDNN"
 )
 
+WEIGHT_DROP_HELP = (
+    "Weight-drop (AWD-LSTM): drop this fraction of each LSTM's recurrent weights while training, one mask for all "
+    "of an update's timesteps and streams"
+)
+LOCKED_OUTPUT_DROPOUT_HELP = (
+    "Drop the LSTM's output at this rate with one mask per stream for all of a batch's timesteps (locked, as its "
+    "inputs are), instead of per element at --dropout, which then drops the inputs only"
+)
+
 SHIFT_WINDOWS_HELP = (
     "Start each epoch's training streams a different 0 to --seq-len - 1 characters in (seeded), so that the "
     "windows, and where backpropagation through time is cut, fall elsewhere each epoch"
@@ -374,6 +383,10 @@ def train(
         float | None, _option("Dropout on the embedding, between layers and before the output", "Model", MODEL.dropout)
     ] = None,
     layer_norm: Annotated[bool | None, _option(LAYER_NORM_HELP, "Model", "off", "--layer-norm/--no-layer-norm")] = None,
+    weight_drop: Annotated[float | None, _option(WEIGHT_DROP_HELP, "Model", MODEL.weight_drop)] = None,
+    locked_output_dropout: Annotated[
+        float | None, _option(LOCKED_OUTPUT_DROPOUT_HELP, "Model", "off: per element at --dropout")
+    ] = None,
     lr: Annotated[
         float | None, _option("Peak learning rate", "Optimisation", f"{TRAINING.lr:g}; sgd: {SGD_DEFAULTS['lr']:g}")
     ] = None,
@@ -504,7 +517,13 @@ def train(
             threads=threads,
             data=DataSettings(batch_size=batch_size, seq_len=seq_len, max_vocab=max_vocab, shift_windows=shift_windows),
             model=ModelSettings(
-                units=units, layers=layers, embedding_dim=embedding_dim, dropout=dropout, layer_norm=layer_norm
+                units=units,
+                layers=layers,
+                embedding_dim=embedding_dim,
+                dropout=dropout,
+                layer_norm=layer_norm,
+                weight_drop=weight_drop,
+                locked_output_dropout=locked_output_dropout,
             ),
             training=TrainSettings(
                 epochs=epochs,
@@ -573,6 +592,10 @@ def distill(
         bool | None,
         _option("Layer-normalize the student's LSTMs", "Model", "the teacher's", "--layer-norm/--no-layer-norm"),
     ] = None,
+    weight_drop: Annotated[float | None, _option(WEIGHT_DROP_HELP, "Model", "the teacher's")] = None,
+    locked_output_dropout: Annotated[
+        float | None, _option(LOCKED_OUTPUT_DROPOUT_HELP, "Model", "the teacher's")
+    ] = None,
     temperature: Annotated[
         float | None,
         _option(
@@ -600,7 +623,13 @@ def distill(
 ) -> None:
     """Train a smaller student on a trained run's softened predictions (knowledge distillation)."""
     model = ModelSettings(
-        units=units, layers=layers, embedding_dim=embedding_dim, dropout=dropout, layer_norm=layer_norm
+        units=units,
+        layers=layers,
+        embedding_dim=embedding_dim,
+        dropout=dropout,
+        layer_norm=layer_norm,
+        weight_drop=weight_drop,
+        locked_output_dropout=locked_output_dropout,
     )
     training = TrainSettings(lr=lr, epochs=epochs, seed=seed)
     distill = DistillSettings(teacher, temperature, alpha)
@@ -941,6 +970,10 @@ def tune(
     layer_norm: Annotated[
         bool | None, _option("Layer-normalized LSTMs, or not", FIXED, None, "--layer-norm/--no-layer-norm")
     ] = None,
+    weight_drop: Annotated[float | None, _option("Weight-drop of the recurrent weights", FIXED)] = None,
+    locked_output_dropout: Annotated[
+        float | None, _option("Locked dropout of the LSTM's output (searched: off, or a rate)", FIXED)
+    ] = None,
     batch_size: Annotated[int | None, _option("Parallel streams per batch", FIXED)] = None,
     seq_len: Annotated[int | None, _option("Characters per stream per batch", FIXED)] = None,
     optimizer: Annotated[Optimizer | None, _option("The update rule", FIXED)] = None,
@@ -965,7 +998,13 @@ def tune(
     """Search for the training recipe that scores best on a corpus's validation split, in a time budget."""
     data = DataSettings(batch_size=batch_size, seq_len=seq_len)
     model = ModelSettings(
-        units=units, layers=layers, embedding_dim=embedding_dim, dropout=dropout, layer_norm=layer_norm
+        units=units,
+        layers=layers,
+        embedding_dim=embedding_dim,
+        dropout=dropout,
+        layer_norm=layer_norm,
+        weight_drop=weight_drop,
+        locked_output_dropout=locked_output_dropout,
     )
     training = TrainSettings(optimizer=optimizer, lr=lr, weight_decay=weight_decay, clip_norm=clip_norm)
     with _errors():

@@ -119,10 +119,19 @@ class ModelConfig:
     layers: int = 1
     dropout: float = 0.1
     layer_norm: bool = False  # layer-normalized LSTMs (textgen.model.LayerNormLSTMCell)
+    # Weight-drop (Merity et al., 2017): DropConnect on every LSTM's recurrent kernel, one mask per update; 0: off.
+    weight_drop: float = 0.0
+    # The last LSTM's output dropout. None: each element dropped at ``dropout``, anew at every timestep. A rate: a
+    # mask per stream shared by the batch's timesteps (locked, as on the LSTM inputs), ``dropout`` then the inputs'.
+    locked_output_dropout: float | None = None
 
     def __post_init__(self) -> None:
         _positive_int(self, "vocab_size", "embedding_dim", "units", "layers")
-        _require(_finite(self.dropout) and 0.0 <= self.dropout < 1.0, "dropout", "in [0, 1)", self.dropout)
+        rates = {"dropout": self.dropout, "weight_drop": self.weight_drop}
+        if self.locked_output_dropout is not None:
+            rates["locked_output_dropout"] = self.locked_output_dropout
+        for name, value in rates.items():
+            _require(_finite(value) and 0.0 <= value < 1.0, name, "in [0, 1)", value)
         _require(isinstance(self.layer_norm, bool), "layer_norm", "true or false", self.layer_norm)
 
     @property

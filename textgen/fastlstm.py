@@ -237,12 +237,12 @@ def normalized_lstm_recurrence(
     return (hs, h_last, c_last), grad
 
 
-def _mask_seed(seed: tf.Tensor | None, offset: int) -> tf.Tensor:
+def mask_seed(seed: tf.Tensor | None, offset: int) -> tf.Tensor:
     """A distinct stateless seed for each dropout mask of a step."""
     return tf.stack([seed[0], seed[1] + offset]) if seed is not None else tf.constant([offset, 0])
 
 
-def _dropout(x: tf.Tensor, rate: float, noise_shape: Any, seed: tf.Tensor) -> tf.Tensor:
+def dropout(x: tf.Tensor, rate: float, noise_shape: Any, seed: tf.Tensor) -> tf.Tensor:
     """Inverted dropout with a mask of ``noise_shape`` (broadcast over ``x``)."""
     keep = 1.0 - rate
     return x * tf.cast(tf.random.stateless_uniform(noise_shape, seed=seed) < keep, x.dtype) / keep
@@ -254,7 +254,8 @@ def stateful_logits(model: keras.Model, ids: tf.Tensor, training: bool, seed: tf
     Reads and updates the stateful layers' state variables exactly as the Keras
     layers do. With ``training`` and dropout, each LSTM's input gets a dropout mask
     shared across timesteps, as Keras' LSTM ``dropout`` does, and the last LSTM's
-    output one drawn per element, as the model's ``output_dropout`` layer does.
+    output one drawn as the model's ``output_dropout`` layer draws it: per element, or
+    locked (its ``noise_shape`` set), per stream and shared across timesteps.
     """
     embedding = model.get_layer("embedding").embeddings
     x = tf.transpose(tf.gather(embedding, ids), [1, 0, 2])  # time-major (T, B, D)
@@ -263,7 +264,7 @@ def stateful_logits(model: keras.Model, ids: tf.Tensor, training: bool, seed: tf
     for n, layer in enumerate(lstms):
         cell = layer.cell
         if training and cell.dropout > 0:
-            x = _dropout(x, cell.dropout, [1, batch, tf.shape(x)[-1]], _mask_seed(seed, n))
+            x = dropout(x, cell.dropout, [1, batch, tf.shape(x)[-1]], mask_seed(seed, n))
         depth = tf.shape(x)[-1]
         projection = tf.matmul(tf.reshape(x, [-1, depth]), cell.kernel)
         normalized = isinstance(cell, LayerNormLSTMCell)
@@ -279,9 +280,11 @@ def stateful_logits(model: keras.Model, ids: tf.Tensor, training: bool, seed: tf
             x, h_last, c_last = lstm_recurrence(x_projection, h0, c0, recurrent)
         h_state.assign(tf.stop_gradient(h_last))
         c_state.assign(tf.stop_gradient(c_last))
-    output_dropout = model.get_layer("output_dropout").rate
-    if training and output_dropout > 0:
-        x = _dropout(x, output_dropout, tf.shape(x), _mask_seed(seed, len(lstms)))
+    output_dropout = model.get_layer("output_dropout")
+    if training and output_dropout.rate > 0:
+        locked = output_dropout.noise_shape is not None
+        shape = [1, batch, tf.shape(x)[-1]] if locked else tf.shape(x)
+        x = dropout(x, output_dropout.rate, shape, mask_seed(seed, len(lstms)))
     dense = model.get_layer("logits")
     units = tf.shape(x)[-1]
     logits = tf.matmul(tf.reshape(x, [-1, units]), dense.kernel) + dense.bias

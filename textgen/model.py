@@ -1,8 +1,10 @@
 """The Keras training model: Embedding -> N x stateful LSTM -> Dense logits.
 
 ``ModelConfig.dropout`` drops the non-recurrent connections (Zaremba et al., 2014): each
-LSTM's input (a mask shared over time, Keras' ``dropout``) and the last LSTM's output.
-``ModelConfig.layer_norm`` layer-normalizes every LSTM (``LayerNormLSTMCell``).
+LSTM's input (a mask shared over time, Keras' ``dropout``) and the last LSTM's output, whose
+mask is drawn per element, or per stream and shared over time at ``locked_output_dropout``'s rate.
+``ModelConfig.layer_norm`` layer-normalizes every LSTM (``LayerNormLSTMCell``). Weight-drop is
+the training step's (``textgen.training.step``): it swaps the cells' recurrent kernels for a batch.
 """
 
 from __future__ import annotations
@@ -88,7 +90,10 @@ def build_model(cfg: ModelConfig, batch_size: int, precision: str = "float32", s
                 name=f"lstm_{i}",
             )
         x = layer(x)
-    x = keras.layers.Dropout(cfg.dropout, name="output_dropout")(x)
+    # Locked: one mask per stream, shared by the batch's timesteps (in noise_shape, None takes the input's size).
+    locked = cfg.locked_output_dropout
+    rate, noise_shape = (cfg.dropout, None) if locked is None else (locked, (None, 1, None))
+    x = keras.layers.Dropout(rate, noise_shape=noise_shape, name="output_dropout")(x)
     logits = keras.layers.Dense(cfg.vocab_size, dtype="float32", name="logits")(x)
     return keras.Model(ids, logits, name="textgen")
 

@@ -82,6 +82,11 @@ class SearchSpace:
                 "embedding_dim": pick("model", "embedding_dim", trial.suggest_categorical, [16, 32, 64, 128]),
                 "dropout": pick("model", "dropout", trial.suggest_float, 0.0, 0.4, step=0.05),
                 "layer_norm": pick("model", "layer_norm", trial.suggest_categorical, [False, True]),
+                "weight_drop": pick("model", "weight_drop", trial.suggest_float, 0.0, 0.5, step=0.05),
+                # None: the output dropped per element at dropout, as textgen train's default does.
+                "locked_output_dropout": pick(
+                    "model", "locked_output_dropout", trial.suggest_categorical, [None, 0.0, 0.1, 0.2, 0.3, 0.4]
+                ),
             },
             "training": {
                 "optimizer": optimizer,
@@ -107,6 +112,8 @@ class SearchSpace:
             "embedding_dim": model.embedding_dim,
             "dropout": model.dropout,
             "layer_norm": model.layer_norm,
+            "weight_drop": model.weight_drop,
+            "locked_output_dropout": model.locked_output_dropout,
         }
         fixed = self.fixed.get("data", {})  # a fixed batch size or length changes what fits beside it
         batch_size, seq_len = fixed.get("batch_size", self.profile.batch_size), fixed.get("seq_len", data.seq_len)

@@ -37,6 +37,8 @@ class ModelSettings(Settings):
     layers: int | None = None
     dropout: float | None = None
     layer_norm: bool | None = None
+    weight_drop: float | None = None
+    locked_output_dropout: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -320,8 +320,9 @@ def _requeue_interrupted(study: optuna.Study) -> None:
     resumed = {t.user_attrs.get("resumes") for t in trials}
     for trial in trials:
         if is_interrupted(trial) and trial.number not in resumed and "run" in trial.user_attrs:
-            # A trial of a study begun before --layer-norm existed trained without it: resumed, it must not draw it.
-            params = {"layer_norm": False, **trial.params}
+            # A trial of a study begun before --layer-norm (or weight-drop, or a locked output) was searched trained
+            # without it: resumed, it must not draw it.
+            params = {"layer_norm": False, "weight_drop": 0.0, "locked_output_dropout": None, **trial.params}
             study.enqueue_trial(params, user_attrs={"resumes": trial.number, "run": trial.user_attrs["run"]})
 
 

@@ -86,6 +86,11 @@ def describe_run(cfg: RunConfig) -> list[tuple[str, str]]:
     model, data, training = cfg.model, cfg.data, cfg.training
     lstm = f"{lstm_shape(model.layers, model.units)}{' (layer-normalized)' if model.layer_norm else ''}"
     shifted = ", windows shifted each epoch" if data.shift_windows else ""
+    dropout = f"dropout {model.dropout:g}"
+    if model.locked_output_dropout is not None:
+        dropout += f" on the inputs, {model.locked_output_dropout:g} locked on the output"
+    if model.weight_drop:
+        dropout += f", weight-drop {model.weight_drop:g}"
     accumulated = f", {training.accumulate} batches per update" if training.accumulate > 1 else ""
     limits = [f"{training.epochs} epoch{'s' if training.epochs > 1 else ''}"] if training.epochs else []
     if training.time_budget:
@@ -96,7 +101,7 @@ def describe_run(cfg: RunConfig) -> list[tuple[str, str]]:
     return [
         (
             "model",
-            f"{lstm}, embedding {model.embedding_dim}, dropout {model.dropout:g} ({model.parameters:,} parameters)",
+            f"{lstm}, embedding {model.embedding_dim}, {dropout} ({model.parameters:,} parameters)",
         ),
         ("batches", f"{data.batch_size} streams x {data.seq_len} characters{shifted}{accumulated}"),
         ("optimizer", f"{describe_optimizer(training)}; clipped at global norm {training.clip_norm:g}"),

@@ -1,11 +1,12 @@
 """The model, its optimizer and its compiled training step under a ``tf.distribute`` strategy: the arithmetic of one
-update, with gradient accumulation, distillation's soft targets and pruning's masks.
+update, with gradient accumulation, weight-drop, distillation's soft targets and pruning's masks.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import tensorflow as tf
 from textgen.checkpoint import Run
 from textgen.config import RunConfig, TrainConfig
 from textgen.errors import ConfigError
+from textgen.fastlstm import dropout, mask_seed
 from textgen.model import LAYER_NORM_WEIGHTS, build_model, lstm_layers, reset_states
 from textgen.scoring import EvalStep, compile_eval_step, model_logits, summed_cross_entropy
 from textgen.training.pruning import prunable_kernels
@@ -109,7 +111,10 @@ def _compile_train_step(cfg: RunConfig, parts: Trainer) -> Callable[[Any, Any], 
         replica = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.int64)
         seed = tf.stack([tf.constant(seed0, tf.int64) + replica * 2**32, step])  # each replica its own masks
         teacher_logits = model_logits(teacher, profile, x, False) if teacher is not None else None
-        with tf.GradientTape() as tape:
+        # Weight-drop's masks: one per update, the same for every group and replica (no replica in the seed).
+        update = tf.cast(optimizer.iterations, tf.int64)
+        update_seed = tf.stack([tf.constant(seed0 + WEIGHT_DROP_SEED, tf.int64), update])
+        with tf.GradientTape() as tape, recurrent_kernels_dropped(model, cfg.model.weight_drop, update_seed):
             logits = model_logits(model, profile, x, True, seed)
             loss = summed_cross_entropy(y, logits) / chars_per_update
             objective = loss
@@ -147,6 +152,32 @@ def _compile_train_step(cfg: RunConfig, parts: Trainer) -> Callable[[Any, Any], 
         return loss
 
     return train_step
+
+
+WEIGHT_DROP_SEED = 2**40  # apart from the input and output masks' seeds (seed + replica x 2**32)
+
+
+@contextlib.contextmanager
+def recurrent_kernels_dropped(model: keras.Model, rate: float, seed: tf.Tensor) -> Iterator[None]:
+    """Weight-drop (Merity et al., 2017) while open: every LSTM reads its recurrent kernel through a DropConnect mask
+    drawn from ``seed``, the kept weights scaled by 1 / (1 - ``rate``), one mask for every timestep and stream.
+
+    The cells' ``recurrent_kernel`` attributes are swapped for the masked tensors, not the variables' values (as
+    AWD-LSTM's WeightDrop swaps a module's weight): Keras' LSTM (cuDNN or its loop), the layer-normalized cell and the
+    fast path all read the attribute, so they draw the same mask, and the gradient reaches the variable through the
+    product. The optimizer, the checkpoints and every step but training's see only the variables. Open it within
+    the gradient tape, which must see the masks applied."""
+    cells = [layer.cell for layer in lstm_layers(model)] if rate > 0 else []
+    kernels = [cell.recurrent_kernel for cell in cells]
+    for n, (cell, kernel) in enumerate(zip(cells, kernels, strict=True)):
+        dropped = dropout(tf.convert_to_tensor(kernel), rate, tf.shape(kernel), mask_seed(seed, n))
+        # Cast as Keras casts a variable it reads under mixed precision; set past Keras' tracking of attributes.
+        object.__setattr__(cell, "recurrent_kernel", tf.cast(dropped, cell.compute_dtype))
+    try:
+        yield
+    finally:
+        for cell, kernel in zip(cells, kernels, strict=True):
+            object.__setattr__(cell, "recurrent_kernel", kernel)
 
 
 def make_optimizer(tcfg: TrainConfig) -> keras.optimizers.Optimizer:
