@@ -4,6 +4,7 @@ kept exactly before any update; the run's provenance, resume, evaluation and fro
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -141,6 +142,13 @@ def test_fine_tune_resume_evaluate_and_runs_from_the_cli(checkpoints: Path, tmp_
     result = invoke("train", text, "--init-from", BASE, "--run", "ft", "--epochs", "1", "--batch-size", "8",
                     "--seq-len", "32", "--sample-every", "0", *where)  # fmt: skip
     assert result.exit_code == 0, result.output
+    # The start-up block names the base and how good it was, and the rate the run starts at: the warm-up's.
+    base_loss = Run(checkpoints / BASE).best_weights_loss()
+    assert (
+        f"base      fine-tuned from {BASE}, {len(NEW_CHARS)} new characters; its best validation loss "
+        f"{base_loss:.4f} nats/char ({base_loss / math.log(2):.3f} bits/char) on tiny.txt"
+    ) in result.stdout
+    assert "learning rate 0.002 (rising from 0 over the first 100 updates: the warm-up) held, then" in result.stdout
     config = json.loads((checkpoints / "ft" / "config.json").read_text())
     base = json.loads((checkpoints / BASE / "config.json").read_text())
     init = config["init_from"]
@@ -245,6 +253,8 @@ def test_a_float_export_starts_a_run_with_its_run_s_weights(
     init = run.load_config().init_from
     assert init is not None and init.name == BASE and init.export == f"{format} {quantize}".removesuffix(" none")
     assert init.source == str(export.resolve()) and init.val_loss is None and init.corpus is None
+    assert f"base      fine-tuned from tiny ({init.export} export), " in result.stdout
+    assert "; its best validation loss not recorded in an export" in result.stdout
     original, read_back = (build_model(init.model, 1, stateful=False) for _ in range(2))
     Run(checkpoints / BASE).load_weights(original, "best")
     run.load_init_weights(read_back)

@@ -3,6 +3,7 @@ Chromium driven by Playwright), SIGTERM draining running streams, a port in use.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import shutil
@@ -17,6 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 from helpers import assert_one_line_error, invoke, subprocess_env, wait_until
+
+from textgen.config import MAX_PROMPT_CHARS, MAX_STOP_CHARS, MAX_WHOLE_CHARS
 
 
 @dataclass
@@ -176,3 +179,62 @@ def test_a_port_in_use_is_one_line(trained_run, tmp_path) -> None:
         port = taken.getsockname()[1]
         result = invoke("serve", "--port", str(port), "--checkpoint-dir", str(trained_run.checkpoint_dir))
     assert_one_line_error(result, f"127.0.0.1:{port} is in use", "--port")
+
+
+async def first_char_seconds(client: httpx.AsyncClient, url: str) -> float:
+    """From sending a small streamed request to its first character."""
+    body = {"model": "tiny", "prompt": "the ", "max_tokens": 20, "stream": True}
+    sent = time.monotonic()
+    async with client.stream("POST", url + "/v1/completions", json=body) as response:
+        async for line in response.aiter_lines():
+            if line.startswith("data: ") and json.loads(line[6:])["choices"][0]["text"]:
+                return time.monotonic() - sent  # leaving closes the stream, which frees its row
+    raise AssertionError("the small request got no character")
+
+
+async def hold_up_test(url: str) -> tuple[list[float], list[float], int]:
+    """With 63 streams running, a small request's first character alone and beside a worst-case request: the
+    longest prompts, the most characters a whole answer may hold, 4 stops of the longest (made of the characters
+    the prompts repeat, so that every row's tail looks like a stop's start)."""
+    limits = httpx.Limits(max_connections=100, max_keepalive_connections=100)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+
+        async def stream_forever(i: int) -> None:
+            body = {"model": "tiny", "prompt": f"{i} ", "max_tokens": 10**6, "stream": True}
+            async with client.stream("POST", url + "/v1/completions", json=body) as response:
+                async for _ in response.aiter_raw():
+                    pass
+
+        streams = [asyncio.create_task(stream_forever(i)) for i in range(63)]
+        while (await client.get(url + "/ready")).json()["rows_busy"] < 63:
+            await asyncio.sleep(0.1)
+        alone = [await first_char_seconds(client, url) for _ in range(10)]
+        prompts = ["a" * (MAX_PROMPT_CHARS // 64 - 1) + " "] * 64
+        stops = ["a" * (MAX_STOP_CHARS - 1) + "z", "a " * (MAX_STOP_CHARS // 2), " a" * (MAX_STOP_CHARS // 2), "z" * 9]
+        hostile = {
+            "model": "tiny",
+            "prompt": prompts,
+            "max_tokens": MAX_WHOLE_CHARS // 64,
+            "stop": stops,
+            "temperature": 0,
+        }
+        worst = asyncio.create_task(client.post(url + "/v1/completions", json=hostile))
+        beside = []
+        while not worst.done() or not beside:
+            beside.append(await first_char_seconds(client, url))
+        status = (await worst).status_code
+        for stream in streams:
+            stream.cancel()
+        await asyncio.gather(*streams, return_exceptions=True)
+        return alone, beside, status
+
+
+@pytest.mark.slow
+def test_a_worst_case_request_does_not_hold_up_a_small_one(started) -> None:
+    """The issue's rule, on this machine's clock: with 63 streams running, a request at every limit at once does
+    not delay a small request's first character by more than a second."""
+    server = started("--slots", "128", "--max-body", str(2 * MAX_PROMPT_CHARS))
+    alone, beside, status = asyncio.run(hold_up_test(server.url))
+    assert status == 200
+    print(f"first character alone {sorted(alone)}, beside the worst-case request {sorted(beside)}")
+    assert max(beside) < max(alone) + 1.0, (alone, beside)  # the slowest alone: this machine's noise

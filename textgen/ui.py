@@ -38,6 +38,7 @@ from textgen.results import (
     epochs_done,
     lstm_shape,
 )
+from textgen.runs import made_from
 from textgen.training.preview import SAMPLE_CHARS
 from textgen.vocab import for_display
 
@@ -127,7 +128,8 @@ def describe_optimizer(training: TrainConfig) -> str:
         "cosine": "annealed to 0 along a cosine over the run",
         "plateau": f"x {training.lr_factor:g} whenever validation stalls for {training.lr_patience} epoch(s)",
     }[training.lr_schedule]
-    return f"{training.optimizer}{extra}, learning rate {training.lr:g} {schedule}"
+    warmup = f" (rising from 0 over the first {training.warmup:,} updates: the warm-up)" if training.warmup else ""
+    return f"{training.optimizer}{extra}, learning rate {training.lr:g}{warmup} {schedule}"
 
 
 # --- errors -------------------------------------------------------------------------------
@@ -495,7 +497,8 @@ def show_evaluation(console: Console, err_console: Console, result: Evaluation, 
 
 
 def _derived_from(cfg: RunConfig) -> list[str]:
-    """The plan's line for a run made from another: the teacher of a distilled run, the source of a pruned one."""
+    """The plan's line for a run made from another: the teacher of a distilled run, the source of a pruned one, the
+    base of a fine-tuned one and how good it was."""
     if cfg.distill:
         return [
             f"distill   {escape(describe({**dataclasses.asdict(cfg.distill), 'teacher': Path(cfg.distill.teacher).name}))}"
@@ -504,6 +507,14 @@ def _derived_from(cfg: RunConfig) -> list[str]:
         return [
             f"prune     {escape(describe({**dataclasses.asdict(cfg.prune), 'source': Path(cfg.prune.source).name}))}"
         ]
+    if cfg.init_from:
+        init = cfg.init_from
+        loss = (
+            f"{init.val_loss:.4f} nats/char ({bits(init.val_loss):.3f} bits/char) on {init.corpus}"
+            if init.val_loss is not None
+            else "not recorded in an export"
+        )
+        return [f"base      {escape(made_from(cfg))}; its best validation loss {escape(loss)}"]
     return []
 
 
