@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import shutil
 import signal
@@ -179,6 +180,7 @@ def test_a_port_in_use_is_one_line(trained_run, tmp_path) -> None:
         port = taken.getsockname()[1]
         result = invoke("serve", "--port", str(port), "--checkpoint-dir", str(trained_run.checkpoint_dir))
     assert_one_line_error(result, f"127.0.0.1:{port} is in use", "--port")
+    assert logging.getLogger("textgen").propagate, "a serve that never ran took over this process's logging"
 
 
 async def first_char_seconds(client: httpx.AsyncClient, url: str) -> float:

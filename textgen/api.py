@@ -308,7 +308,6 @@ def serve(
     from textgen.engine import Engine
     from textgen.server import card_of_export, card_of_run, configure_logs, create_app, listen, log_start, run
 
-    configure_logs(config.log_format)
     sock = listen(config.host, config.port)
     with contextlib.closing(sock):
         sampler, source = open_generator(checkpoint_dir, run_name, "best", model)
@@ -326,6 +325,7 @@ def serve(
             app = create_app(engine, card, config, None if model is not None else checkpoint_dir)
             host, port = sock.getsockname()[:2]
             url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+            configure_logs(config.log_format)  # once the server will run: a failed start leaves logging as it was
             if config.log_format == "json":
                 log_start(url, card.model, config)
             elif on_ready is not None:
