@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -439,6 +440,24 @@ def test_json_lines_in_process(checkpoint_dir: Path) -> None:
     assert [r["index"] for r in records] == [0, 1]
     assert all(len(r["text"]) == 30 for r in records)
     assert records[0]["seed"] == records[1]["seed"] is not None  # a fresh seed, reported so it can be reused
+
+
+@pytest.mark.parametrize("seed", [["--seed", "7"], []])
+def test_each_of_several_samples_is_labelled_with_what_reproduces_it(checkpoint_dir: Path, seed: list[str]) -> None:
+    """--num 3 --seed 7 draws sample 2 as row 2 of seed 7's batch, which --seed 7 alone does not give: each label
+    names the flags that give it again (with no --seed, the one picked)."""
+    common = ["sample", "--checkpoint-dir", str(checkpoint_dir), "--length", "40", "--prime", "the "]
+
+    def samples(*flags: str) -> list[tuple[str, str]]:
+        result = invoke(*common, *flags)
+        assert result.exit_code == 0, result.stderr
+        return re.findall(r"--- sample \d+ of (.*?) ---\n(.*?)(?=\n\n--- |\n$)", result.stdout, re.DOTALL)
+
+    labelled = samples("--num", "3", *seed)
+    assert len(labelled) == 3 and len({text for _, text in labelled}) == 3
+    for i, (flags, text) in enumerate(labelled):
+        assert samples(*flags.split())[i] == (flags, text)
+    assert labelled[0][0].split()[:2] == ["--num", "3"] and labelled[0][0].split()[2] == "--seed"
 
 
 def test_sample_as_a_subprocess_prints_plain_reproducible_text(checkpoint_dir: Path, gen1: Generator) -> None:

@@ -469,8 +469,10 @@ def show_samples(
         if as_json:
             print(json_line(settings, **record, index=i, prime=prime, text=text))
         else:
-            if settings.num > 1:
-                console.out(f"{chr(10) if i else ''}--- sample {i + 1}/{settings.num} (seed {settings.seed}) ---")
+            if settings.num > 1:  # sample i draws as row i of the seed's batch: --seed alone gives sample 1
+                console.out(
+                    f"{chr(10) if i else ''}--- sample {i + 1} of --num {settings.num} --seed {settings.seed} ---"
+                )
             console.out(prime + for_display(text), highlight=False)
 
 
