@@ -70,9 +70,9 @@ def train_tiny_run(base: Path, name: str, model: dict, training: dict, n_words: 
 
 
 def read_history(run_path: Path) -> list[dict[str, float]]:
-    """history.csv as a list of rows of floats."""
+    """history.csv as a list of rows of floats; an empty cell (a column the row's epoch predates) is NaN."""
     with open(Path(run_path) / "history.csv", newline="") as fh:
-        return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(fh)]
+        return [{k: float(v or "nan") for k, v in row.items()} for row in csv.DictReader(fh)]
 
 
 def steps_per_epoch(n_train_ids: int, batch_size: int, seq_len: int, shift_windows: bool = True) -> int:
