@@ -46,18 +46,20 @@ if TYPE_CHECKING:
     from charrnn_torch import State
 
 # Candidate textgen configurations: (name, fast_lstm, intra-op threads, inter-op threads, XLA, the fast LSTM's
-# timesteps per loop iteration: None for textgen.fastlstm.UNROLL).
+# timesteps per loop iteration: None for textgen.fastlstm.UNROLL, --weight-drop).
 CANDIDATES = [
-    ("keras-lstm, TF default threads", False, 0, 0, False, None),
-    ("keras-lstm, 1x2 threads", False, 1, 2, False, None),
-    ("fast-lstm, TF default threads", True, 0, 0, False, None),
-    ("fast-lstm, 1x2 threads", True, 1, 2, False, None),
-    ("fast-lstm, 2x1 threads, 1 step per loop iteration", True, 2, 1, False, 1),
-    ("fast-lstm, 2x1 threads, 8 steps per loop iteration", True, 2, 1, False, 8),
-    ("fast-lstm, 2x1 threads", True, 2, 1, False, None),
-    ("fast-lstm, 2x1 threads, XLA", True, 2, 1, True, None),
+    ("keras-lstm, TF default threads", False, 0, 0, False, None, 0.0),
+    ("keras-lstm, 1x2 threads", False, 1, 2, False, None, 0.0),
+    ("fast-lstm, TF default threads", True, 0, 0, False, None, 0.0),
+    ("fast-lstm, 1x2 threads", True, 1, 2, False, None, 0.0),
+    ("fast-lstm, 2x1 threads, 1 step per loop iteration", True, 2, 1, False, 1, 0.0),
+    ("fast-lstm, 2x1 threads, 8 steps per loop iteration", True, 2, 1, False, 8, 0.0),
+    ("fast-lstm, 2x1 threads", True, 2, 1, False, None, 0.0),
+    ("fast-lstm, 2x1 threads, XLA", True, 2, 1, True, None, 0.0),
     # Two ops at once: a layer's weight-gradient matmuls beside the layer below's backward recurrence.
-    ("fast-lstm, 2x2 threads", True, 2, 2, False, None),
+    ("fast-lstm, 2x2 threads", True, 2, 2, False, None, 0.0),
+    # The cpu profile with weight-drop: a mask drawn and applied to each recurrent kernel per update.
+    ("fast-lstm, 2x1 threads, weight-drop 0.25", True, 2, 1, False, None, 0.25),
 ]
 
 
@@ -71,7 +73,11 @@ def flops_per_char(vocab: int) -> float:
 # --- measurements, each run in its own process -------------------------------------------
 
 
-def measure_textgen(seconds: float, fast_lstm: bool, intra: int, inter: int, jit: bool, unroll: int | None) -> dict:
+def measure_textgen(
+    seconds: float, fast_lstm: bool, intra: int, inter: int, jit: bool, unroll: int | None, weight_drop: float
+) -> dict:
+    import dataclasses
+
     from textgen import fastlstm
     from textgen.config import Device, DeviceProfile
     from textgen.device import apply_profile
@@ -94,6 +100,7 @@ def measure_textgen(seconds: float, fast_lstm: bool, intra: int, inter: int, jit
 
     corpus, splits = reference_splits()
     cfg = ref_run_config(str(corpus), splits.vocab.size, profile)
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, weight_drop=weight_drop))
     data = cfg.data
     trainer = build_trainer(cfg)
     layout = StreamLayout.of(len(splits.train), data.batch_size, data.seq_len)
@@ -358,7 +365,7 @@ def main() -> None:
     default = next(
         i
         for i, c in enumerate(CANDIDATES)
-        if c[1:] == (CPU.fast_lstm, CPU.intra_op_threads, CPU.inter_op_threads, CPU.jit_compile, None)
+        if c[1:] == (CPU.fast_lstm, CPU.intra_op_threads, CPU.inter_op_threads, CPU.jit_compile, None, 0.0)
     )
     chosen = [default] if args.only_default else range(len(CANDIDATES))
     load_before = os.getloadavg()[0]

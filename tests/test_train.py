@@ -93,7 +93,8 @@ def test_run_directory_contents(trained_run) -> None:
     config = json.loads((path / "config.json").read_text())
     assert config["model"]["units"] == TINY_MODEL["units"]
     assert config["data"]["batch_size"] == TINY_DATA["batch_size"]
-    assert config["data"]["corpus"] == str(trained_run.corpus.resolve())
+    assert config["data"]["corpus"] == str(trained_run.corpus)  # as given; read by its real path
+    assert config["data"]["files"] == [str(trained_run.corpus.resolve())]
     assert config["profile"]["name"] == "cpu"
 
 

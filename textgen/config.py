@@ -75,7 +75,9 @@ class DataConfig:
     encoding: str = "utf-8"  # the codec the corpus was decoded with, or "auto" for each file's own
     corpus_size: int | None = None  # bytes; with corpus_hash, the corpus's fingerprint (None in older runs)
     corpus_hash: str | None = None
-    files: tuple[str, ...] = ()  # the corpus's files, in order (empty in older runs: the corpus is one file)
+    # The corpus's files by their real paths, in order (empty in older runs: the corpus is one file, and ``corpus``
+    # its real path); ``corpus`` is what the user gave, for people to read.
+    files: tuple[str, ...] = ()
     max_vocab: int | None = None  # keep this many of the most frequent characters; None keeps all
     # Start each epoch's training streams a seeded 0 to seq_len - 1 characters in (docs/quality.md: War and Peace's
     # test split at 60 minutes, 1.1536 against 1.1643 with the windows fixed; False in runs saved before it existed).
@@ -102,7 +104,7 @@ class DataConfig:
     @property
     def corpus_name(self) -> str:
         """The corpus, short: a file's name, or how many files and what was given."""
-        return os.path.basename(self.corpus) if not self.files else f"{len(self.files)} files: {self.corpus}"
+        return os.path.basename(self.corpus) if len(self.paths) == 1 else f"{len(self.files)} files: {self.corpus}"
 
 
 @dataclasses.dataclass(frozen=True)

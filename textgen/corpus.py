@@ -88,12 +88,18 @@ def resolve_corpus(name: str, download: bool = False) -> Path:
 
 
 def resolve_corpora(names: list[str], download: bool = False) -> list[Path]:
+    """The corpus files for ``names`` (see ``find_corpora``), each resolved to its real path."""
+    return [path.resolve() for path in find_corpora(names, download)]
+
+
+def find_corpora(names: list[str], download: bool = False) -> list[Path]:
     """The corpus files for ``names``: files (as ``resolve_corpus`` finds them), directories (every
     ``*.txt`` file under them) and glob patterns, in the order given, each directory's or pattern's
-    files sorted by path; a file named twice is read once."""
+    files sorted by path; a file named twice (or through a link) is read once. Each is the path as found from the
+    name given, not resolved through links: what the user is shown."""
     if not names:
         raise CorpusError(f"give a corpus to train on, e.g. {command(QUICK_START_TRAIN)}")
-    files: dict[Path, None] = {}
+    files: dict[Path, Path] = {}  # each file's real path: the path it was first found by
     for name in names:
         if not name.strip():  # Path("") is the current directory: an unset "$BOOK" would read every .txt under it
             raise CorpusError("a corpus name is empty; give a file, a directory or a pattern, e.g. 2600-0.txt")
@@ -110,10 +116,11 @@ def resolve_corpora(names: list[str], download: bool = False) -> list[Path]:
                 )
         else:
             found = [resolve_corpus(name, download=download)]
-        files.update((p.resolve(), None) for p in found)
-    if empty := next((p for p in files if p.stat().st_size == 0), None):  # said at once, not after TensorFlow's ~3 s
+        for path in found:
+            files.setdefault(path.resolve(), path)
+    if empty := next((p for p in files.values() if p.stat().st_size == 0), None):  # at once, not after TF's ~3 s
         raise empty_file(empty)
-    return list(files)
+    return list(files.values())
 
 
 def empty_file(path: Path) -> CorpusError:

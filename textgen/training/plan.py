@@ -26,7 +26,7 @@ from textgen.config import (
     TrainConfig,
     check_fits_in_memory,
 )
-from textgen.corpus import corpus_fingerprint, corpus_stem, resolve_corpora, resolve_encoding, same_codec
+from textgen.corpus import corpus_fingerprint, corpus_stem, find_corpora, resolve_corpora, resolve_encoding, same_codec
 from textgen.data import Splits, fit_small_corpus, load_splits
 from textgen.durations import MORE_TIME, format_seconds
 from textgen.errors import ConfigError
@@ -146,12 +146,12 @@ def plan_training(
         base = Base.of_run(find_run(checkpoint_dir, init_from.source, init_from.weights), init_from.weights)
     if base is not None:
         check_shape_kept(model_given, base.name, base.model)
-    files = resolve_corpora(names, download=download)
-    run, lock = reserve_run(checkpoint_dir, run_name, corpus_stem(names, files))  # before the corpus is encoded
+    found = find_corpora(names, download=download)
+    run, lock = reserve_run(checkpoint_dir, run_name, corpus_stem(names, found))  # before the corpus is encoded
     try:
         data_given = {**data_given, "base_vocab": "".join(base.vocab.chars)} if base else data_given
         data_cfg = new_data_config(
-            names, files, keep_boilerplate, encoding, **{"batch_size": profile.batch_size, **data_given}
+            names, found, keep_boilerplate, encoding, **{"batch_size": profile.batch_size, **data_given}
         )
         data_cfg, layout_note = fit_small_corpus(data_cfg, cache_dir, _accumulate(training_given), set(data_given))
         splits = load_splits(data_cfg, cache_dir, train_streams=data_cfg.batch_size * _accumulate(training_given))
@@ -204,14 +204,16 @@ def _finite_or_none(value: float) -> float | None:
 
 
 def new_data_config(
-    names: list[str], files: list[Path], keep_boilerplate: bool, encoding: str, **data: Any
+    names: list[str], found: list[Path], keep_boilerplate: bool, encoding: str, **data: Any
 ) -> DataConfig:
-    """The data config of a new run on ``files`` (resolved from ``names``), fingerprinted, with each file's codec."""
-    size, digest = corpus_fingerprint(files)
-    codecs = {resolve_encoding(f, encoding) for f in files}
+    """The data config of a new run on the files ``found`` from ``names``, fingerprinted, with each file's codec:
+    the corpus as the user gave it (a file as found, not resolved through links), its files by their real paths
+    (which a resume from another directory reads)."""
+    size, digest = corpus_fingerprint(found)
+    codecs = {resolve_encoding(f, encoding) for f in found}
     return DataConfig(
-        corpus=str(files[0]) if len(files) == 1 else " ".join(names),
-        files=tuple(str(f) for f in files) if len(files) > 1 else (),
+        corpus=str(found[0]) if len(found) == 1 else " ".join(names),
+        files=tuple(str(f.resolve()) for f in found),
         strip_boilerplate=not keep_boilerplate,
         encoding=codecs.pop() if len(codecs) == 1 else "auto",
         corpus_size=size,
