@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from textgen import __version__
-from textgen.artifact import ArtifactInfo, Quantize, artifact_dir
-from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR
+from textgen.artifact import ArtifactInfo, ExportFormat, Quantize, artifact_dir, default_export_path
+from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, checkpoint_dir_flag
 from textgen.cluster import cluster_role, make_strategy
+from textgen.commands import command
 from textgen.config import (
     MAX_SAMPLES,
     DataConfig,
@@ -38,7 +39,7 @@ from textgen.config import (
 from textgen.corpus import resolve_corpora
 from textgen.device import apply_profile, configure_for_inference, import_tensorflow, resolve_profile
 from textgen.durations import format_seconds
-from textgen.errors import ConfigError
+from textgen.errors import ConfigError, WeightsError
 from textgen.idcache import cache_root
 from textgen.recipe import BEST_RECIPE, apply_recipe, read_recipe, recipe_base
 from textgen.results import ModelSource
@@ -310,7 +311,10 @@ def serve(
 
     sock = listen(config.host, config.port)
     with contextlib.closing(sock):
-        sampler, source = open_generator(checkpoint_dir, run_name, "best", model)
+        try:
+            sampler, source = open_generator(checkpoint_dir, run_name, "best", model)
+        except WeightsError as exc:  # serve reads a run's best weights only: it has no --last
+            raise exc.instead(_serve_last_weights(exc.run)) from None
         if model is not None:
             path = Path(model)
             directory = path.parent if path.is_file() else path
@@ -333,6 +337,14 @@ def serve(
             run(app, sock, engine, config.drain_seconds)
         finally:
             engine.close()
+
+
+def _serve_last_weights(run: Path) -> str:
+    """How to serve the last resume point's weights of the run in ``run``: exported, as serve reads a run's best."""
+    flags = f"--run {run.name}{checkpoint_dir_flag(run.parent)}"
+    export = command(f"export {flags} --last --format litert")
+    serve = command(f"serve --model {default_export_path(run.name, ExportFormat.litert.value)}")
+    return f"serve its last resume point's weights from an export instead: {export}, then {serve}"
 
 
 def export(

@@ -153,6 +153,13 @@ def _parse_info(data: dict[str, Any]) -> tuple[int, ArtifactInfo]:
     return version, ArtifactInfo(**data, model=model, vocab=Vocabulary(tuple(chars)))
 
 
+def default_export_path(run: str, format: str, quantize: str = Quantize.none.value) -> Path:
+    """Where ``textgen export`` writes run ``run`` by default: ``exports/<run>-<format>[-<quantize>]`` in the working
+    directory."""
+    suffix = "" if quantize == Quantize.none.value else f"-{quantize}"
+    return Path("exports") / f"{run}-{format}{suffix}"
+
+
 def is_artifact(path: Path) -> bool:
     """Whether ``path`` is a directory that ``textgen export`` wrote."""
     return (Path(path) / INFO_FILE).is_file()

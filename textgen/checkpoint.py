@@ -44,12 +44,12 @@ import numpy as np
 from textgen.commands import command
 from textgen.config import DataConfig, RunConfig
 from textgen.corpus import check_unchanged
-from textgen.errors import CheckpointError, ConfigError, one_line, shown
+from textgen.errors import CheckpointError, ConfigError, WeightsError, one_line, shown
 from textgen.files import MAX_JSON_BYTES, TEMPORARY, atomic_path, atomic_write_text, read_json_object
 from textgen.results import METRICS, StopReason
 from textgen.typedjson import json_problem
 from textgen.vocab import Vocabulary
-from textgen.weightsfile import read_checksums, save_weights, weights_intact
+from textgen.weightsfile import checked_checksum, save_weights
 
 if TYPE_CHECKING:
     import keras
@@ -163,26 +163,25 @@ class Run:
 
     def create(self, cfg: RunConfig, vocab: Vocabulary) -> None:
         """Write the config and vocabulary into the (reserved) directory."""
-        self.save_config(cfg)
-        with self._saving("the run's vocabulary"):
+        self.save_config(cfg, new=True)
+        with self._saving("the run's vocabulary", new=True):
             atomic_write_text(self.vocab_path, vocab.to_json() + "\n")
 
-    def save_config(self, cfg: RunConfig) -> None:
-        """Write the run's config: when it is created, and when a resume extends its epochs or time budget, so
-        that a plain ``--resume`` after that keeps the extension."""
-        with self._saving("the run's config"):
+    def save_config(self, cfg: RunConfig, new: bool = False) -> None:
+        """Write the run's config: when it is created (``new``), and when a resume extends its epochs or time
+        budget, so that a plain ``--resume`` after that keeps the extension."""
+        with self._saving("the run's config", new):
             atomic_write_text(self.config_path, json.dumps(cfg.to_dict(), indent=2) + "\n")
 
     def copy_in_weights(self, source: Path) -> str:
-        """Copy a base run's weights file into this run (``init.weights.h5``), atomically, checked against its
-        checksum; the checksum of its arrays."""
-
-        with self._saving("the base run's weights"), atomic_path(self.init_weights_path) as tmp:
+        """Copy a base run's weights file (``Run.intact_weights``) into this run (``init.weights.h5``), atomically,
+        the copy checked against its checksum too; the checksum of its arrays."""
+        with self._saving("the base run's weights", new=True), atomic_path(self.init_weights_path) as tmp:
             shutil.copyfile(source, tmp)
-            saved, digest = read_checksums(tmp)
-            if saved not in (None, digest):
-                raise CheckpointError(f"{source} is corrupt (its weights differ from the checksum saved with them)")
-        return digest
+            try:
+                return checked_checksum(tmp)
+            except ValueError as exc:  # changed since it was checked: not a failed write (no OSError for _saving)
+                raise CheckpointError(f"{source} is corrupt ({exc}); run the command again") from None
 
     def load_init_weights(self, model: keras.Model) -> None:
         """Load the base run's weights that ``copy_in_weights`` kept into ``model`` (the base run's shape)."""
@@ -270,16 +269,21 @@ class Run:
                 path.unlink(missing_ok=True)
 
     @contextlib.contextmanager
-    def _saving(self, what: str) -> Iterator[None]:
+    def _saving(self, what: str, new: bool = False) -> Iterator[None]:
         """A failed write (disk full, permissions, a vanished directory) as one line; the atomic writes have
-        left the previous resume point as it was."""
+        left the previous resume point as it was. A ``new`` run, being made, has none: it is discarded, so the
+        command is run again rather than resumed."""
         try:
             yield
         except OSError as exc:
             reason = exc.strerror or str(exc)
+            if new:
+                then = "run the command again"
+            else:
+                then = resume_hint(self)
+                reason += "; the last resume point is intact"
             raise CheckpointError(
-                f"could not save {what} in {self.path}: {reason}; the last resume point is intact. "
-                f"Free space or fix permissions, then {resume_hint(self)}"
+                f"could not save {what} in {self.path}: {reason}. Free space or fix permissions, then {then}"
             ) from None
 
     def lock(self) -> RunLock:
@@ -352,9 +356,10 @@ class Run:
         path = self.best_weights_path if which == "best" else self.path / self.load_state().last_weights
         if not path.is_file():
             if which == "best" and self.is_usable("last"):  # stopped before its first epoch's end, say
-                raise CheckpointError(
-                    f"{path} is missing: the run has no best weights yet (they are saved when an epoch ends); "
-                    "use --last for the weights of its last resume point, or train it further"
+                raise WeightsError(
+                    f"{path} is missing: the run has no best weights yet (they are saved when an epoch ends)",
+                    "use --last for the weights of its last resume point, or train it further",
+                    self.path,
                 )
             raise CheckpointError(f"{path} is missing: the run has no saved weights yet; train it first")
         return path
@@ -370,15 +375,21 @@ class Run:
                 raise
             self._load_weights_file(model, self.weights_path("last"))
 
-    def _load_weights_file(self, model: keras.Model, path: Path) -> None:
+    def intact_weights(self, which: str = "best") -> Path:
+        """The weights file for ``best`` or ``last``, once its arrays match the checksum saved with them: a run made
+        from it is refused before it is created, not when it first loads them."""
+        path = self.weights_path(which)
+        self._check_intact(path)
+        return path
+
+    def _check_intact(self, path: Path) -> None:
         try:
-            intact = weights_intact(path)
-        except Exception as exc:  # h5py raises many kinds for a damaged file
-            raise CheckpointError(f"{path} is corrupt ({one_line(exc)}); {self._instead(path)}") from None
-        if not intact:
-            raise CheckpointError(
-                f"{path} is corrupt (its weights differ from the checksum saved with them); {self._instead(path)}"
-            )
+            checked_checksum(path)
+        except ValueError as exc:
+            raise WeightsError(f"{path} is corrupt ({exc})", self._instead(path), self.path) from None
+
+    def _load_weights_file(self, model: keras.Model, path: Path) -> None:
+        self._check_intact(path)
         # Keras warns (and then raises) about a file of another model: keep its warnings unless it loads.
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -388,8 +399,8 @@ class Run:
                 optimizer = getattr(model, "optimizer", None)
                 model.load_weights(path, **({"objects_to_skip": [optimizer]} if optimizer else {}))
             except Exception as exc:  # h5py and Keras raise many kinds for a damaged file
-                raise CheckpointError(
-                    f"{path} is corrupt or from another model ({one_line(exc)}); {self._instead(path)}"
+                raise WeightsError(
+                    f"{path} is corrupt or from another model ({one_line(exc)})", self._instead(path), self.path
                 ) from None
         for warning in caught:
             warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)

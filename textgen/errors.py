@@ -1,6 +1,9 @@
 """One exception family whose messages tell the user what is wrong and what to do, and values cut short for them."""
 
+from __future__ import annotations
+
 import reprlib
+from pathlib import Path
 from typing import Any
 
 from textgen.results import StopReason
@@ -38,6 +41,20 @@ class FieldError(ConfigError):
 
 class CheckpointError(TextgenError):
     """A run directory is missing, corrupt, or cannot be written."""
+
+
+class WeightsError(CheckpointError):
+    """A run's best or last weights are missing or damaged. The message's next step suits the commands that choose
+    between them with --last (sample, evaluate, export, train --init-from); one without that choice (serve) puts its
+    own with ``instead``."""
+
+    def __init__(self, problem: str, step: str, run: Path) -> None:
+        super().__init__(f"{problem}; {step}")
+        self.problem, self.run = problem, run  # run: the run's directory
+
+    def instead(self, step: str) -> WeightsError:
+        """The same problem with another next step."""
+        return WeightsError(self.problem, step, self.run)
 
 
 class DeviceError(TextgenError):

@@ -41,6 +41,7 @@ from textgen.artifact import (
     ArtifactInfo,
     ExportFormat,
     Quantize,
+    default_export_path,
     is_artifact,
     state_names,
     write_manifest,
@@ -56,19 +57,13 @@ from textgen.training.stopping import stop_signals
 from textgen.vocab import UNKNOWN_CHAR, Vocabulary
 
 
-def default_path(run: Run, format: str, quantize: str) -> Path:
-    """``exports/<run>-<format>[-<quantize>]`` in the working directory."""
-    suffix = "" if quantize == Quantize.none.value else f"-{quantize}"
-    return Path("exports") / f"{run.name}-{format}{suffix}"
-
-
 def export_run(run: Run, format: str, quantize: str, path: Path | None = None, which: str = "best") -> ExportResult:
     """Write ``run``'s ``which`` weights to ``path`` as a LiteRT or SavedModel artifact, atomically: an
     earlier export at ``path`` is replaced in one rename, anything else there is refused. A failed write (a full
     disk, TensorFlow's errors too) or a stop signal leaves the earlier export as it was, and no scratch files."""
     if format == ExportFormat.savedmodel.value and quantize != Quantize.none.value:
         raise ConfigError("--quantize applies to --format litert; a SavedModel keeps float32 weights")
-    path = Path(path) if path is not None else default_path(run, format, quantize)
+    path = Path(path) if path is not None else default_export_path(run.name, format, quantize)
     if path.exists() and not is_artifact(path):
         raise ConfigError(f"{path} exists and is not a textgen export; choose another -o PATH or remove it")
     kept = f"the previous export at {path} is intact" if path.exists() else f"nothing was written to {path}"

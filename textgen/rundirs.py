@@ -3,15 +3,15 @@ found, and where studies are kept."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, Run, RunLock, check_run_name, checkpoint_dir_flag
 from textgen.commands import QUICK_START_TRAIN, command
-from textgen.errors import CheckpointError, ConfigError
+from textgen.errors import CheckpointError, ConfigError, WeightsError
 
 
 def reserve_run(checkpoint_dir: Path, name: str | None, stem: str) -> tuple[Run, RunLock]:
@@ -55,11 +55,10 @@ def safe_name(stem: str) -> str:
 
 
 def discard_reserved(run: Run, lock: RunLock) -> None:
-    """Remove a reserved run directory that never got its config (planning failed), and unlock it."""
-    (run.path / ".lock").unlink(missing_ok=True)
+    """Remove a reserved run directory whose planning or creation failed, with what it wrote there (a base's
+    weights, a config: nothing else can be in it), and unlock it: the same command then makes the run anew."""
+    shutil.rmtree(run.path, ignore_errors=True)
     lock.release()
-    with contextlib.suppress(OSError):
-        run.path.rmdir()  # only if nothing else was written there
 
 
 def list_runs(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR) -> list[Run]:
@@ -91,9 +90,10 @@ def find_run(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR, name: str | None = N
     if runs:  # none is usable: say what is wrong with the latest
         runs[0].check_usable()
         if weights == "best":
-            raise CheckpointError(
-                f"{runs[0].best_weights_path} is missing: run {runs[0].name!r} has not finished its first epoch; "
-                "use --last, or train it further"
+            raise WeightsError(
+                f"{runs[0].best_weights_path} is missing: run {runs[0].name!r} has not finished its first epoch",
+                "use --last, or train it further",
+                runs[0].path,
             )
     raise CheckpointError(
         f"no trained run in {checkpoint_dir}/; "

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from textgen.errors import one_line
+
 if TYPE_CHECKING:
     import keras
 
@@ -26,13 +28,19 @@ def save_weights(model: keras.Model, path: Path, **attrs: Any) -> None:
         fh.attrs.update({**attrs, WEIGHTS_DIGEST: _digest(fh)})
 
 
-def read_checksums(path: Path) -> tuple[str | None, str]:
-    """The checksum saved with a weights file's arrays (None in a file from before it was saved), and theirs now."""
+def checked_checksum(path: Path) -> str:
+    """The checksum of a weights file's arrays, once they match the one saved with them (files from before it was
+    saved have none: they are taken as they are); ``ValueError`` saying what is wrong with a damaged file."""
     import h5py
 
-    with h5py.File(path, "r") as fh:
-        saved = fh.attrs.get(WEIGHTS_DIGEST)
-        return None if saved is None else str(saved), _digest(fh)
+    try:
+        with h5py.File(path, "r") as fh:
+            saved, actual = fh.attrs.get(WEIGHTS_DIGEST), _digest(fh)
+    except Exception as exc:  # h5py raises many kinds for a damaged file (OSError for a truncated one)
+        raise ValueError(one_line(exc)) from None
+    if saved is not None and str(saved) != actual:
+        raise ValueError("its weights differ from the checksum saved with them")
+    return actual
 
 
 def weights_checksum(path: Path) -> str:
@@ -41,13 +49,6 @@ def weights_checksum(path: Path) -> str:
 
     with h5py.File(path, "r") as fh:
         return str(fh.attrs.get(WEIGHTS_DIGEST) or _digest(fh))
-
-
-def weights_intact(path: Path) -> bool:
-    """Whether a weights file's arrays match the checksum saved with them (files from before it was saved have
-    none: they are taken as they are)."""
-    saved, actual = read_checksums(path)
-    return saved is None or saved == actual
 
 
 def _digest(fh: Any) -> str:

@@ -82,7 +82,7 @@ class Base:
             source=run.path.resolve(),
             name=run.name,
             weights=weights,
-            weights_file=run.weights_path(weights),  # refused before a run is made from it, not by the first load
+            weights_file=run.intact_weights(weights),
             vocab=run.load_vocab(),
             model=config.model,
             corpus=config.data.corpus_name,

@@ -1,0 +1,116 @@
+"""Damaged runs and what is left of interrupted work (issue 55): every command that reads a run's weights names the
+damaged file and a next step that command has; a killed export's scratch directory goes with the next export;
+TensorFlow's errors while a SavedModel generates, and a completion script that cannot be written, are one line."""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from helpers import TINY_DATA, TINY_MODEL, assert_one_line_error, invoke
+
+import textgen.checkpoint
+
+
+def _truncated(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _garbage(path: Path) -> None:
+    path.write_bytes(bytes(range(256)) * 40)
+
+
+def _other_weights(path: Path) -> None:
+    """A sound HDF5 file whose arrays no longer match the checksum saved with them (a flipped bit, an edit)."""
+    with h5py.File(path, "a") as fh:
+        kernel = next(fh[name] for name in _datasets(fh) if fh[name].size > 1)
+        kernel[...] = np.asarray(kernel[()]) + 1
+
+
+def _datasets(fh: h5py.File) -> list[str]:
+    names: list[str] = []
+    fh.visititems(lambda name, item: names.append(name) if isinstance(item, h5py.Dataset) else None)
+    return names
+
+
+DAMAGES: dict[str, Callable[[Path], None]] = {
+    "truncated": _truncated,
+    "garbage": _garbage,
+    "checksum": _other_weights,
+}
+# What no message about a damaged source may say: a write failure's advice, or resuming a run never made.
+NOT_A_WRITE = ("Free space", "fix permissions", "--resume")
+
+
+def _last_weights(run) -> Path:
+    return run.path / run.load_state().last_weights
+
+
+# --- serve: no --last, so no "use --last" --------------------------------------------------------
+
+
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_serve_of_damaged_best_weights_names_the_file_and_a_step_serve_has(
+    trained_run, tmp_path: Path, damage: str
+) -> None:
+    ck = tmp_path / "ck"
+    run = trained_run.copy_to(ck)
+    DAMAGES[damage](run.best_weights_path)
+    out = invoke("serve", "--run", run.name, "--checkpoint-dir", str(ck), "--port", "0")
+    line = assert_one_line_error(out, f"{run.best_weights_path} is corrupt", "serve --model exports/tiny-litert")
+    assert "use --last" not in line and "export --run tiny" in line, line
+
+
+def test_serve_of_a_run_without_best_weights_yet_offers_no_last_option(trained_run, tmp_path: Path) -> None:
+    ck = tmp_path / "ck"
+    run = trained_run.copy_to(ck)
+    run.best_weights_path.unlink()  # stopped before its first epoch's end, say
+    for named in (["--run", run.name], []):  # the run named, or found as the latest
+        out = invoke("serve", *named, "--checkpoint-dir", str(ck), "--port", "0")
+        line = assert_one_line_error(out, "best.weights.h5 is missing", "serve --model exports/tiny-litert")
+        assert "use --last" not in line, line
+
+
+# --- train --init-from: a damaged base is not a failed write -------------------------------------
+
+
+@pytest.mark.parametrize("damage", list(DAMAGES))
+@pytest.mark.parametrize("which", ["best", "last"])
+def test_a_damaged_base_run_is_one_line_naming_it_and_no_run_is_made(
+    trained_run, tmp_path: Path, damage: str, which: str
+) -> None:
+    ck = tmp_path / "ck"
+    base = trained_run.copy_to(ck, "base")
+    path = base.best_weights_path if which == "best" else _last_weights(base)
+    DAMAGES[damage](path)
+    last = ["--last"] if which == "last" else []
+    out = invoke(
+        "train", str(trained_run.corpus), "--init-from", "base", *last, "--run", "tuned", "--checkpoint-dir", str(ck)
+    )
+    line = assert_one_line_error(out, f"{path} is corrupt")
+    assert not any(words in line for words in NOT_A_WRITE), line
+    assert ("use --last" in line) == (which == "best"), line  # train --init-from has --last
+    assert sorted(p.name for p in ck.iterdir()) == ["base"]  # refused before a run was made
+
+
+def test_a_failed_write_of_a_new_run_says_run_the_command_again_not_resume(
+    trained_run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write = textgen.checkpoint.atomic_write_text
+
+    def disk_full_for_the_vocabulary(path: Path, text: str) -> None:
+        if Path(path).name == "vocab.json":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        write(path, text)
+
+    monkeypatch.setattr(textgen.checkpoint, "atomic_write_text", disk_full_for_the_vocabulary)
+    flags = [f"--{key.replace('_', '-')}={value}" for key, value in {**TINY_DATA, **TINY_MODEL}.items()]
+    out = invoke("train", str(trained_run.corpus), *flags, "--run", "new", "--checkpoint-dir", str(tmp_path / "ck"))
+    line = assert_one_line_error(out, "could not save the run's vocabulary", "No space left on device")
+    assert "run the command again" in line and "--resume" not in line and "resume point" not in line, line
+    assert not (tmp_path / "ck" / "new").exists()  # its config, written first, went with it: nothing to resume
