@@ -119,6 +119,13 @@ def test_sigterm_drains_new_requests_get_503_running_streams_end_and_it_exits_0(
     assert any(r["event"].startswith("draining") for r in records)
 
 
+def test_ctrl_c_on_an_idle_server_ends_the_drain_at_once(started) -> None:
+    server = started("--drain", "120")  # SIGTERM would hold the socket open this long, for a load balancer
+    assert small_request(server.url).status_code == 200
+    server.proc.send_signal(signal.SIGINT)
+    assert server.proc.wait(60) == 0, server.log.read_text()  # nothing runs: no reason to wait out the 120 s
+
+
 def test_an_api_key_and_max_body_through_the_command(started) -> None:
     server = started("--api-key", "s3cret", "--max-body", "1000", "--drain", "0.5")
     url = server.url + "/v1/completions"

@@ -437,12 +437,14 @@ def run(app: Any, sock: socket.socket, engine: Engine, drain_seconds: float) -> 
     """Serve ``app`` on ``sock`` until SIGTERM or Ctrl-C, which drain: for ``drain_seconds`` the socket stays open,
     new requests get 503 with Retry-After and ``/ready`` says draining (a load balancer's cue to send them elsewhere)
     while running streams go on; then the streams still running end (finish_reason "shutdown") and the call returns.
-    A second Ctrl-C stops at once."""
+    Ctrl-C, a person at a terminal rather than a load balancer, ends the drain as soon as no request runs; a second
+    Ctrl-C stops at once."""
     import uvicorn
 
     class DrainingServer(uvicorn.Server):
         drain_ends: float | None = None
         drain_said = False
+        interactive = False  # drained by Ctrl-C: nobody waits for /ready to fail, so idle ends it
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
@@ -460,6 +462,7 @@ def run(app: Any, sock: socket.socket, engine: Engine, drain_seconds: float) -> 
             if self.drain_ends is None:
                 engine.drain(drain_seconds)
                 self.drain_ends = time.monotonic() + drain_seconds
+                self.interactive = sig == signal.SIGINT
             elif sig == signal.SIGINT:
                 self.should_exit = self.force_exit = True
 
@@ -470,7 +473,8 @@ def run(app: Any, sock: socket.socket, engine: Engine, drain_seconds: float) -> 
                 self.drain_said = True
                 message = "draining: new requests get 503 for %g s, then running streams end (Ctrl-C again: now)"
                 serve_log.info(message, drain_seconds)
-            return await super().on_tick(counter) or time.monotonic() >= self.drain_ends
+            idle = self.interactive and engine.busy_rows == 0 and engine.queue_length == 0
+            return await super().on_tick(counter) or idle or time.monotonic() >= self.drain_ends
 
     config = uvicorn.Config(
         app,
