@@ -264,6 +264,7 @@ def test_runs_names_a_state_with_an_unknown_stop_reason(trained_run, tmp_path: P
         (4, 0, "4 epochs"),
         (5, 89, "5 epochs and 89 batches"),
         (0, 1089, "0 epochs and 1,089 batches"),
+        (2, 1, "2 epochs and 1 batch"),
     ],
 )
 def test_epochs_done(epochs: int, batches: int, cell: str) -> None:

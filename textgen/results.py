@@ -19,9 +19,10 @@ def bits(nats: float) -> float:
 def epochs_done(epochs: int, batches_into_epoch: int = 0) -> str:
     """A run's training as every message counts it (the end of training, its loss chart, textgen runs, the serve
     page): complete epochs, and the batches of one a time budget or a stop cut: "1 epoch", "0 epochs and 1,089
-    batches"."""
+    batches", "2 epochs and 1 batch"."""
     text = f"{epochs:,} epoch{'' if epochs == 1 else 's'}"
-    return f"{text} and {batches_into_epoch:,} batches" if batches_into_epoch else text
+    batches = f"{batches_into_epoch:,} batch{'' if batches_into_epoch == 1 else 'es'}"
+    return f"{text} and {batches}" if batches_into_epoch else text
 
 
 def lstm_shape(layers: int, units: int) -> str:
