@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -299,8 +300,10 @@ def test_train_end_to_end(tmp_path: Path) -> None:
     assert "epoch 1/2" in out and "epoch 2/2" in out
     assert "done (all epochs done) after 2 epochs" in out
     assert "bits/char" in out
-    hint = "train 10 more epochs: textgen train --resume --run r --checkpoint-dir X --epochs 12"
-    assert hint in out  # a finished run is told what it needs to train further
+    # A finished run is told what it needs to train further, as a command that starts textgen as this one was
+    # started (python -m textgen) and runs as printed.
+    hint = next(line for line in out.splitlines() if "train 10 more epochs: " in line).split("more epochs: ")[1]
+    assert hint.endswith(" -m textgen train --resume --run r --checkpoint-dir X --epochs 12")
     assert "Traceback" not in proc.stderr
     assert "oneDNN" not in proc.stderr and "cpu_feature_guard" not in proc.stderr  # TensorFlow's start-up chatter
     run = tmp_path / "X" / "r"
@@ -308,7 +311,9 @@ def test_train_end_to_end(tmp_path: Path) -> None:
         assert (run / name).is_file(), name
     assert [row["epoch"] for row in read_history(run)] == [0, 1]
     assert json.loads((run / "state.json").read_text())["finished"] == "epochs"
-    again = run_textgen(hint.split(": textgen ")[1].split(), cwd=tmp_path)  # the command as shown
+    again = subprocess.run(
+        shlex.split(hint), cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=180
+    )  # the command as shown
     assert again.returncode == 0, again.stderr
     assert "done (all epochs done) after 12 epochs" in again.stdout
     assert [row["epoch"] for row in read_history(run)] == list(range(12))

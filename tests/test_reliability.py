@@ -177,7 +177,7 @@ def test_sigterm_and_sighup_save_like_ctrl_c(tmp_path: Path, corpus: Path, sig: 
     proc.send_signal(sig)
     assert proc.wait(timeout=60) == 128 + sig
     text = out.read_text()
-    assert f"({sig.name}); saved" in text and "continue with: textgen train --resume --run r" in text
+    assert f"({sig.name}); saved" in text and " -m textgen train --resume --run r" in text  # as it was started
     assert "Traceback" not in text
     state = assert_consistent(Run(tmp_path / "ck" / "r"))
     assert state.finished is None and state.epoch >= 1
