@@ -5,6 +5,7 @@ TensorFlow's errors while a SavedModel generates, and a completion script that c
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -114,3 +115,30 @@ def test_a_failed_write_of_a_new_run_says_run_the_command_again_not_resume(
     line = assert_one_line_error(out, "could not save the run's vocabulary", "No space left on device")
     assert "run the command again" in line and "--resume" not in line and "resume point" not in line, line
     assert not (tmp_path / "ck" / "new").exists()  # its config, written first, went with it: nothing to resume
+
+
+# --- a killed export's scratch directory goes with the next export of the same target ---------------
+
+
+def test_the_next_export_removes_what_killed_exports_to_its_path_left(trained_run, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    # What kill -9 leaves: a scratch directory mid-write, and an earlier export moved aside mid-replacement.
+    leftovers = [out / ".model.k3x_9q2z", out / ".model.old-0a1b2c3d"]
+    for leftover in leftovers:
+        (leftover / "variables").mkdir(parents=True)
+        (leftover / "variables" / "variables.index").write_bytes(b"half")
+    kept = [out / ".model.notes", out / ".other.k3x_9q2z"]  # not an export's to model: another's, or the user's
+    for directory in kept:
+        directory.mkdir()
+    running = out / ".model.r7mm2kdw"  # the scratch directory of an export running now: it holds it locked
+    running.mkdir()
+    fd = os.open(running, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        export = invoke("export", "--checkpoint-dir", str(trained_run.checkpoint_dir), "--format", "litert", "-o",
+                        str(out / "model"))  # fmt: skip
+    finally:
+        os.close(fd)
+    assert export.exit_code == 0, export.stderr
+    assert sorted(p.name for p in out.iterdir()) == sorted(["model", running.name, *(p.name for p in kept)])

@@ -15,18 +15,22 @@ activations).
 
 An export is written in a scratch directory beside its path, ``manifest.json`` last (each file's size and SHA-256,
 checked when it is opened), then renamed into place: a failed write or a stop signal removes the scratch
-directory and leaves an earlier export as it was.
+directory and leaves an earlier export as it was. A scratch directory that a kill leaves is removed by the next
+export to the same path.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
+import fcntl
 import os
+import re
 import secrets
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -89,14 +93,16 @@ def export_run(run: Run, format: str, quantize: str, path: Path | None = None, w
         check_stop()
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
+            _remove_leftovers(path)
             building = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
             try:
-                umask = os.umask(0)
-                os.umask(umask)
-                building.chmod(0o777 & ~umask)  # an ordinary directory to ship, not mkdtemp's private 0700
-                _write(generator, info, building, check_stop)
-                check_stop()  # the last point to stop: a signal after it lets the export be put in place
-                _replace_directory(building, path)
+                with _held(building):
+                    umask = os.umask(0)
+                    os.umask(umask)
+                    building.chmod(0o777 & ~umask)  # an ordinary directory to ship, not mkdtemp's private 0700
+                    _write(generator, info, building, check_stop)
+                    check_stop()  # the last point to stop: a signal after it lets the export be put in place
+                    _replace_directory(building, path)
             finally:
                 shutil.rmtree(building, ignore_errors=True)
         except (OSError, tf.errors.OpError, ConverterError) as exc:
@@ -208,19 +214,52 @@ def _replace_directory(new: Path, path: Path) -> None:
     """Put directory ``new`` at ``path``, replacing an earlier export there (a rename each way; the earlier one
     is put back if the second fails)."""
     fsync_tree(new)
-    old: Path | None = None
-    if path.exists():
-        old = path.parent / f".{path.name}.old-{secrets.token_hex(4)}"
-        os.replace(path, old)
-    try:
+    if not path.exists():
         os.replace(new, path)
-    except OSError:
-        if old is not None:
+        fsync_path(path.parent)
+        return
+    old = path.parent / f".{path.name}.old-{secrets.token_hex(4)}"
+    with _held(path):  # moved aside, it is still this export's to put back: no other export's clean-up takes it
+        os.replace(path, old)
+        try:
+            os.replace(new, path)
+        except OSError:
             os.replace(old, path)
-        raise
-    fsync_path(path.parent)
-    if old is not None:
+            raise
+        fsync_path(path.parent)
         shutil.rmtree(old, ignore_errors=True)
+
+
+# What an export writes beside its path: its scratch directory (mkdtemp's 8 characters), and the earlier export
+# while it is replaced. A killed export leaves them; the next export to the path removes them.
+_LEFTOVER = r"\.{name}\.(old-[0-9a-f]{{8}}|[a-z0-9_]{{8}})"
+
+
+@contextlib.contextmanager
+def _held(directory: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``directory`` while the block runs: a running export's mark on what it writes
+    beside its path. The kernel drops it when the process ends, however it ends (kill -9 included)."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _remove_leftovers(path: Path) -> None:
+    """Remove what killed exports to ``path`` left beside it; what a running one holds (``_held``) stays."""
+    leftover = re.compile(_LEFTOVER.format(name=re.escape(path.name)))
+    for entry in path.parent.iterdir():
+        if not leftover.fullmatch(entry.name) or entry.is_symlink() or not entry.is_dir():
+            continue
+        with contextlib.suppress(OSError):  # held by a running export (BlockingIOError), or already gone
+            fd = os.open(entry, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                shutil.rmtree(entry)
+            finally:
+                os.close(fd)
 
 
 # --- reading a float export's weights back (train --init-from EXPORT) ---------------------------------------
