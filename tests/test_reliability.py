@@ -26,13 +26,16 @@ from helpers import (
     assert_one_line_error,
     invoke,
     read_history,
+    steps_per_epoch,
     subprocess_env,
     wait_for,
+    wait_until,
     write_corpus,
 )
 
 from textgen.checkpoint import ResumeState, Run
 from textgen.device import CPU
+from textgen.durations import format_seconds
 from textgen.errors import CheckpointError, CorpusError, TrainingDiverged
 from textgen.rundirs import find_run
 from textgen.runs import run_summaries
@@ -183,17 +186,49 @@ def test_sigterm_and_sighup_save_like_ctrl_c(tmp_path: Path, corpus: Path, sig: 
     assert state.finished is None and state.epoch >= 1
 
 
+# `textgen sample` that marks the first chunk it has generated, as the engine's spies do (test_engine.py).
+SAMPLE_MARKING_ITS_FIRST_CHUNK = """
+import sys
+from pathlib import Path
+
+from textgen.cli import main
+from textgen.sampling import Generator
+
+marker, generate_steps = Path(sys.argv.pop(1)), Generator.generate_steps
+
+
+def marked(self, *args, **kwargs):
+    result = generate_steps(self, *args, **kwargs)
+    marker.touch()
+    return result
+
+
+Generator.generate_steps = marked
+main()
+"""
+
+
 def test_ctrl_c_stops_a_long_generation_at_once(trained_run, tmp_path: Path) -> None:
     run = trained_run.copy_to(tmp_path / "ck")
-    # Tens of millions of characters: minutes of work, in chunks the interrupt lands between.
+    # 40 million characters: ~20 minutes of work on 2 busy cores, in chunks the interrupt lands between.
     args = ["sample", "--checkpoint-dir", str(run.path.parent), "--length", "5000000", "--num", "8", "--json"]
+    marker = tmp_path / "generating"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "textgen", *args], env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        [sys.executable, "-c", SAMPLE_MARKING_ITS_FIRST_CHUNK, str(marker), *args],
+        cwd=tmp_path,
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
-    time.sleep(8)  # loaded and generating
-    assert proc.poll() is None
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=20)  # far sooner than the generation would end
+    try:
+        wait_until(lambda: marker.exists() or proc.poll() is not None, "no chunk was generated", timeout=180)
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)  # a small part of what the generation would take
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     assert proc.returncode == 130
     assert b"interrupted" in err and b"Traceback" not in err
 
@@ -201,27 +236,78 @@ def test_ctrl_c_stops_a_long_generation_at_once(trained_run, tmp_path: Path) -> 
 # --- 3. kill -9 at any moment: resume points, history, best weights ----------------------------
 
 
+def tiny_flags_steps_per_epoch(corpus: Path, tmp_path: Path) -> int:
+    """Batches in an epoch of a run trained with ``TINY_FLAGS`` on ``corpus`` (planned aside, nothing trained)."""
+    plan = plan_training(
+        str(corpus),
+        CPU,
+        checkpoint_dir=tmp_path / "planned",
+        run_name="p",
+        data=DataSettings(batch_size=4, seq_len=16),
+        model=ModelSettings(units=32, embedding_dim=8),
+    )
+    plan.lock.release()
+    return steps_per_epoch(len(plan.splits.train), 4, 16)
+
+
+def next_mid_epoch_commit(run: Run, proc: subprocess.Popen, after: tuple[int, int]) -> ResumeState | None:
+    """Wait until ``run`` has committed a resume point inside an epoch past ``after`` (epoch, batch), and return it;
+    None if ``proc`` ended first. state.json is replaced atomically: it can be read at any moment."""
+    found: list[ResumeState] = []
+
+    def committed() -> bool:
+        if run.has_state():
+            state = run.load_state()
+            if state.batch > 0 and (state.epoch, state.batch) > after:
+                found.append(state)
+                return True
+        return proc.poll() is not None
+
+    wait_until(committed, f"no resume point past epoch {after[0] + 1}, batch {after[1]}", timeout=300)
+    return found[0] if found else None
+
+
 def kill_and_resume(tmp_path: Path, corpus: Path, seed: int, kills: int) -> None:
+    """Kill -9 the training ``kills`` times, each once it has committed a mid-epoch resume point past the one it
+    resumed from (``seed`` draws how many such points to wait for: 2 to 4, the first coming after the first batch,
+    which compiles), then let it finish. Each resume starts from exactly the point committed last, and the run ends
+    where an uninterrupted one would: 4 epochs of ``spe`` batches each, 4 x ``spe`` optimizer steps (a resume from
+    the start of its epoch, or with a fresh optimizer, would not)."""
     rng = random.Random(seed)
+    spe = tiny_flags_steps_per_epoch(corpus, tmp_path)
     args = ["tiny.txt", *TINY_FLAGS, "--epochs", "4", "--save-every", "1s", "--checkpoint-dir", "ck", "--run", "r"]
+    run = Run(tmp_path / "ck" / "r")
+    committed: ResumeState | None = None
     for attempt in range(kills + 1):
-        resume = ["--resume"] if attempt else []
-        proc, out = start_training(tmp_path, *args, *resume)
+        proc, out = start_training(tmp_path, *args, *(["--resume"] if attempt else []))
+        if committed is not None:
+            wait_for(out, "device", proc)
+            started = f"(resuming at epoch {committed.epoch + 1}, {format_seconds(committed.seconds)} trained)"
+            assert started in out.read_text()
         if attempt == kills:
-            assert proc.wait(timeout=300) == 0, out.read_text()
             break
-        wait_for(out, "device", proc)
-        time.sleep(rng.uniform(1.0, 6.0))
-        if proc.poll() is not None:  # it finished first
-            assert proc.returncode == 0, out.read_text()
+        seen = (committed.epoch, committed.batch) if committed else (0, 0)
+        for _ in range(rng.randint(2, 4)):
+            state = next_mid_epoch_commit(run, proc, seen)
+            if state is None:
+                break
+            seen = (state.epoch, state.batch)
+        if proc.poll() is not None:  # it finished first (a later kill: few resume points were left)
+            assert attempt > 0, f"the run ended before its first mid-epoch resume point:\n{out.read_text()}"
             break
         proc.kill()  # SIGKILL: no handler runs
         proc.wait(timeout=30)
-        run = Run(tmp_path / "ck" / "r")
-        if run.is_usable():
-            assert_consistent(run)
-    state = assert_consistent(Run(tmp_path / "ck" / "r"))
-    assert state.epoch == 4 and state.finished == "epochs"
+        committed = run.load_state()
+        # Killed as it commits, the run may have a history.csv one row short or a scratch file: the next writer's
+        # first act (taking the lock) rewrites the one from state.json and removes the other.
+        run.lock().release()
+        assert assert_consistent(run) == committed
+        assert (committed.epoch, committed.batch) >= seen, "a committed resume point was lost"
+        assert committed.step == committed.epoch * spe + committed.batch
+    assert proc.wait(timeout=300) == 0, out.read_text()
+    state = assert_consistent(run)
+    assert (state.epoch, state.finished, state.step) == (4, "epochs", 4 * spe)
+    assert [int(row["batches"]) for row in read_history(run.path)] == [spe] * 4
 
 
 def test_kill_9_then_resume_loses_nothing_committed(tmp_path: Path, corpus: Path) -> None:
