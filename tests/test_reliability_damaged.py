@@ -142,3 +142,55 @@ def test_the_next_export_removes_what_killed_exports_to_its_path_left(trained_ru
         os.close(fd)
     assert export.exit_code == 0, export.stderr
     assert sorted(p.name for p in out.iterdir()) == sorted(["model", running.name, *(p.name for p in kept)])
+
+
+# --- TensorFlow's errors while a model generates ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def savedmodel(trained_run, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from textgen import api
+
+    path = tmp_path_factory.mktemp("export") / "sm"
+    api.export(trained_run.checkpoint_dir, trained_run.run.name, "savedmodel", "none", path)
+    return path
+
+
+def _tf_errors() -> dict[str, Exception]:
+    import tensorflow as tf
+
+    oom = "OOM when allocating tensor with shape[4096,2048] and type float on /job:localhost/replica:0/task:0"
+    return {
+        "out of memory": tf.errors.ResourceExhaustedError(None, None, oom),
+        "invalid argument": tf.errors.InvalidArgumentError(
+            None, None, "indices[3] = 97 is not in [0, 62)\n\t [[{{node"
+        ),
+    }
+
+
+@pytest.mark.parametrize("error", ["out of memory", "invalid argument"])
+def test_tensorflow_errors_while_a_savedmodel_generates_are_one_line(
+    savedmodel: Path, error: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import textgen.sampling
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise _tf_errors()[error]
+
+    monkeypatch.setattr(textgen.sampling, "_call_generate", fail)
+    out = invoke("sample", "--model", str(savedmodel), "--num", "4096", "--length", "5")
+    if error == "out of memory":
+        assert_one_line_error(out, "TensorFlow ran out of memory while generating (OOM when", "fewer samples at once")
+    else:
+        assert_one_line_error(out, f"TensorFlow failed running {savedmodel} (indices[3] = 97", "export the run again")
+
+
+def test_running_out_of_memory_while_a_run_generates_is_one_line(trained_run, monkeypatch: pytest.MonkeyPatch) -> None:
+    import textgen.sampling
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise _tf_errors()["out of memory"]
+
+    monkeypatch.setattr(textgen.sampling, "_call_generate", fail)
+    out = invoke("sample", "--checkpoint-dir", str(trained_run.checkpoint_dir), "--num", "4096", "--length", "5")
+    assert_one_line_error(out, "TensorFlow ran out of memory while generating", "fewer samples at once")

@@ -57,6 +57,10 @@ class WeightsError(CheckpointError):
         return WeightsError(self.problem, step, self.run)
 
 
+class GenerationError(TextgenError):
+    """TensorFlow failed while a model generated: out of memory, or an exported SavedModel it cannot run."""
+
+
 class DeviceError(TextgenError):
     """The requested device profile cannot run on this machine."""
 

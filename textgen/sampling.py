@@ -16,8 +16,9 @@ prompts and streaming are ``textgen.generation.Sampler``'s, shared with the Lite
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -26,7 +27,7 @@ import tensorflow as tf
 
 from textgen.checkpoint import Run
 from textgen.config import ModelConfig
-from textgen.errors import ConfigError
+from textgen.errors import ConfigError, GenerationError, one_line
 from textgen.generation import RowSettings, Sampler, States
 from textgen.lstm import layer_norm, lstm_cell, run_unrolled
 from textgen.model import LAYER_NORM_WEIGHTS, build_model
@@ -279,7 +280,8 @@ class Generator(Sampler):
     # Sampler's two steps, through the compiled functions --------------------------------
 
     def read(self, ids: np.ndarray, states: States) -> tuple[np.ndarray, States]:
-        return _numpy(self.feed_concrete(tf.constant(ids, tf.int32), _tensors(states)))
+        with _tensorflow_errors():
+            return _numpy(self.feed_concrete(tf.constant(ids, tf.int32), _tensors(states)))
 
     def generate_steps(
         self,
@@ -289,9 +291,10 @@ class Generator(Sampler):
         settings: RowSettings,
         forced: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray, States]:
-        if forced is None:
-            return _call_generate(self.generate_concrete, logits, states, uniforms, settings)
-        return _call_generate(self.forced_concrete, logits, states, uniforms, settings, forced)
+        with _tensorflow_errors():
+            if forced is None:
+                return _call_generate(self.generate_concrete, logits, states, uniforms, settings)
+            return _call_generate(self.forced_concrete, logits, states, uniforms, settings, forced)
 
 
 class SavedModelGenerator(Sampler):
@@ -302,6 +305,7 @@ class SavedModelGenerator(Sampler):
 
     def __init__(self, cfg: ModelConfig, vocab: Vocabulary, path: Path) -> None:
         super().__init__(cfg, vocab)
+        self.path = path
         self.loaded = tf.saved_model.load(str(path))
         self.feed_concrete = self.loaded.feed.get_concrete_function()  # see Generator.__init__
         self.generate_concrete = self.loaded.generate_chunk.get_concrete_function()
@@ -311,7 +315,8 @@ class SavedModelGenerator(Sampler):
         self.forced_concrete = None if forced is None else forced.get_concrete_function()
 
     def read(self, ids: np.ndarray, states: States) -> tuple[np.ndarray, States]:
-        return _numpy(self.feed_concrete(tf.constant(ids, tf.int32), _tensors(states)))
+        with _tensorflow_errors(self.path):
+            return _numpy(self.feed_concrete(tf.constant(ids, tf.int32), _tensors(states)))
 
     def generate_steps(
         self,
@@ -321,23 +326,43 @@ class SavedModelGenerator(Sampler):
         settings: RowSettings,
         forced: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray, States]:
-        if forced is not None:
-            if self.forced_concrete is None:
-                raise ConfigError("this SavedModel was exported before textgen serve could serve one; export it again")
-            return _call_generate(self.forced_concrete, logits, states, uniforms, settings, forced)
-        if self.per_row:
-            return _call_generate(self.generate_concrete, logits, states, uniforms, settings)
-        ids = np.empty([len(logits), len(uniforms)], np.int32)
-        new_logits, new_states = np.empty_like(logits), tuple(np.empty_like(s) for s in states)
-        for rows in settings.groups():  # rows alike, one call each, with scalar settings
-            first = rows[0]
-            scalars = (settings.temperature[first], settings.top_k[first], settings.top_p[first])
-            ids[rows], new_logits[rows], part = _call_generate(
-                self.generate_concrete, logits[rows], tuple(s[rows] for s in states), uniforms[:, rows], scalars
-            )
-            for whole, piece in zip(new_states, part, strict=True):
-                whole[rows] = piece
-        return ids, new_logits, new_states
+        with _tensorflow_errors(self.path):
+            if forced is not None:
+                if self.forced_concrete is None:
+                    raise ConfigError(
+                        "this SavedModel was exported before textgen serve could serve one; export it again"
+                    )
+                return _call_generate(self.forced_concrete, logits, states, uniforms, settings, forced)
+            if self.per_row:
+                return _call_generate(self.generate_concrete, logits, states, uniforms, settings)
+            ids = np.empty([len(logits), len(uniforms)], np.int32)
+            new_logits, new_states = np.empty_like(logits), tuple(np.empty_like(s) for s in states)
+            for rows in settings.groups():  # rows alike, one call each, with scalar settings
+                first = rows[0]
+                scalars = (settings.temperature[first], settings.top_k[first], settings.top_p[first])
+                ids[rows], new_logits[rows], part = _call_generate(
+                    self.generate_concrete, logits[rows], tuple(s[rows] for s in states), uniforms[:, rows], scalars
+                )
+                for whole, piece in zip(new_states, part, strict=True):
+                    whole[rows] = piece
+            return ids, new_logits, new_states
+
+
+@contextlib.contextmanager
+def _tensorflow_errors(export: Path | None = None) -> Iterator[None]:
+    """TensorFlow's errors while a sampler's functions run, as one line (its own can hold a graph's nodes): out of
+    memory, for a batch too big for this machine; from an ``export``'s SavedModel, any other too (one this
+    TensorFlow runs otherwise, or damage its manifest cannot see)."""
+    try:
+        yield
+    except tf.errors.ResourceExhaustedError as exc:
+        raise GenerationError(
+            f"TensorFlow ran out of memory while generating ({one_line(exc)}); generate fewer samples at once"
+        ) from None
+    except tf.errors.OpError as exc:
+        if export is None:
+            raise
+        raise GenerationError(f"TensorFlow failed running {export} ({one_line(exc)}); export the run again") from None
 
 
 def _tensors(states: States) -> tuple[tf.Tensor, ...]:
