@@ -13,7 +13,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from helpers import TINY_DATA, TINY_MODEL, assert_one_line_error, invoke
+from helpers import TINY_DATA, TINY_MODEL, assert_one_line_error, invoke, run_textgen
 
 import textgen.checkpoint
 
@@ -194,3 +194,21 @@ def test_running_out_of_memory_while_a_run_generates_is_one_line(trained_run, mo
     monkeypatch.setattr(textgen.sampling, "_call_generate", fail)
     out = invoke("sample", "--checkpoint-dir", str(trained_run.checkpoint_dir), "--num", "4096", "--length", "5")
     assert_one_line_error(out, "TensorFlow ran out of memory while generating", "fewer samples at once")
+
+
+# --- tab completion into a home that cannot be written -------------------------------------------
+
+
+@pytest.mark.parametrize("home", ["read-only", "a file"])
+def test_installing_completion_into_a_home_that_cannot_be_written_is_one_line(tmp_path: Path, home: str) -> None:
+    path = tmp_path / "home"
+    if home == "a file":  # unwritable even for root, whom a directory's mode does not stop
+        path.write_text("")
+    else:
+        if os.geteuid() == 0:
+            pytest.skip("root writes into a read-only directory")
+        path.mkdir(mode=0o555)
+    out = run_textgen(["--install-completion"], tmp_path, HOME=str(path), SHELL="/bin/bash")
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert out.stderr.startswith(f"error: {path}"), out.stderr

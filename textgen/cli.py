@@ -106,6 +106,9 @@ class OneLineErrors(TyperGroup):
             if message.strip():  # no arguments: the message is the help, which Typer's rich help has printed
                 ui.show_usage_error(err_console, message, getattr(exc, "ctx", None))
             sys.exit(exc.exit_code)
+        except OSError as exc:  # outside the commands, which catch their own: --install-completion writing to $HOME
+            ui.show_os_error(err_console, exc)
+            sys.exit(1)
         sys.exit(code if isinstance(code, int) else 0)
 
     def resolve_command(self, ctx: Context, args: list[str]) -> tuple[str | None, Command | None, list[str]]:
