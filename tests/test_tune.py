@@ -11,14 +11,14 @@ from pathlib import Path
 
 import optuna
 import pytest
-from helpers import assert_one_line_error, invoke, run_python, subprocess_env, wait_for, write_corpus
+from helpers import assert_one_line_error, invoke, run_python, subprocess_env, wait_for, wait_until, write_corpus
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 
 from textgen.checkpoint import Run
 from textgen.config import TrainConfig
 from textgen.device import CPU
-from textgen.errors import ConfigError, TrainingInterrupted
+from textgen.errors import ConfigError
 from textgen.recipe import read_recipe, recipe_of
 from textgen.rundirs import study_path
 from textgen.search import SameTimePruner, SearchSpace
@@ -398,7 +398,6 @@ def test_showing_a_study_waits_out_a_lock_longer_than_sqlites_default(
     lock held longer than textgen waits is one line saying so, not "damaged, move it away"."""
     import sqlite3
     import threading
-    import time
 
     import textgen.study
 
@@ -413,12 +412,17 @@ def test_showing_a_study_waits_out_a_lock_longer_than_sqlites_default(
             patched.setattr(textgen.study, "LOCK_WAIT", 0.2)
             with pytest.raises(ConfigError, match=r"study.db stayed locked for 0 s by another process; try again"):
                 show_study(tmp_path / "ck", "s")
-        release = threading.Timer(6.0, writer.rollback)
-        began = time.monotonic()
-        release.start()
+        released = threading.Event()
+
+        def release() -> None:
+            released.set()  # before the lock goes: a reader that got through saw it set
+            writer.rollback()
+
+        holder = threading.Timer(6.0, release)  # longer than SQLite's 5 s, however late the timer fires
+        holder.start()
         shown = show_study(tmp_path / "ck", "s")
-        assert time.monotonic() - began > 5.5  # it did wait: the lock held
-        release.join()
+        assert released.is_set()  # it waited for the lock to go, not failed, nor read past it
+        holder.join()
     finally:
         writer.close()
     assert shown.study == "s" and shown.trials == [] and shown.trial_budget == 60.0
@@ -438,31 +442,83 @@ def test_a_new_study_stopped_before_it_begins_leaves_nothing(tmp_path: Path, mon
     assert not study_path(tmp_path / "ck", "tiny").exists()
 
 
-def test_a_stop_as_a_trial_finishes_scores_it_and_stops_the_study(
+# `textgen tune` with one-epoch trials (a trial's first validation is its last), whose trial stops in that validation
+# until the test's signal has been handled: the signal lands there on any machine, however loaded.
+TUNE_HELD_IN_ITS_LAST_VALIDATION = """
+import signal
+import sys
+import time
+from pathlib import Path
+
+import textgen.tune as tuning
+from textgen.cli import main
+
+marker, validating = Path(sys.argv.pop(1)), tuning.Reporter.validating
+tuning.TRIAL_EPOCHS = 1
+
+
+def held(self):
+    if not marker.exists():  # the first trial's only
+        stop = signal.getsignal(signal.SIGTERM).__self__  # training's StopSignals, as its handler
+        marker.touch()
+        while stop.requested is None:  # until the test's SIGTERM has been handled
+            time.sleep(0.01)
+    validating(self)
+
+
+tuning.Reporter.validating = held
+main()
+"""
+
+
+def test_a_signal_as_a_trial_finishes_scores_it_and_stops_the_study(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A signal during a trial's last validation (textgen train then finishes the run) stops the study once the
-    trial is scored; the same call continues with the next trial."""
-    import dataclasses
-
+    """SIGTERM to `textgen tune` during a trial's last validation (textgen train then finishes the run): the trial is
+    scored and kept as the best so far, the study stops saying so with SIGTERM's exit code, and the same command
+    continues with the next trial, never training the finished one again."""
     import textgen.tune as tuning
 
-    real_train = tuning.train
-    monkeypatch.setattr(
-        tuning, "train", lambda *a, **k: dataclasses.replace(real_train(*a, **k), stop_requested="SIGTERM")
-    )
     write_corpus(tmp_path / "tiny.txt", 3000)
-    args = ([str(tmp_path / "tiny.txt")], "cpu")
-    settings = {"study_name": None, "checkpoint_dir": tmp_path / "ck", "time_budget": 60, "trial_budget": 2}
-    with pytest.raises(TrainingInterrupted, match="after trial 0, which finished") as info:
-        tuning.tune(*args, **settings, trials=3, fixed=FIXED)
-    assert info.value.exit_code == 128 + signal.SIGTERM
-    study = load_study_in(study_path(tmp_path / "ck", "tiny"))
-    assert [t.state for t in study.trials] == [TrialState.COMPLETE]
-    assert (study_path(tmp_path / "ck", "tiny") / "best.json").is_file()
-    monkeypatch.setattr(tuning, "train", real_train)
-    result = tuning.tune(*args, **settings, trials=2, fixed=FIXED)
-    assert [t.state for t in result.trials] == ["complete", "complete"]
+    # 5-minute trials: no mid-epoch validation (after a fifth of the budget) comes before the one-epoch trial's own,
+    # even when the first batch's compilation is slow.
+    args = _tune(tmp_path, "--time-budget", "30m", "--trial-budget", "5m", "--json")
+    marker = tmp_path / "validating"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", TUNE_HELD_IN_ITS_LAST_VALIDATION, str(marker), *args, "--trials", "3"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(),
+    )
+    try:
+        wait_until(lambda: marker.exists() or proc.poll() is not None, "trial 0 did not validate", timeout=180)
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "stopped (SIGTERM) after trial 0, which finished: study 'tiny' is saved; run the same command" in err
+    assert "Traceback" not in err
+    trials = [line for line in _lines(out) if line["event"] == "trial"]
+    assert [(t["number"], t["state"]) for t in trials] == [(0, "complete")]
+    directory = study_path(tmp_path / "ck", "tiny")
+    study = load_study_in(directory)
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] and study.trials[0].value == trials[0]["val_loss"]
+    run = Run(directory / "trial-000")
+    assert run.load_state().finished == "epochs"
+    assert read_recipe(directory / "best.json") == recipe_of(run.load_config())
+    done_state = run.state_path.read_text()
+
+    monkeypatch.setattr(tuning, "TRIAL_EPOCHS", 1)
+    again = invoke(*args, "--trials", "2")
+    assert again.exit_code == 0, again.stderr
+    assert [(t["number"], t["state"]) for t in _lines(again.stdout) if t["event"] == "trial"] == [(1, "complete")]
+    assert run.state_path.read_text() == done_state  # trial 0 was not trained again
 
 
 def test_a_trial_starts_only_if_the_study_holds_its_training_and_the_most_a_trial_took_beyond_it(
