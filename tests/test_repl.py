@@ -410,3 +410,40 @@ def test_repl_in_a_terminal(repl: Terminal, generator) -> None:
     repl.send(b"\x04")  # Ctrl-D
     assert repl.exit_code() == 0
     assert "Traceback" not in repl.text
+
+
+# --- NO_COLOR in a terminal -------------------------------------------------------------------------
+
+SGR = re.compile(r"\x1b\[([0-9;]*)m")
+
+
+def colour_escapes(raw: bytes) -> set[str]:
+    """The SGR escapes in ``raw`` that set a colour (a foreground, background or extended one): not bold, dim or a
+    reset, which NO_COLOR leaves alone."""
+    colours = {*range(30, 38), *range(40, 48), *range(90, 98), *range(100, 108), 38, 48}
+    return {
+        params
+        for params in SGR.findall(raw.decode("utf-8", errors="replace"))
+        if colours & {int(code) for code in params.split(";") if code}
+    }
+
+
+@pytest.mark.parametrize(
+    ("args", "last"),
+    [(["train", "--help"], r"Show this message and exit"), (["sample", "--checkpoint-dir", "nowhere"], r"error: .*\n")],
+    ids=["help on stdout", "error on stderr"],
+)
+def test_no_color_takes_the_colours_out_of_a_terminal(tmp_path: Path, args: list[str], last: str) -> None:
+    """On a terminal, help and an error are in colour; with NO_COLOR set (https://no-color.org), in none."""
+    env = {k: v for k, v in subprocess_env(TERM="xterm-256color").items() if k not in ("NO_COLOR", "FORCE_COLOR")}
+    seen = {}
+    for no_color in ({}, {"NO_COLOR": "1"}):
+        terminal = Terminal([sys.executable, "-m", "textgen", *args], tmp_path, {**env, **no_color})
+        try:
+            terminal.expect(last)
+            assert terminal.exit_code() == (0 if args[-1] == "--help" else 1)
+        finally:
+            terminal.close()
+        seen["NO_COLOR" in no_color] = colour_escapes(terminal.raw)
+    assert seen[False], "no colour on a terminal without NO_COLOR: this test would prove nothing"
+    assert seen[True] == set()
