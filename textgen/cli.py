@@ -332,22 +332,22 @@ FreezeOption = Annotated[
 TRAIN_EXAMPLES = """
 **Examples**
 
-    textgen train 2600-0.txt --device cpu             # War and Peace on the CPU
-    textgen train 2600-0.txt --device cpu --resume    # continue the latest run
+    textgen train 2600-0.txt --device cpu --download --time-budget 12m  # War and Peace
+    textgen train --resume                            # continue the latest run
     textgen train --resume --time-budget +30m         # train it 30 minutes more
-    textgen train 2600-0.txt --time-budget 12m        # a good model in minutes
-    textgen train my_book.txt --epochs 20 --units 768 --layers 2
-    textgen train corpora/tolstoy/ --max-vocab 120    # a directory's .txt files
+    textgen train my_book.txt --epochs 20 --units 768 --layers 2   # your own text
+    textgen train books/ --max-vocab 120              # your directory's .txt files
     textgen train 'books/*.txt' a.txt --accumulate 4  # a glob and a file
-    textgen train 2600-0.txt --optimizer adamw --weight-decay 0.05 --lr 3e-3
+    textgen train 2600-0.txt --optimizer adamw --weight-decay 0.05 --time-budget 30m
     textgen train my_book.txt --layers 2 --layer-norm --time-budget 2h
-    textgen train my_book.txt --from-study my_book    # tune's best recipe
+    textgen train my_book.txt --from-study my_book --time-budget 1h  # tune's best recipe
     textgen train other.txt --config checkpoints/studies/my_book/best.json
     textgen train my_book.txt --init-from 2600-0 --time-budget 10m   # fine-tune
     textgen train tiny.txt --init-from 2600-0 --freeze embedding --run tiny
     TF_CONFIG='{...}' textgen train books/ --strategy multiworker --run lib
 
-A name without a path is looked up in ./corpora and in $TEXTGEN_CORPUS_PATH.
+A name that is not a file here is looked up in ./corpora, then in $TEXTGEN_CORPUS_PATH; --download fetches
+a Project Gutenberg book (2600-0.txt: War and Peace) found nowhere into ./corpora.
 Ctrl-C stops at a clean point and saves; `--resume` continues from there.
 """
 
@@ -357,8 +357,8 @@ def train(
     corpus: Annotated[
         list[str] | None,
         typer.Argument(
-            help="Plain-text files, directories (their *.txt files) or glob patterns; a name without a path is "
-            "looked up in ./corpora and $TEXTGEN_CORPUS_PATH.",
+            help="Plain-text files, directories (their *.txt files) or glob patterns; a name that is not a file "
+            "here is looked up in ./corpora, then $TEXTGEN_CORPUS_PATH.",
             show_default=False,
         ),
     ] = None,
@@ -913,13 +913,13 @@ def export(
 TUNE_EXAMPLES = """
 **Examples**
 
-    textgen tune 2600-0.txt --time-budget 2h --trial-budget 10m  # ~12 recipes
+    textgen tune 2600-0.txt --download --time-budget 2h --trial-budget 10m  # ~12 recipes
     textgen tune 2600-0.txt --time-budget 3h         # continue it: 1 more hour
     textgen tune --show                              # the latest study's trials
     textgen tune my_book.txt --units 256             # search all but --units
-    textgen train 2600-0.txt --from-study 2600-0     # train the best recipe
-    textgen tune my_book.txt --init-from wp --trial-budget 5m   # fine-tuning's
-    textgen train my_book.txt --from-study my_book   # fine-tuned from wp again
+    textgen train 2600-0.txt --from-study 2600-0 --time-budget 2h   # the best recipe
+    textgen tune my_book.txt --init-from 2600-0 --study ft --trial-budget 5m   # fine-tuning's
+    textgen train my_book.txt --from-study ft --time-budget 30m   # fine-tuned from 2600-0 again
 
 The first trial is textgen train's default recipe; trials behind the others at the same training time are
 stopped early. Each trial is a run in CHECKPOINT_DIR/studies/STUDY/. Ctrl-C saves the running trial; the same
