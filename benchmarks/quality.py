@@ -32,7 +32,8 @@ from common import REF_CORPUS
 from textgen.durations import parse_duration
 
 # The PyTorch char-rnn recipe (1 x 512, Adam 2e-3 halved every 5 epochs, clip 5, batch 64 x 100) on the same
-# split and 2 cores, by budget in seconds; measured on a host where it trained at 20.5k chars/s (issue 18).
+# split and 2 cores, by budget in seconds: the reference figures (docs/quality.md), from a host where it trained at
+# 20.5k chars/s; the run behind them is not available.
 PYTORCH_CHAR_RNN = {600.0: 1.298, 1200.0: 1.231, 1800.0: 1.222, 3600.0: 1.217}
 PYTORCH_CHARS_PER_SEC = 20_500
 
@@ -95,7 +96,7 @@ def ranking(reports: list[dict]) -> str:
 def frontier(reports: list[dict]) -> str:
     """A markdown table of one recipe's reports at several budgets, beside the PyTorch char-rnn's."""
     rows = [
-        "| budget | epochs | chars/s | test nats/char | the issue's PyTorch char-rnn | difference |",
+        "| budget | epochs | chars/s | test nats/char | reference PyTorch char-rnn | difference |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     for r in sorted(reports, key=lambda r: parse_duration(r["time_budget"])):
