@@ -77,6 +77,20 @@ def test_serve_of_a_run_without_best_weights_yet_offers_no_last_option(trained_r
         assert "use --last" not in line, line
 
 
+@pytest.mark.parametrize("command", ["distill", "prune"])
+def test_distill_or_prune_of_damaged_best_weights_offers_no_last_option_and_makes_no_run(
+    trained_run, tmp_path: Path, command: str
+) -> None:
+    ck = tmp_path / "ck"
+    run = trained_run.copy_to(ck)
+    _truncated(run.best_weights_path)
+    flag = "--teacher" if command == "distill" else "--source"
+    out = invoke(command, flag, run.name, "--epochs", "1", "--checkpoint-dir", str(ck))
+    line = assert_one_line_error(out, f"{run.best_weights_path} is corrupt", f"{flag} reads a run's best weights")
+    assert "--last" not in line, line
+    assert [p.name for p in ck.iterdir()] == [run.name]  # refused before a run was made from it
+
+
 # --- train --init-from: a damaged base is not a failed write -------------------------------------
 
 

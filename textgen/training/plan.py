@@ -29,7 +29,7 @@ from textgen.config import (
 from textgen.corpus import corpus_fingerprint, corpus_stem, find_corpora, resolve_corpora, resolve_encoding, same_codec
 from textgen.data import Splits, fit_small_corpus, load_splits
 from textgen.durations import MORE_TIME, format_seconds
-from textgen.errors import ConfigError
+from textgen.errors import ConfigError, WeightsError
 from textgen.idcache import cache_root
 from textgen.layout import StreamLayout
 from textgen.results import StopReason
@@ -237,8 +237,13 @@ def _plan_derived(
     ``PruneConfig.FINE_TUNE_LR`` unless given another rate."""
     distill, prune = isinstance(derived_from, DistillSettings), isinstance(derived_from, PruneSettings)
     settings = derived_from.given()
-    base = find_run(checkpoint_dir, settings.pop("teacher" if distill else "source"), "best")
-    base.weights_path("best")  # refused before a run is made from it, not by the first load
+    flag = "--teacher" if distill else "--source"
+    try:
+        base = find_run(checkpoint_dir, settings.pop(flag[2:]), "best")
+        base.intact_weights("best")  # refused before a run is made from it, not by the first load
+    except WeightsError as exc:  # no --last here: another run, or better best weights
+        step = f"{flag} reads a run's best weights: give another run, or train this one until an epoch beats its best"
+        raise exc.instead(step) from None
     saved = base.load_config()
     if data:
         raise ConfigError(f"a {'distilled' if distill else 'pruned'} run reads the streams of {base.name!r} as it did")
