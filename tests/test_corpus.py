@@ -312,6 +312,9 @@ PAYLOAD = GUTENBERG.replace("\n", "\r\n").encode("utf-8-sig")
 SMALL_CAP = 1000  # the size cap the tests set, so "too big" needs only a few kB
 
 
+STALL_ENDS = threading.Event()  # set by the stalled-download test once its download has failed
+
+
 class BookHandler(BaseHTTPRequestHandler):
     """GET /<route>/<number>: book, big, big-unsized, truncated, chunked-cut, slow, stall, hangup; else 404."""
 
@@ -355,9 +358,9 @@ class BookHandler(BaseHTTPRequestHandler):
             self.wfile.write(b"x")
             time.sleep(0.05)
 
-    def serve_stall(self) -> None:
+    def serve_stall(self) -> None:  # the headers, then nothing until the test has seen the client give up
         self.start(100)
-        time.sleep(3)
+        STALL_ENDS.wait(120)
 
     def serve_hangup(self) -> None:
         pass  # closes the connection without a response
@@ -453,7 +456,10 @@ def test_a_stalled_download_times_out(
 ) -> None:
     monkeypatch.setattr(gutenberg, "DOWNLOAD_READ_TIMEOUT_S", 0.3)
     serve("stall")
-    assert f"{server}/stall/2600: timed out" in download_error(in_tmp)
+    try:
+        assert f"{server}/stall/2600: timed out" in download_error(in_tmp)
+    finally:
+        STALL_ENDS.set()
 
 
 def test_a_refused_connection(in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
