@@ -332,17 +332,17 @@ FreezeOption = Annotated[
 TRAIN_EXAMPLES = """
 **Examples**
 
-    textgen train 2600-0.txt --device cpu --download --time-budget 12m  # War and Peace
+    textgen train 2600-0.txt --device cpu --download --time-budget 12m
     textgen train --resume                            # continue the latest run
     textgen train --resume --time-budget +30m         # train it 30 minutes more
-    textgen train my_book.txt --epochs 20 --units 768 --layers 2   # your own text
-    textgen train books/ --max-vocab 120              # your directory's .txt files
+    textgen train my_book.txt --units 768 --layers 2  # your own text
+    textgen train books/ --max-vocab 120              # a directory's .txt files
     textgen train 'books/*.txt' a.txt --accumulate 4  # a glob and a file
-    textgen train 2600-0.txt --optimizer adamw --weight-decay 0.05 --time-budget 30m
+    textgen train 2600-0.txt --optimizer adamw --weight-decay 0.05 --epochs 5
     textgen train my_book.txt --layers 2 --layer-norm --time-budget 2h
-    textgen train my_book.txt --from-study my_book --time-budget 1h  # tune's best recipe
+    textgen train my_book.txt --from-study my_book    # tune's best recipe
     textgen train other.txt --config checkpoints/studies/my_book/best.json
-    textgen train my_book.txt --init-from 2600-0 --time-budget 10m   # fine-tune
+    textgen train my_book.txt --init-from 2600-0 --time-budget 10m  # fine-tune
     textgen train tiny.txt --init-from 2600-0 --freeze embedding --run tiny
     TF_CONFIG='{...}' textgen train books/ --strategy multiworker --run lib
 
@@ -913,13 +913,13 @@ def export(
 TUNE_EXAMPLES = """
 **Examples**
 
-    textgen tune 2600-0.txt --download --time-budget 2h --trial-budget 10m  # ~12 recipes
+    textgen tune 2600-0.txt --download --time-budget 2h --trial-budget 10m
     textgen tune 2600-0.txt --time-budget 3h         # continue it: 1 more hour
     textgen tune --show                              # the latest study's trials
     textgen tune my_book.txt --units 256             # search all but --units
-    textgen train 2600-0.txt --from-study 2600-0 --time-budget 2h   # the best recipe
-    textgen tune my_book.txt --init-from 2600-0 --study ft --trial-budget 5m   # fine-tuning's
-    textgen train my_book.txt --from-study ft --time-budget 30m   # fine-tuned from 2600-0 again
+    textgen train 2600-0.txt --from-study 2600-0 --time-budget 2h  # its best
+    textgen tune my_book.txt --init-from 2600-0 --study ft --trial-budget 5m
+    textgen train my_book.txt --from-study ft --time-budget 30m  # fine-tunes
 
 The first trial is textgen train's default recipe; trials behind the others at the same training time are
 stopped early. Each trial is a run in CHECKPOINT_DIR/studies/STUDY/. Ctrl-C saves the running trial; the same
