@@ -478,7 +478,7 @@ def test_resume_of_a_run_without_a_resume_point_starts_it_cleanly(tmp_path: Path
     plan = new_plan(tmp_path, tiny_corpus, epochs=1)  # creates the run directory, trains nothing
     plan.lock.release()  # as if the process had died before its first save
     (plan.run.path / "best.weights.h5").write_bytes(b"left by the dead attempt")
-    with pytest.raises(CheckpointError, match=r"never saved a resume point.*--resume --run r"):
+    with pytest.raises(CheckpointError, match=r"never saved a resume point.*--resume --run r --checkpoint-dir "):
         plan_training(None, CPU, checkpoint_dir=tmp_path / "checkpoints", resume=True)  # never "the latest"
     resumed = resume_plan(tmp_path)
     assert resumed.resume_state is None and not (plan.run.path / "best.weights.h5").exists()

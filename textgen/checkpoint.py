@@ -278,7 +278,7 @@ class Run:
         except OSError as exc:
             reason = exc.strerror or str(exc)
             if new:
-                then = "run the command again"
+                then = "run the command again (or choose another place with --checkpoint-dir)"
             else:
                 then = resume_hint(self)
                 reason += "; the last resume point is intact"
@@ -335,7 +335,7 @@ class Run:
         if not self.has_state():
             raise CheckpointError(
                 f"run {self.name!r} never saved a resume point (it was stopped before its first save); "
-                f"train it: textgen train --resume --run {self.name}"
+                f"{resume_hint(self, what='train it')}"
             )
         state = self.load_state()
         for name in (state.last_weights, state.optimizer):
