@@ -7,13 +7,16 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import shlex
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
-from helpers import TINY_DATA, TINY_MODEL, assert_one_line_error, invoke, run_textgen
+from helpers import TINY_DATA, TINY_MODEL, assert_one_line_error, invoke, subprocess_env
 
 import textgen.checkpoint
 
@@ -222,7 +225,17 @@ def test_installing_completion_into_a_home_that_cannot_be_written_is_one_line(tm
         if os.geteuid() == 0:
             pytest.skip("root writes into a read-only directory")
         path.mkdir(mode=0o555)
-    out = run_textgen(["--install-completion"], tmp_path, HOME=str(path), SHELL="/bin/bash")
+    # From bash, as a user would: typer finds the shell among the process's parents (a test runner started apart
+    # from any shell has none, and typer then says only "Shell None is not supported")
+    shell = f"{shlex.quote(sys.executable)} -m textgen --install-completion; exit $?"  # not exec'd: bash stays
+    out = subprocess.run(
+        ["bash", "-c", shell],
+        cwd=tmp_path,
+        env=subprocess_env(HOME=str(path), SHELL="/bin/bash"),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert out.returncode == 1, out.stdout + out.stderr
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert out.stderr.startswith(f"error: {path}"), out.stderr
