@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import random
 import re
@@ -30,6 +31,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -255,6 +257,9 @@ def start_server(run: str, checkpoint_dir: Path, flags: list[str]) -> tuple[subp
     assert proc.stdout is not None
     for line in proc.stdout:
         if found := re.search(r"on (http://127\.0\.0\.1:\d+)", line):
+            # Read the rest as it comes: the server logs a line per request, and a pipe nobody reads fills and
+            # stalls it (64 clients hung once 64 KB of log lines were waiting).
+            threading.Thread(target=collections.deque, args=(proc.stdout, 0), daemon=True).start()
             return proc, found.group(1)
     raise SystemExit(f"textgen serve did not start (exit {proc.wait()})")
 
