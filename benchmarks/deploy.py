@@ -132,7 +132,8 @@ def main() -> None:
 
     import_tensorflow()  # quietly, before anything else imports it
     from textgen import api
-    from textgen.config import SampleConfig
+    from textgen.artifact import ExportFormat, Quantize
+    from textgen.config import SampleConfig, Weights
     from textgen.evaluate import split_ids
     from textgen.layout import scoring_layout
     from textgen.model import build_model
@@ -173,17 +174,21 @@ def main() -> None:
             layout = scoring_layout(len(test_ids), cfg.data.batch_size, cfg.data.seq_len, f"{run.name}'s test split")
             source = ["--run", run.name, "--checkpoint-dir", str(checkpoint_dir)]
             if kind == "run":
-                sampler, _ = api.open_generator(checkpoint_dir, run.name)
+                sampler, _ = api.open_generator(checkpoint_dir=checkpoint_dir, run_name=run.name)
                 weights = scratch / f"{run.name}.weights.h5"  # the model's weights alone, no optimizer state
                 model = build_model(cfg.model, 1, stateful=False)
-                run.load_weights(model, "best")
+                run.load_weights(model, Weights.best)
                 model.save_weights(weights)
-                nats = api.evaluate(checkpoint_dir, run.name, "test").nats_per_char
+                nats = api.evaluate(checkpoint_dir=checkpoint_dir, run_name=run.name).nats_per_char
                 measure(run.name, kind, sampler, weights, nats, source)
                 continue
             format, _, quantize = kind.partition("-")
             exported = api.export(
-                checkpoint_dir, run.name, format, quantize or "none", scratch / f"{run.name}-{kind}"
+                checkpoint_dir=checkpoint_dir,
+                run_name=run.name,
+                format=ExportFormat(format),
+                quantize=Quantize(quantize or "none"),
+                path=scratch / f"{run.name}-{kind}",
             ).path
             sampler, _ = open_artifact(exported)
             total, chars = sampler.score(test_ids, layout)

@@ -236,7 +236,7 @@ def percentile(values: list[float], q: int) -> float | None:
 def open_sampler(run: str, checkpoint_dir: Path) -> Any:
     from textgen.api import open_generator
 
-    return open_generator(checkpoint_dir, run)[0]
+    return open_generator(checkpoint_dir=checkpoint_dir, run_name=run)[0]
 
 
 def offline_rate(sampler: Any, batch: int, seconds: float) -> float:

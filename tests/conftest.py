@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import TINY_DATA, TINY_MODEL, steps_per_epoch, write_corpus
+from helpers import TINY_DATA, TINY_MODEL, plan_run, steps_per_epoch, write_corpus
 from hypothesis import settings
 
 from textgen.settings import DataSettings, ModelSettings, TrainSettings
@@ -60,12 +60,11 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> TrainedRun:
 
     apply_profile(CPU)
     from textgen.training.loop import train
-    from textgen.training.plan import plan_training
 
     base = tmp_path_factory.mktemp("trained")
     corpus = write_corpus(base / "tiny.txt", 3000)
     checkpoint_dir = base / "checkpoints"
-    plan = plan_training(
+    plan = plan_run(
         str(corpus),
         CPU,
         checkpoint_dir=checkpoint_dir,

@@ -47,16 +47,30 @@ def write_corpus(path: Path, n_words: int = 3000, seed: int = 0) -> Path:
     return path
 
 
+def plan_run(corpus, profile, *, cache_dir: Path | None = None, encoding: str | None = None, **request):
+    """A run planned as ``textgen.api.train`` plans it (the request checked, then planned) for ``profile``."""
+    import dataclasses
+    import time
+
+    from textgen.request import check_request
+    from textgen.settings import TrainRequest
+    from textgen.training.plan import plan_training
+
+    if encoding is not None:
+        request["data"] = dataclasses.replace(request.get("data", DataSettings()), encoding=encoding)
+    checked = check_request(TrainRequest(corpus or (), **request))
+    return plan_training(checked, profile, started=time.monotonic(), cache_dir=cache_dir)
+
+
 def train_tiny_run(base: Path, name: str, model: dict, training: dict, n_words: int = 3000):
     """A tiny run trained in-process on a corpus generated under ``base`` (a few seconds); its ``Run``."""
     from textgen.device import CPU, apply_profile
     from textgen.training.loop import train
-    from textgen.training.plan import plan_training
 
     apply_profile(CPU)
     corpus = str(write_corpus(base / "tiny.txt", n_words))
     checkpoints = base / "checkpoints"
-    plan = plan_training(
+    plan = plan_run(
         corpus,
         CPU,
         checkpoint_dir=checkpoints,

@@ -10,6 +10,7 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
+from helpers import plan_run
 
 from textgen.checkpoint import Run, check_run_name
 from textgen.config import RunConfig
@@ -154,9 +155,8 @@ def test_last_weights_are_the_weights_training_had_at_its_last_resume_point(tmp_
 
     from textgen.device import CPU
     from textgen.training.loop import train
-    from textgen.training.plan import plan_training
 
-    plan = plan_training(
+    plan = plan_run(
         str(write_corpus(tmp_path / "tiny.txt", 3000)), CPU, checkpoint_dir=tmp_path / "ck", run_name="r",
         data=DataSettings(**TINY_DATA), model=ModelSettings(**TINY_MODEL), training=TrainSettings(epochs=2),
     )  # fmt: skip

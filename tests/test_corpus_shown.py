@@ -7,19 +7,18 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import TINY_DATA, TINY_MODEL, write_corpus
+from helpers import TINY_DATA, TINY_MODEL, plan_run, write_corpus
 from rich.console import Console
 
 from textgen.checkpoint import Run
 from textgen.device import CPU
 from textgen.runs import run_summary
 from textgen.settings import DataSettings, ModelSettings
-from textgen.training.plan import plan_training
 from textgen.ui import TrainingDisplay
 
 
 def _plan(corpus: str | None, checkpoints: Path, run_name: str | None = None, resume: bool = False):
-    return plan_training(
+    return plan_run(
         corpus, CPU, checkpoint_dir=checkpoints, run_name=run_name, resume=resume, data=DataSettings(**TINY_DATA),
         model=ModelSettings(**TINY_MODEL),
     )  # fmt: skip

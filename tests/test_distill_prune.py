@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import assert_one_line_error, invoke, run_textgen
+from helpers import assert_one_line_error, invoke, plan_run, run_textgen
 
 from textgen.checkpoint import Run
 from textgen.config import PruneConfig
@@ -19,7 +19,6 @@ from textgen.errors import TrainingInterrupted
 from textgen.model import build_model
 from textgen.settings import DataSettings, DistillSettings, ModelSettings, PruneSettings, TrainSettings
 from textgen.training.loop import train
-from textgen.training.plan import plan_training
 from textgen.training.progress import NoProgress
 from textgen.training.pruning import PruneSchedule, prunable_kernels
 from textgen.training.step import soft_cross_entropy
@@ -50,7 +49,7 @@ def derived_plan(
     model: dict | None = None,
     training: dict | None = None,
 ):
-    return plan_training(
+    return plan_run(
         None,
         CPU,
         checkpoint_dir=checkpoints,
@@ -96,7 +95,7 @@ def test_distillation_with_alpha_one_is_ordinary_training(checkpoints: Path) -> 
     )
     train(student)
     teacher_cfg = Run(checkpoints / TEACHER).load_config()
-    plain = plan_training(
+    plain = plan_run(
         teacher_cfg.data.corpus,
         CPU,
         checkpoint_dir=checkpoints,
@@ -194,7 +193,7 @@ def test_a_pruned_run_resumes_with_the_same_masks(checkpoints: Path) -> None:
         train(plan, StopAtBatch5())
     before = [k == 0 for k in kernels(plan.run, "last")]
     assert 0 < before[0].mean() < 0.5  # stopped during the ramp
-    resumed = plan_training(None, CPU, checkpoint_dir=checkpoints, run_name="resumed", resume=True)
+    resumed = plan_run(None, CPU, checkpoint_dir=checkpoints, run_name="resumed", resume=True)
     train(resumed)
     after = [k == 0 for k in kernels(plan.run, "last")]
     for zero_before, zero_after in zip(before, after, strict=True):
@@ -210,7 +209,7 @@ def test_a_pruned_run_given_more_epochs_never_unmasks_a_weight(checkpoints: Path
     before = [k == 0 for k in kernels(plan.run, "last")]
     best_before = plan.run.best_weights_path.read_bytes()
     train(
-        plan_training(
+        plan_run(
             None, CPU, checkpoint_dir=checkpoints, run_name="extended", resume=True, training=TrainSettings(epochs=5)
         )
     )

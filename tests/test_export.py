@@ -12,7 +12,7 @@ import pytest
 from helpers import assert_one_line_error, invoke, run_python, run_textgen, train_tiny_run, write_corpus
 
 from textgen import api
-from textgen.artifact import INFO_FILE, MANIFEST_FILE
+from textgen.artifact import INFO_FILE, MANIFEST_FILE, Quantize
 from textgen.checkpoint import Run
 from textgen.config import SampleConfig
 from textgen.generation import RowSettings
@@ -43,7 +43,9 @@ def exports(run: Run, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Pat
     shipped = tmp_path_factory.mktemp("shipped")
     paths = {}
     for name, (format, quantize) in VARIANTS.items():
-        result = api.export(copy, run.name, format, quantize, scratch / name)
+        result = api.export(
+            checkpoint_dir=copy, run_name=run.name, format=format, quantize=quantize, path=scratch / name
+        )
         assert result.path == scratch / name and result.bytes > 0
         paths[name] = Path(shutil.move(str(result.path), shipped / name))
     shutil.rmtree(scratch)
@@ -156,16 +158,16 @@ INT8_BOUND = 0.02  # nats/char: the issue's bound on what int8 weights may cost
 
 
 def test_int8_costs_little_per_character(exports: dict[str, Path], run: Run, corpus: Path) -> None:
-    float32 = api.evaluate(Path(), None, "test", str(corpus), model=exports["litert"])
-    int8 = api.evaluate(Path(), None, "test", str(corpus), model=exports["litert-int8"])
+    float32 = api.evaluate(file=str(corpus), model=exports["litert"])
+    int8 = api.evaluate(file=str(corpus), model=exports["litert-int8"])
     assert float32.chars == int8.chars > 1000
     assert abs(int8.nats_per_char - float32.nats_per_char) <= INT8_BOUND
 
 
 def test_evaluating_an_export_is_evaluating_its_run(exports: dict[str, Path], run: Run, corpus: Path) -> None:
-    expected = api.evaluate(run.path.parent, run.name, "test", str(corpus))
+    expected = api.evaluate(checkpoint_dir=run.path.parent, run_name=run.name, file=str(corpus))
     for variant in ("litert", "savedmodel"):
-        got = api.evaluate(Path(), None, "test", str(corpus), model=exports[variant])
+        got = api.evaluate(file=str(corpus), model=exports[variant])
         assert (got.chars, got.streams, got.seq_len) == (expected.chars, expected.streams, expected.seq_len)
         assert got.nats_per_char == pytest.approx(expected.nats_per_char, abs=1e-4)
 
@@ -257,8 +259,8 @@ def test_the_repl_runs_on_an_export(exports: dict[str, Path], run: Run) -> None:
 
 def test_exporting_again_replaces_the_export(run: Run, tmp_path: Path) -> None:
     target = tmp_path / "wp"
-    first = api.export(run.path.parent, run.name, "litert", "none", target)
-    second = api.export(run.path.parent, run.name, "litert", "int8", target)
+    first = api.export(checkpoint_dir=run.path.parent, run_name=run.name, path=target)
+    second = api.export(checkpoint_dir=run.path.parent, run_name=run.name, quantize=Quantize.int8, path=target)
     assert second.bytes < first.bytes
     assert json.loads((target / INFO_FILE).read_text())["quantize"] == "int8"
     assert [p.name for p in tmp_path.iterdir()] == ["wp"]  # no temporary directory left behind
@@ -349,7 +351,9 @@ def test_a_two_layer_layer_normalized_run_exports_with_its_four_states(tmp_path:
     greedy = SampleConfig(length=60, temperature=0.0, seed=0)
     expected = Generator.from_run(run).generate([PROMPT, "a"], greedy)
     for format in ("litert", "savedmodel"):
-        exported = api.export(tmp_path / "checkpoints", "two", format, "none", tmp_path / format).path
+        exported = api.export(
+            checkpoint_dir=tmp_path / "checkpoints", run_name="two", format=format, path=tmp_path / format
+        ).path
         sampler, info = open_artifact(exported)
         assert info.model.layers == 2 and info.model.layer_norm and len(sampler.zero_states(1)) == 4
         assert sampler.generate([PROMPT, "a"], greedy) == expected

@@ -11,7 +11,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from helpers import TINY_DATA, assert_one_line_error, invoke, make_text
+from helpers import TINY_DATA, assert_one_line_error, invoke, make_text, plan_run
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -22,7 +22,6 @@ from textgen.device import CPU
 from textgen.errors import ConfigError
 from textgen.model import build_model
 from textgen.settings import DataSettings, InitSettings
-from textgen.training.plan import plan_training
 from textgen.training.schedules import warmup_factor
 from textgen.training.warmstart import NEW_CHAR_MARGIN, extended_output, freeze, start_from_base
 from textgen.vocab import DOCUMENT_BOUNDARY, Vocabulary, char_counts
@@ -89,7 +88,7 @@ def test_warmup_rises_linearly_then_holds() -> None:
 
 
 def test_a_fine_tuned_run_predicts_as_its_base_before_training(checkpoints: Path, tmp_path: Path) -> None:
-    plan = plan_training(
+    plan = plan_run(
         str(new_text(tmp_path / "new.txt")),
         CPU,
         checkpoint_dir=checkpoints,
@@ -120,13 +119,13 @@ def test_a_fine_tuned_run_predicts_as_its_base_before_training(checkpoints: Path
 
 def test_a_fine_tuned_corpus_has_its_own_cache_entry(checkpoints: Path, tmp_path: Path) -> None:
     text = new_text(tmp_path / "new.txt")
-    plan = plan_training(
+    plan = plan_run(
         str(text), CPU, checkpoint_dir=checkpoints, run_name="cached", data=DataSettings(**TINY_DATA),
         init_from=InitSettings(BASE),
     )  # fmt: skip
     assert plan.lock is not None
     plan.lock.release()
-    scratch = plan_training(str(text), CPU, checkpoint_dir=checkpoints, run_name="scratch",
+    scratch = plan_run(str(text), CPU, checkpoint_dir=checkpoints, run_name="scratch",
                             data=DataSettings(**TINY_DATA))  # fmt: skip
     assert scratch.lock is not None
     scratch.lock.release()

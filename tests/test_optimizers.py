@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import TINY_DATA, TINY_MODEL, assert_one_line_error, invoke, read_history, write_corpus
+from helpers import TINY_DATA, TINY_MODEL, assert_one_line_error, invoke, plan_run, read_history, write_corpus
 
 from textgen.checkpoint import Run
 from textgen.config import OPTIMIZERS, TrainConfig
@@ -61,11 +61,10 @@ def test_a_resumed_sgd_run_may_restate_its_momentum(tmp_path: Path) -> None:
 
 
 def _plan(base: Path, name: str, resume: bool = False, **training):
-    from textgen.training.plan import plan_training
 
     apply_profile(CPU)
     corpus = None if resume else str(write_corpus(base / "tiny.txt", 3000))
-    return plan_training(
+    return plan_run(
         corpus,
         CPU,
         checkpoint_dir=base / "checkpoints",

@@ -25,6 +25,7 @@ from helpers import (
     TINY_MODEL,
     assert_one_line_error,
     invoke,
+    plan_run,
     read_history,
     steps_per_epoch,
     subprocess_env,
@@ -41,7 +42,6 @@ from textgen.rundirs import find_run
 from textgen.runs import run_summaries
 from textgen.settings import DataSettings, ModelSettings, TrainSettings
 from textgen.training.loop import train
-from textgen.training.plan import plan_training
 
 TINY_FLAGS = ["--device", "cpu", "--units", "32", "--embedding-dim", "8", "--batch-size", "4", "--seq-len", "16"]
 
@@ -90,7 +90,7 @@ def test_a_run_has_one_writer_and_any_number_of_readers(trained_run, tmp_path: P
         with pytest.raises(CheckpointError, match=f"being trained by process {os.getpid()}"):
             run.lock()
         with pytest.raises(CheckpointError, match=f"process {os.getpid()}"):
-            plan_training(
+            plan_run(
                 None,
                 CPU,
                 checkpoint_dir=tmp_path / "ck",
@@ -238,7 +238,7 @@ def test_ctrl_c_stops_a_long_generation_at_once(trained_run, tmp_path: Path) -> 
 
 def tiny_flags_steps_per_epoch(corpus: Path, tmp_path: Path) -> int:
     """Batches in an epoch of a run trained with ``TINY_FLAGS`` on ``corpus`` (planned aside, nothing trained)."""
-    plan = plan_training(
+    plan = plan_run(
         str(corpus),
         CPU,
         checkpoint_dir=tmp_path / "planned",
@@ -324,7 +324,7 @@ def test_save_every_writes_mid_epoch_resume_points(tmp_path: Path, monkeypatch: 
     """--save-every 4 batches' time in a 32-batch budget: a resume point every 4 batches, then the budget's."""
     corpus = write_corpus(tmp_path / "longer.txt", 20_000)
     clock = BatchClock(monkeypatch, 1 / 64)
-    plan = plan_training(
+    plan = plan_run(
         str(corpus),
         CPU,
         checkpoint_dir=tmp_path / "ck",
@@ -379,7 +379,7 @@ def test_a_failing_save_is_one_line_and_keeps_the_last_resume_point(
 ) -> None:
     run = trained_run.copy_to(tmp_path / "ck")
     before = run.state_path.read_bytes()
-    plan = plan_training(
+    plan = plan_run(
         None, CPU, checkpoint_dir=tmp_path / "ck", run_name=run.name, resume=True, training=TrainSettings(epochs=6)
     )
 
@@ -397,7 +397,7 @@ def test_a_failing_save_is_one_line_and_keeps_the_last_resume_point(
     assert_consistent(run)
     run.lock().release()  # the failed process let go of the run
     result = train(
-        plan_training(
+        plan_run(
             None, CPU, checkpoint_dir=tmp_path / "ck", run_name=run.name, resume=True, training=TrainSettings(epochs=5)
         )
     )
@@ -440,7 +440,7 @@ def test_leftovers_of_an_interrupted_save_are_removed_by_the_next_writer(trained
 
 
 def test_a_changed_corpus_is_refused_for_resume_and_split_evaluation(tmp_path: Path, corpus: Path) -> None:
-    plan = plan_training(
+    plan = plan_run(
         str(corpus),
         CPU,
         checkpoint_dir=tmp_path / "ck",
@@ -453,9 +453,7 @@ def test_a_changed_corpus_is_refused_for_resume_and_split_evaluation(tmp_path: P
     with open(corpus, "a", encoding="utf-8") as fh:
         fh.write("one more line\n")
     with pytest.raises(CorpusError, match=r"changed since run 'r' started"):
-        plan_training(
-            None, CPU, checkpoint_dir=tmp_path / "ck", run_name="r", resume=True, training=TrainSettings(epochs=2)
-        )
+        plan_run(None, CPU, checkpoint_dir=tmp_path / "ck", run_name="r", resume=True, training=TrainSettings(epochs=2))
     out = invoke("evaluate", "--checkpoint-dir", str(tmp_path / "ck"), "--split", "val")
     assert_one_line_error(out, "changed since run 'r' started", "Restore the original text")
     assert invoke("evaluate", str(corpus), "--checkpoint-dir", str(tmp_path / "ck")).exit_code == 0  # any file is fine
@@ -555,7 +553,7 @@ def test_a_diverging_loss_stops_the_run_and_keeps_the_last_resume_point(
         return trainer
 
     monkeypatch.setattr(training, "build_trainer", diverging)
-    plan = plan_training(
+    plan = plan_run(
         None, CPU, checkpoint_dir=tmp_path / "ck", run_name=run.name, resume=True, training=TrainSettings(epochs=6)
     )
     with pytest.raises(TrainingDiverged, match="the loss became nan at epoch 5, batch 1"):
@@ -594,7 +592,7 @@ def test_an_error_mid_epoch_leaves_the_weights_where_training_got(
         return trainer
 
     monkeypatch.setattr(training, "build_trainer", failing_after_two_batches)
-    plan = plan_training(
+    plan = plan_run(
         None, CPU, checkpoint_dir=tmp_path / "ck", run_name=run.name, resume=True, training=TrainSettings(epochs=6)
     )
     with pytest.raises(tf.errors.UnavailableError):
@@ -747,8 +745,8 @@ def test_resume_accepts_the_same_encoding_spelled_another_way(tmp_path: Path) ->
         "data": DataSettings(**TINY_DATA),
         "model": ModelSettings(**TINY_MODEL),
     }
-    train(plan_training(str(book), CPU, encoding="latin1", training=TrainSettings(epochs=1), **kwargs))
-    plan = plan_training(None, CPU, resume=True, encoding="ISO-8859-1", training=TrainSettings(epochs=2), **kwargs)
+    train(plan_run(str(book), CPU, encoding="latin1", training=TrainSettings(epochs=1), **kwargs))
+    plan = plan_run(None, CPU, resume=True, encoding="ISO-8859-1", training=TrainSettings(epochs=2), **kwargs)
     assert plan.config.data.encoding == "iso8859-1"
     plan.lock.release()
 

@@ -167,9 +167,15 @@ def test_the_next_export_removes_what_killed_exports_to_its_path_left(trained_ru
 @pytest.fixture(scope="module")
 def savedmodel(trained_run, tmp_path_factory: pytest.TempPathFactory) -> Path:
     from textgen import api
+    from textgen.artifact import ExportFormat
 
     path = tmp_path_factory.mktemp("export") / "sm"
-    api.export(trained_run.checkpoint_dir, trained_run.run.name, "savedmodel", "none", path)
+    api.export(
+        checkpoint_dir=trained_run.checkpoint_dir,
+        run_name=trained_run.run.name,
+        format=ExportFormat.savedmodel,
+        path=path,
+    )
     return path
 
 

@@ -32,7 +32,7 @@ from textgen.artifact import INFO_FILE, MANIFEST_FILE, ArtifactInfo, file_digest
 from textgen.checkpoint import Run
 from textgen.errors import TextgenWarning
 from textgen.runtime import open_artifact
-from textgen.training.stopping import STOP_SIGNALS
+from textgen.signals import STOP_SIGNALS
 
 FORMATS = ["litert", "savedmodel"]
 
@@ -46,7 +46,10 @@ def run(trained_run, tmp_path_factory: pytest.TempPathFactory) -> Run:
 def exports(run: Run, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """One export of each format, not to be changed: tests damage copies."""
     base = tmp_path_factory.mktemp("exported")
-    return {format: api.export(run.path.parent, run.name, format, "none", base / format).path for format in FORMATS}
+    return {
+        format: api.export(checkpoint_dir=run.path.parent, run_name=run.name, format=format, path=base / format).path
+        for format in FORMATS
+    }
 
 
 @pytest.fixture(scope="module")

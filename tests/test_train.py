@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from clock import BatchClock
-from helpers import TINY_DATA, TINY_MODEL, read_history, steps_per_epoch, write_corpus
+from helpers import TINY_DATA, TINY_MODEL, plan_run, read_history, steps_per_epoch, write_corpus
 
 from textgen.checkpoint import Run, resume_hint
 from textgen.device import CPU
@@ -20,13 +20,13 @@ from textgen.results import EpochLog, StopReason
 from textgen.runs import run_summary
 from textgen.settings import DataSettings, ModelSettings, TrainSettings
 from textgen.training.loop import train
-from textgen.training.plan import TrainPlan, plan_training
+from textgen.training.plan import TrainPlan
 from textgen.training.progress import NoProgress
 from textgen.training.schedules import EarlyStoppingAfterHold, cosine_lr
 
 
 def new_plan(tmp_path: Path, corpus: Path, **training):
-    return plan_training(
+    return plan_run(
         str(corpus),
         CPU,
         checkpoint_dir=tmp_path / "checkpoints",
@@ -38,7 +38,7 @@ def new_plan(tmp_path: Path, corpus: Path, **training):
 
 
 def resume_plan(tmp_path: Path, **training):
-    return plan_training(
+    return plan_run(
         None,
         CPU,
         checkpoint_dir=tmp_path / "checkpoints",
@@ -231,13 +231,13 @@ def test_a_run_stopped_mid_epoch_and_resumed_ends_where_an_uninterrupted_one_doe
     model = {**TINY_MODEL, "dropout": 0.1}
     runs = {}
     for name, stops in (("straight", False), ("stopped", True)):
-        plan = plan_training(str(tiny_corpus), CPU, checkpoint_dir=tmp_path / name, run_name="r", data=DataSettings(**data),
+        plan = plan_run(str(tiny_corpus), CPU, checkpoint_dir=tmp_path / name, run_name="r", data=DataSettings(**data),
                              model=ModelSettings(**model), training=TrainSettings(**training))  # fmt: skip
         keras.utils.set_random_seed(0)
         if stops:
             with pytest.raises(TrainingInterrupted, match="stopped at epoch 1, batch 6/"):
                 train(plan, CtrlCAtBatch5())
-            plan = plan_training(None, CPU, checkpoint_dir=tmp_path / name, run_name="r", resume=True)
+            plan = plan_run(None, CPU, checkpoint_dir=tmp_path / name, run_name="r", resume=True)
         train(plan)
         runs[name] = plan.run
     assert_same_last_weights(*runs.values())
@@ -269,7 +269,7 @@ def test_validating_mid_epoch_leaves_training_as_it_was(tmp_path: Path, tiny_cor
     model = {**TINY_MODEL, "dropout": 0.1}
     runs, interim = {}, EveryTenthBatch()
     for name, validating in (("straight", None), ("validating", interim)):
-        plan = plan_training(str(tiny_corpus), CPU, checkpoint_dir=tmp_path / name, run_name="r", data=DataSettings(**data),
+        plan = plan_run(str(tiny_corpus), CPU, checkpoint_dir=tmp_path / name, run_name="r", data=DataSettings(**data),
                              model=ModelSettings(**model), training=TrainSettings(**training))  # fmt: skip
         keras.utils.set_random_seed(0)
         train(plan, judge=validating)
@@ -368,9 +368,31 @@ def test_resume_hint() -> None:
     assert resume_hint(Run(Path("/tmp/ck") / "wp")).endswith("--run wp --checkpoint-dir /tmp/ck")
 
 
+def test_a_resume_reads_the_runs_config_once(tmp_path: Path, trained_run, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checked, planned and trained, a resumed run's config.json is read once (and written once, extended)."""
+    from textgen.checkpoint import Run
+
+    copy = trained_run.copy_to(tmp_path)
+    reads: list[Path] = []
+    load_config = Run.load_config
+
+    def counted(run: Run):
+        reads.append(run.path)
+        return load_config(run)
+
+    monkeypatch.setattr(Run, "load_config", counted)
+    result = train(
+        plan_run(None, CPU, checkpoint_dir=tmp_path, run_name=copy.name, resume=True, training=TrainSettings(epochs=5))
+    )
+    assert result.epochs == 5
+    assert reads == [copy.path]
+    monkeypatch.undo()
+    assert copy.load_config().training.epochs == 5  # kept for a plain --resume
+
+
 def test_resume_of_a_finished_run_asks_for_more_epochs(trained_run) -> None:
     with pytest.raises(ConfigError, match="--epochs"):
-        plan_training(None, CPU, checkpoint_dir=trained_run.checkpoint_dir, run_name="tiny", resume=True)
+        plan_run(None, CPU, checkpoint_dir=trained_run.checkpoint_dir, run_name="tiny", resume=True)
 
 
 def test_a_plan_with_no_epochs_left_trains_nothing(tmp_path: Path, trained_run) -> None:
@@ -395,7 +417,7 @@ def test_a_plan_with_no_epochs_left_trains_nothing(tmp_path: Path, trained_run) 
 )
 def test_resume_rejects_changed_settings(trained_run, changes: dict, flag: str) -> None:
     with pytest.raises(ConfigError) as info:
-        plan_training(None, CPU, checkpoint_dir=trained_run.checkpoint_dir, run_name="tiny", resume=True, **changes)
+        plan_run(None, CPU, checkpoint_dir=trained_run.checkpoint_dir, run_name="tiny", resume=True, **changes)
     message = str(info.value)
     assert flag in message
     assert "cannot change when resuming run 'tiny'" in message
@@ -406,7 +428,7 @@ def test_resume_rejects_changed_settings(trained_run, changes: dict, flag: str) 
 
 def test_resume_accepts_the_command_that_started_the_run(trained_run) -> None:
     """Rerunning the original command with --resume added repeats the saved settings, which is no change."""
-    plan = plan_training(
+    plan = plan_run(
         str(trained_run.corpus),
         CPU,
         checkpoint_dir=trained_run.checkpoint_dir,
@@ -423,11 +445,11 @@ def test_resume_accepts_the_command_that_started_the_run(trained_run) -> None:
 def test_resume_rejects_another_corpus(trained_run, tmp_path: Path) -> None:
     other = write_corpus(tmp_path / "other.txt", 3000)
     with pytest.raises(ConfigError, match=r"run 'tiny' trains on .*tiny\.txt, not .*other\.txt; drop the corpus"):
-        plan_training(str(other), CPU, checkpoint_dir=trained_run.checkpoint_dir, run_name="tiny", resume=True)
+        plan_run(str(other), CPU, checkpoint_dir=trained_run.checkpoint_dir, run_name="tiny", resume=True)
 
 
 def test_resume_accepts_new_epochs_and_time_budget(trained_run) -> None:
-    plan = plan_training(
+    plan = plan_run(
         None,
         CPU,
         checkpoint_dir=trained_run.checkpoint_dir,
@@ -450,27 +472,23 @@ def test_the_epochs_and_budget_a_resume_gives_are_saved_with_the_run(trained_run
     saved = copy.load_config().training
     extend = {"epochs": 5, "time_budget": 3600.0, "save_every": 7.0}
     train(
-        plan_training(
-            None, CPU, checkpoint_dir=tmp_path, run_name=copy.name, resume=True, training=TrainSettings(**extend)
-        )
+        plan_run(None, CPU, checkpoint_dir=tmp_path, run_name=copy.name, resume=True, training=TrainSettings(**extend))
     )
     kept = copy.load_config().training
     assert (kept.epochs, kept.time_budget, kept.save_every) == (5, 3600.0, saved.save_every)
     with pytest.raises(ConfigError, match=r"has done all 5 epochs; add --epochs 15 \(or more\)"):
-        plan_training(None, CPU, checkpoint_dir=tmp_path, run_name=copy.name, resume=True)
+        plan_run(None, CPU, checkpoint_dir=tmp_path, run_name=copy.name, resume=True)
 
 
 def test_resume_without_any_run(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="train one first"):
-        plan_training(None, CPU, checkpoint_dir=tmp_path / "checkpoints", resume=True)
+        plan_run(None, CPU, checkpoint_dir=tmp_path / "checkpoints", resume=True)
     with pytest.raises(CheckpointError, match=r"no run 'r' in .*\(runs: none\)"):
         resume_plan(tmp_path)
 
 
 def test_resume_without_a_name_picks_the_latest_run(trained_run) -> None:
-    plan = plan_training(
-        None, CPU, checkpoint_dir=trained_run.checkpoint_dir, resume=True, training=TrainSettings(epochs=5)
-    )
+    plan = plan_run(None, CPU, checkpoint_dir=trained_run.checkpoint_dir, resume=True, training=TrainSettings(epochs=5))
     assert plan.run.path == trained_run.run.path
 
 
@@ -479,7 +497,7 @@ def test_resume_of_a_run_without_a_resume_point_starts_it_cleanly(tmp_path: Path
     plan.lock.release()  # as if the process had died before its first save
     (plan.run.path / "best.weights.h5").write_bytes(b"left by the dead attempt")
     with pytest.raises(CheckpointError, match=r"never saved a resume point.*--resume --run r --checkpoint-dir "):
-        plan_training(None, CPU, checkpoint_dir=tmp_path / "checkpoints", resume=True)  # never "the latest"
+        plan_run(None, CPU, checkpoint_dir=tmp_path / "checkpoints", resume=True)  # never "the latest"
     resumed = resume_plan(tmp_path)
     assert resumed.resume_state is None and not (plan.run.path / "best.weights.h5").exists()
     assert train(resumed).epochs == 1
@@ -488,7 +506,7 @@ def test_resume_of_a_run_without_a_resume_point_starts_it_cleanly(tmp_path: Path
 
 def test_new_run_with_an_existing_name(trained_run) -> None:
     with pytest.raises(ConfigError) as info:
-        plan_training(
+        plan_run(
             str(trained_run.corpus),
             CPU,
             checkpoint_dir=trained_run.checkpoint_dir,
@@ -503,8 +521,8 @@ def test_new_run_with_an_existing_name(trained_run) -> None:
 def test_new_run_names_come_from_the_corpus(tmp_path: Path) -> None:
     corpus = write_corpus(tmp_path / "my book.txt", 600)
     kwargs = {"checkpoint_dir": tmp_path / "ck", "data": DataSettings(batch_size=4, seq_len=16)}
-    first = plan_training(str(corpus), CPU, **kwargs)
-    second = plan_training(str(corpus), CPU, **kwargs)
+    first = plan_run(str(corpus), CPU, **kwargs)
+    second = plan_run(str(corpus), CPU, **kwargs)
     assert (first.run.name, second.run.name) == ("my-book", "my-book-2")
     assert first.config.data.batch_size == 4
     assert first.config.model.vocab_size == first.splits.vocab.size
@@ -512,13 +530,13 @@ def test_new_run_names_come_from_the_corpus(tmp_path: Path) -> None:
 
 def test_batch_size_defaults_to_the_profile(tmp_path: Path) -> None:
     corpus = write_corpus(tmp_path / "c.txt", 5000)
-    plan = plan_training(str(corpus), CPU, checkpoint_dir=tmp_path / "ck", data=DataSettings(seq_len=4))
+    plan = plan_run(str(corpus), CPU, checkpoint_dir=tmp_path / "ck", data=DataSettings(seq_len=4))
     assert plan.config.data.batch_size == CPU.batch_size
 
 
 def test_no_corpus_for_a_new_run(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="give a corpus"):
-        plan_training(None, CPU, checkpoint_dir=tmp_path)
+        plan_run(None, CPU, checkpoint_dir=tmp_path)
 
 
 def test_time_budget_stops_mid_epoch(tmp_path: Path, tiny_corpus: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -761,7 +779,7 @@ def first_steps(tmp_path: Path, corpus: Path, name: str, batch_size: int, accumu
 
 
 def new_plan_with(tmp_path: Path, corpus: Path, name: str, data: dict, **training):
-    return plan_training(
+    return plan_run(
         str(corpus),
         CPU,
         checkpoint_dir=tmp_path / "ck",
@@ -824,7 +842,7 @@ def test_resume_with_accumulation_continues_at_an_update_boundary(tmp_path: Path
         train(plan, CtrlCAtBatch2())
     state = plan.run.load_state()
     assert (state.epoch, state.batch, state.step) == (0, 3, 3)
-    result = train(plan_training(None, CPU, checkpoint_dir=tmp_path / "ck", run_name="r", resume=True))
+    result = train(plan_run(None, CPU, checkpoint_dir=tmp_path / "ck", run_name="r", resume=True))
     spe = steps_per_epoch(len(plan.splits.train), 8, 16)
     assert result.epochs == 1 and plan.run.load_state().step == spe
 
@@ -832,7 +850,8 @@ def test_resume_with_accumulation_continues_at_an_update_boundary(tmp_path: Path
 def test_the_stopper_gives_one_reason_in_each_places_order() -> None:
     """Within an epoch a stop signal wins over the judge and the judge over a spent budget; at an epoch's end the
     run's own ends win over a signal, and early stopping over the budget and the last epoch."""
-    from textgen.training.stopping import EPOCH_END, MID_EPOCH, Clock, Stopper, StopSignals
+    from textgen.signals import StopSignals
+    from textgen.training.stopping import EPOCH_END, MID_EPOCH, Clock, Stopper
 
     def stopper(trained: float) -> Stopper:
         clock = Clock(before=trained, budget=10.0, agree=lambda stop, seconds: (stop, 0.0))
@@ -862,7 +881,7 @@ def test_a_small_text_gets_a_layout_that_fits_it_said_and_saved(tmp_path: Path) 
     from textgen.errors import CorpusError
 
     (tmp_path / "book.txt").write_text(make_text(6000)[:19_566], encoding="utf-8")
-    plan = plan_training(str(tmp_path / "book.txt"), CPU, checkpoint_dir=tmp_path / "ck")  # 64 x 100 by default
+    plan = plan_run(str(tmp_path / "book.txt"), CPU, checkpoint_dir=tmp_path / "ck")  # 64 x 100 by default
     assert (plan.config.data.batch_size, plan.config.data.seq_len) == (8, 100)
     assert plan.layout_note and "8 streams x 100 characters, not 64 x 100" in plan.layout_note
     assert plan.run.load_config().data.batch_size == 8  # saved: a resume reads the same layout
@@ -870,16 +889,14 @@ def test_a_small_text_gets_a_layout_that_fits_it_said_and_saved(tmp_path: Path) 
 
     (tmp_path / "scrap.txt").write_text(make_text(100)[:400], encoding="utf-8")
     with pytest.raises(CorpusError, match=r"give a text of at least ([\d,]+) characters") as refused:
-        plan_training(str(tmp_path / "scrap.txt"), CPU, checkpoint_dir=tmp_path / "ck")
+        plan_run(str(tmp_path / "scrap.txt"), CPU, checkpoint_dir=tmp_path / "ck")
     least = int(refused.value.args[0].rsplit("at least ", 1)[1].split()[0].replace(",", ""))
     (tmp_path / "enough.txt").write_text(make_text(2 * least)[:least], encoding="utf-8")
-    enough = plan_training(str(tmp_path / "enough.txt"), CPU, checkpoint_dir=tmp_path / "ck")  # the size said works
+    enough = plan_run(str(tmp_path / "enough.txt"), CPU, checkpoint_dir=tmp_path / "ck")  # the size said works
     assert (enough.config.data.batch_size, enough.config.data.seq_len) == (4, 32)
     enough.lock.release()
 
-    given = plan_training(
-        str(tmp_path / "book.txt"), CPU, checkpoint_dir=tmp_path / "ck", data=DataSettings(batch_size=16)
-    )
+    given = plan_run(str(tmp_path / "book.txt"), CPU, checkpoint_dir=tmp_path / "ck", data=DataSettings(batch_size=16))
     assert (given.config.data.batch_size, given.config.data.seq_len) == (16, 50)  # a given --batch-size stays
     given.lock.release()
 

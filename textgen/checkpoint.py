@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from textgen.commands import command
-from textgen.config import DataConfig, RunConfig
+from textgen.config import DEFAULT_CHECKPOINT_DIR, DataConfig, RunConfig, Weights
 from textgen.corpus import check_unchanged
 from textgen.errors import CheckpointError, ConfigError, WeightsError, one_line, shown
 from textgen.files import MAX_JSON_BYTES, TEMPORARY, atomic_path, atomic_write_text, read_json_object
@@ -54,7 +54,6 @@ from textgen.weightsfile import checked_checksum, save_weights
 if TYPE_CHECKING:
     import keras
 
-DEFAULT_CHECKPOINT_DIR = Path("checkpoints")
 VOCAB_BYTES = 8 * 2**20  # all of Unicode, 4 bytes a character
 # state.json holds the history, ~340 bytes an epoch: 64 MB is some 190,000 epochs.
 STATE_BYTES = 64 * 2**20
@@ -307,13 +306,14 @@ class Run:
         except ConfigError as exc:
             raise CheckpointError(f"{self.config_path} is corrupt ({exc}); train again") from None
 
-    def load_vocab(self) -> Vocabulary:
+    def load_vocab(self, size: int | None = None) -> Vocabulary:
+        """The run's vocabulary, checked against its model's size (``size``, or config.json's when not given)."""
         chars = self._read_json(self.vocab_path, VOCAB_BYTES).get("chars")
         if not isinstance(chars, str) or len(set(chars)) != len(chars):
             what = "'chars' is not a string" if not isinstance(chars, str) else "a character appears twice"
             raise CheckpointError(f"{self.vocab_path} is corrupt ({what}); train again")
         vocab = Vocabulary(tuple(chars))
-        expected = self.load_config().model.vocab_size
+        expected = size if size is not None else self.load_config().model.vocab_size
         if vocab.size != expected:
             raise CheckpointError(
                 f"{self.vocab_path} has {vocab.size} ids but config.json's model has {expected}: "
@@ -328,10 +328,11 @@ class Run:
     def has_state(self) -> bool:
         return self.state_path.is_file()
 
-    def check_usable(self) -> None:
+    def check_usable(self, vocab_size: int | None = None) -> None:
         """Raise what keeps sample, evaluate and resume from using the run: damaged files, or no committed
-        resume point (a run killed before its first save)."""
-        self.load_vocab()  # and the config, which it is checked against
+        resume point (a run killed before its first save). The vocabulary is checked against the model's size
+        (``vocab_size``, or config.json's)."""
+        self.load_vocab(vocab_size)
         if not self.has_state():
             raise CheckpointError(
                 f"run {self.name!r} never saved a resume point (it was stopped before its first save); "
@@ -342,20 +343,20 @@ class Run:
             if not (self.path / name).is_file():
                 raise CheckpointError(f"{self.path / name} is missing: the run is damaged; train again")
 
-    def is_usable(self, weights: str | None = None) -> bool:
+    def is_usable(self, weights: Weights | None = None) -> bool:
         """Whether ``check_usable`` passes, and the ``best`` weights exist when those are asked for (a run
         saves its first best weights at its first epoch's end, after its first resume point)."""
         try:
             self.check_usable()
         except CheckpointError:
             return False
-        return weights != "best" or self.best_weights_path.is_file()
+        return weights != Weights.best or self.best_weights_path.is_file()
 
-    def weights_path(self, which: str = "best") -> Path:
+    def weights_path(self, which: Weights = Weights.best) -> Path:
         """The weights file for ``best`` or ``last``."""
-        path = self.best_weights_path if which == "best" else self.path / self.load_state().last_weights
+        path = self.best_weights_path if which == Weights.best else self.path / self.load_state().last_weights
         if not path.is_file():
-            if which == "best" and self.is_usable("last"):  # stopped before its first epoch's end, say
+            if which == Weights.best and self.is_usable(Weights.last):  # stopped before its first epoch's end, say
                 raise WeightsError(
                     f"{path} is missing: the run has no best weights yet (they are saved when an epoch ends)",
                     "use --last for the weights of its last resume point, or train it further",
@@ -364,18 +365,18 @@ class Run:
             raise CheckpointError(f"{path} is missing: the run has no saved weights yet; train it first")
         return path
 
-    def load_weights(self, model: keras.Model, which: str = "best") -> None:
+    def load_weights(self, model: keras.Model, which: Weights = Weights.best) -> None:
         """Load ``best`` or ``last`` weights into ``model`` (any batch size)."""
         path = self.weights_path(which)
         try:
             self._load_weights_file(model, path)
         except CheckpointError:
             # A trainer's commit may have replaced the last weights between reading state.json and opening them.
-            if which != "last" or path.exists() or self.weights_path("last") == path:
+            if which != Weights.last or path.exists() or self.weights_path(Weights.last) == path:
                 raise
-            self._load_weights_file(model, self.weights_path("last"))
+            self._load_weights_file(model, self.weights_path(Weights.last))
 
-    def intact_weights(self, which: str = "best") -> Path:
+    def intact_weights(self, which: Weights = Weights.best) -> Path:
         """The weights file for ``best`` or ``last``, once its arrays match the checksum saved with them: a run made
         from it is refused before it is created, not when it first loads them."""
         path = self.weights_path(which)
@@ -487,6 +488,11 @@ class RunLock:
 
     def release(self) -> None:
         self._release()
+
+    @property
+    def held(self) -> bool:
+        """Whether this process still holds the lock (until ``release``, or the lock's end)."""
+        return self._release.alive
 
 
 def check_corpus_unchanged(run: Run, data: DataConfig) -> None:

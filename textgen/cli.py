@@ -43,12 +43,21 @@ from textgen.config import (
     Split,
     Strategy,
     TrainConfig,
+    Weights,
     flag,
 )
 from textgen.durations import parse_budget, parse_duration
 from textgen.errors import ClusterError, ConfigError, TextgenError, TextgenWarning
 from textgen.repl import GREETING, Session
-from textgen.settings import DataSettings, DistillSettings, InitSettings, ModelSettings, PruneSettings, TrainSettings
+from textgen.settings import (
+    DataSettings,
+    DistillSettings,
+    InitSettings,
+    ModelSettings,
+    PruneSettings,
+    TrainRequest,
+    TrainSettings,
+)
 
 console = Console(highlight=False, soft_wrap=True, emoji=False)  # user text is data: ":fire:" stays ":fire:"
 err_console = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
@@ -508,17 +517,22 @@ def train(
     """Train a character-level LSTM on text files, saving checkpoints as it goes."""
     with _errors():
         budget, more_time = parse_budget(time_budget)
-        result = api.train(
-            corpus,
+        request = TrainRequest(
+            tuple(corpus or ()),
             device=device,
             checkpoint_dir=checkpoint_dir,
             run_name=run,
             resume=resume,
             download=download,
-            keep_boilerplate=keep_boilerplate,
-            encoding=encoding,
             threads=threads,
-            data=DataSettings(batch_size=batch_size, seq_len=seq_len, max_vocab=max_vocab, shift_windows=shift_windows),
+            data=DataSettings(
+                batch_size=batch_size,
+                seq_len=seq_len,
+                max_vocab=max_vocab,
+                shift_windows=shift_windows,
+                strip_boilerplate=False if keep_boilerplate else None,
+                encoding=encoding,
+            ),
             model=ModelSettings(
                 units=units,
                 layers=layers,
@@ -546,11 +560,11 @@ def train(
                 strategy=strategy,
                 warmup=warmup,
             ),
-            progress=ui.TrainingDisplay(console, as_json=as_json),
             recipe=recipe,
             from_study=from_study,
             init_from=_init_settings(init_from, last, freeze),
         )
+        result = api.train(request, ui.TrainingDisplay(console, as_json=as_json))
         ui.show_train_result(console, result, as_json)
 
 
@@ -560,7 +574,7 @@ def _init_settings(init_from: str | None, last: bool, freeze: Freeze | None) -> 
         if last or freeze is not None:
             raise ConfigError(f"{'--last' if last else '--freeze'} goes with --init-from RUN (fine-tuning a run)")
         return None
-    return InitSettings(init_from, "last" if last else "best", freeze or Freeze.none)
+    return InitSettings(init_from, Weights.last if last else Weights.best, freeze or Freeze.none)
 
 
 # Options shared by the commands that train a run from another (distill, prune).
@@ -701,17 +715,16 @@ def _train_from_run(
     with _errors():
         budget, more_time = parse_budget(time_budget)
         training = dataclasses.replace(training, time_budget=budget, more_time=more_time)
-        result = api.train(
-            None,
+        request = TrainRequest(
             device=device,
             checkpoint_dir=checkpoint_dir,
             run_name=run_name,
-            model=model,
+            model=model or ModelSettings(),
             training=training,
-            progress=ui.TrainingDisplay(console, as_json=as_json),
             distill=derived_from if isinstance(derived_from, DistillSettings) else None,
             prune=derived_from if isinstance(derived_from, PruneSettings) else None,
         )
+        result = api.train(request, ui.TrainingDisplay(console, as_json=as_json))
         ui.show_train_result(console, result, as_json)
 
 
@@ -742,7 +755,9 @@ def sample(
     """Generate text from a trained run (the latest by default) or an exported model."""
     with _errors():
         settings = SampleConfig(length=length, num=num, temperature=temp, top_k=top_k, top_p=top_p, seed=seed).seeded()
-        sampler, source = api.open_generator(checkpoint_dir, run, "last" if last else "best", model)
+        sampler, source = api.open_generator(
+            checkpoint_dir=checkpoint_dir, run_name=run, weights=Weights.last if last else Weights.best, model=model
+        )
         ui.show_sampling(console, err_console, sampler, source, prime, settings, as_json)
 
 
@@ -771,7 +786,10 @@ def repl(
     """Type a prompt, watch the continuation stream in; the model is loaded once."""
     with _errors():
         settings = SampleConfig(length=length, temperature=temp, top_k=top_k, top_p=top_p, seed=seed)
-        sampler, source = api.open_generator(checkpoint_dir, run, "last" if last else "best", model, warm_up=True)
+        weights = Weights.last if last else Weights.best
+        sampler, source = api.open_generator(
+            checkpoint_dir=checkpoint_dir, run_name=run, weights=weights, model=model, warm_up=True
+        )
     session = Session(sampler, settings, sys.stdout, lambda msg: err_console.print(f"[yellow]{escape(msg)}[/]"))
     console.print(f"[bold]{escape(source.name)}[/] loaded. {GREETING}")
     with _errors():
@@ -833,7 +851,13 @@ def serve(
         config = ServeConfig(
             host, port, slots, max_queue, api_key, max_body, request_timeout, drain, prefill, log_format
         )
-        api.serve(config, checkpoint_dir, run, model, lambda url, source: ui.show_serving(console, url, source, config))
+        api.serve(
+            config,
+            checkpoint_dir=checkpoint_dir,
+            run_name=run,
+            model=model,
+            on_ready=lambda url, source: ui.show_serving(console, url, source, config),
+        )
     console.print("stopped")
 
 
@@ -870,8 +894,16 @@ def evaluate(
 ) -> None:
     """Cross-entropy of a run (or an exported model) on held-out text: nats/char, bits/char and perplexity."""
     with _errors():
-        which = "last" if last else "best"
-        result = api.evaluate(checkpoint_dir, run, split.value, file, which, encoding, model, streams)
+        result = api.evaluate(
+            checkpoint_dir=checkpoint_dir,
+            run_name=run,
+            split=split,
+            file=file,
+            weights=Weights.last if last else Weights.best,
+            encoding=encoding,
+            model=model,
+            streams=streams,
+        )
         ui.show_evaluation(console, err_console, result, as_json)
 
 
@@ -906,7 +938,14 @@ def export(
 ) -> None:
     """Export a run as a self-contained model for LiteRT or TensorFlow Serving."""
     with _errors():
-        result = api.export(checkpoint_dir, run, format.value, quantize.value, output, "last" if last else "best")
+        result = api.export(
+            checkpoint_dir=checkpoint_dir,
+            run_name=run,
+            format=format,
+            quantize=quantize,
+            path=output,
+            weights=Weights.last if last else Weights.best,
+        )
         ui.show_export(console, result, as_json)
 
 
@@ -1024,7 +1063,11 @@ def tune(
                 **{flag(k): v for settings in (data, model, training) for k, v in settings.given().items()},
             }
             given = [name for name, value in searching.items() if value is not None]
-            tuneview.show_study(console, api.show_study(checkpoint_dir, study, corpus, searching=given), as_json)
+            tuneview.show_study(
+                console,
+                api.show_study(checkpoint_dir=checkpoint_dir, study=study, corpus=corpus, searching=given),
+                as_json,
+            )
             return
         display = tuneview.TuneDisplay(console, as_json=as_json)
         result = api.tune(
@@ -1058,7 +1101,7 @@ RUNS_EXAMPLES = """
 def runs(checkpoint_dir: CheckpointDirOption = DEFAULT_CHECKPOINT_DIR, as_json: JsonOption = False) -> None:
     """List trained runs, most recent first, with their model, epochs and best validation loss."""
     with _errors():
-        ui.show_runs(console, api.runs(checkpoint_dir), checkpoint_dir, as_json)
+        ui.show_runs(console, api.runs(checkpoint_dir=checkpoint_dir), checkpoint_dir, as_json)
 
 
 def main() -> None:

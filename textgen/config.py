@@ -12,12 +12,16 @@ import functools
 import math
 import os
 import secrets
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from textgen.errors import ConfigError, FieldError, shown
 from textgen.typedjson import from_dict, to_dict
 
 T = TypeVar("T")
+
+DEFAULT_CHECKPOINT_DIR = Path("checkpoints")  # where runs are saved unless --checkpoint-dir says
 
 
 _FLAG_NAMES = {"temperature": "--temp", "drain_seconds": "--drain"}  # --temp: short, as char-rnn users know it
@@ -35,25 +39,58 @@ def flag_setting(field_name: str, value: Any) -> str:
     return f"{flag(field_name)} {value}"
 
 
-def _require(ok: bool, field_name: str, rule: str, value: Any) -> None:
+def _require(ok: bool, field_name: str, rule: str, value: Any, flag_name: str | None = None) -> None:
     if not ok:
-        raise FieldError(f"{flag(field_name)} must be {rule} (got {shown(value)})", field_name, rule)
+        raise FieldError(f"{flag_name or flag(field_name)} must be {rule} (got {shown(value)})", field_name, rule)
 
 
 INT32_MAX = 2**31 - 1  # the sampler's and the data pipeline's integers are int32
 MAX_SAMPLES = 4096  # samples generated at once, as --streams scored at once
 
 
+def _is_positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= INT32_MAX
+
+
 def _positive_int(cfg: Any, *names: str) -> None:
     for name in names:
-        value = getattr(cfg, name)
-        ok = isinstance(value, int) and not isinstance(value, bool) and 0 < value <= INT32_MAX
-        _require(ok, name, f"a positive integer up to {INT32_MAX:,}", value)
+        _require(
+            _is_positive_int(getattr(cfg, name)), name, f"a positive integer up to {INT32_MAX:,}", getattr(cfg, name)
+        )
 
 
 def _finite(value: Any) -> bool:
     """A real number, not NaN or infinite (a float flag can be given as nan or inf)."""
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """What one field's value must be: a test, and the words that say it in an error (``--units must be ...``)."""
+
+    ok: Callable[[Any], bool]
+    says: str
+    optional: bool = False  # None is a value of its own (off, or all), not a missing one
+    flag: str | None = None  # the flag that sets the field, where it is not ``flag(name)``
+
+    def or_none(self) -> Rule:
+        return dataclasses.replace(self, optional=True)
+
+
+POSITIVE_INT = Rule(_is_positive_int, f"a positive integer up to {INT32_MAX:,}")
+SWITCH = Rule(lambda v: isinstance(v, bool), "true or false")
+RATE = Rule(lambda v: _finite(v) and 0.0 <= v < 1.0, "in [0, 1)")
+
+
+def check_fields(rules: Mapping[str, Rule], values: Mapping[str, Any], *, given: bool = False) -> None:
+    """Refuse the first value that breaks its field's rule, naming its flag. A config checks all its fields with
+    it; the settings a user gives (``given``: ``None`` is a setting left out) are checked with the same rules as
+    they are made, before TensorFlow loads and before any config exists."""
+    for name, value in values.items():
+        rule = rules.get(name)
+        if rule is None or (value is None and (given or rule.optional)):
+            continue
+        _require(value is not None and rule.ok(value), name, rule.says, value, rule.flag)
 
 
 @functools.cache  # SampleConfig asks for every request a server takes (~30 us a call there, by py-spy)
@@ -86,15 +123,19 @@ class DataConfig:
     # by the characters only this corpus has; None: the corpus's own vocabulary.
     base_vocab: str | None = None
 
+    RULES: ClassVar[dict[str, Rule]] = {
+        "batch_size": POSITIVE_INT,
+        "seq_len": POSITIVE_INT,
+        "max_vocab": POSITIVE_INT.or_none(),  # None keeps every character
+        "shift_windows": SWITCH,
+        "strip_boilerplate": SWITCH,
+        "val_fraction": Rule(lambda v: _finite(v) and 0 < v < 0.5, "between 0 and 0.5"),
+        "test_fraction": Rule(lambda v: _finite(v) and 0 < v < 0.5, "between 0 and 0.5"),
+    }
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "files", tuple(self.files))  # a list when read from JSON
-        _positive_int(self, "batch_size", "seq_len")
-        _require(isinstance(self.shift_windows, bool), "shift_windows", "true or false", self.shift_windows)
-        if self.max_vocab is not None:
-            _positive_int(self, "max_vocab")
-        for name in ("val_fraction", "test_fraction"):
-            value = getattr(self, name)
-            _require(_finite(value) and 0 < value < 0.5, name, "between 0 and 0.5", value)
+        check_fields(self.RULES, vars(self))
 
     @property
     def paths(self) -> tuple[str, ...]:
@@ -127,14 +168,19 @@ class ModelConfig:
     # mask per stream shared by the batch's timesteps (locked, as on the LSTM inputs), ``dropout`` then the inputs'.
     locked_output_dropout: float | None = None
 
+    RULES: ClassVar[dict[str, Rule]] = {
+        "vocab_size": POSITIVE_INT,
+        "embedding_dim": POSITIVE_INT,
+        "units": POSITIVE_INT,
+        "layers": POSITIVE_INT,
+        "dropout": RATE,
+        "weight_drop": RATE,
+        "locked_output_dropout": RATE.or_none(),  # None: per element at ``dropout``
+        "layer_norm": SWITCH,
+    }
+
     def __post_init__(self) -> None:
-        _positive_int(self, "vocab_size", "embedding_dim", "units", "layers")
-        rates = {"dropout": self.dropout, "weight_drop": self.weight_drop}
-        if self.locked_output_dropout is not None:
-            rates["locked_output_dropout"] = self.locked_output_dropout
-        for name, value in rates.items():
-            _require(_finite(value) and 0.0 <= value < 1.0, name, "in [0, 1)", value)
-        _require(isinstance(self.layer_norm, bool), "layer_norm", "true or false", self.layer_norm)
+        check_fields(self.RULES, vars(self))
 
     @property
     def parameters(self) -> int:
@@ -208,6 +254,13 @@ class Freeze(Choice):
     lstm = "lstm"  # the embedding and every LSTM layer: only the output layer trains
 
 
+class Weights(Choice):
+    """Which of a run's weights: its best validated, or its last resume point's."""
+
+    best = "best"
+    last = "last"
+
+
 class Device(Choice):
     """What ``--device`` accepts: a device profile's name, or ``auto`` (gpu when TensorFlow sees one)."""
 
@@ -260,16 +313,30 @@ class TrainConfig:
         optimizer = Optimizer.parse(given.get("optimizer", cls.optimizer), "optimizer")
         return cls(**{**OPTIMIZER_DEFAULTS.get(optimizer, {}), **given})
 
+    RULES: ClassVar[dict[str, Rule]] = {
+        "epochs": POSITIVE_INT.or_none(),  # None only with a time budget (below)
+        "lr": Rule(lambda v: _finite(v) and v > 0, "a positive number"),
+        "clip_norm": Rule(lambda v: _finite(v) and v > 0, "a positive number"),
+        "seed": Rule(lambda v: isinstance(v, int) and 0 <= v <= INT32_MAX, f"an integer in [0, {INT32_MAX}]"),
+        "time_budget": Rule(lambda v: _finite(v) and v > 0, "a positive duration like 90s, 30m or 1h30m").or_none(),
+        "patience": POSITIVE_INT,
+        "lr_patience": POSITIVE_INT,
+        "lr_factor": Rule(lambda v: _finite(v) and 0 < v < 1, "between 0 and 1"),
+        "anneal": Rule(lambda v: _finite(v) and 0 < v <= 1, "in (0, 1]"),
+        "save_every": Rule(lambda v: _finite(v) and v > 0, "a positive duration like 5m"),
+        "sample_every": Rule(lambda v: _finite(v) and v >= 0, "a duration like 5m, or 0 for no samples"),
+        "accumulate": Rule(lambda v: isinstance(v, int) and 1 <= v <= 64, "from 1 to 64"),
+        "weight_decay": RATE,
+        "momentum": RATE,
+        "warmup": Rule(lambda v: isinstance(v, int) and 0 <= v <= 1_000_000, "a number of steps from 0 to 1,000,000"),
+    }
+
     def __post_init__(self) -> None:
-        if self.epochs is not None or self.time_budget is None:
-            _positive_int(self, "epochs")
+        if self.epochs is None and self.time_budget is None:
+            _require(False, "epochs", POSITIVE_INT.says, None)
         for name, kind in (("optimizer", Optimizer), ("strategy", Strategy), ("lr_schedule", LRSchedule)):
             object.__setattr__(self, name, kind.parse(getattr(self, name), name))  # a string when read from JSON
-        decay_ok = _finite(self.weight_decay) and 0.0 <= self.weight_decay < 1.0
-        _require(decay_ok, "weight_decay", "in [0, 1)", self.weight_decay)
-        _require(_finite(self.momentum) and 0.0 <= self.momentum < 1.0, "momentum", "in [0, 1)", self.momentum)
-        warmup_ok = isinstance(self.warmup, int) and 0 <= self.warmup <= 1_000_000
-        _require(warmup_ok, "warmup", "a number of steps from 0 to 1,000,000", self.warmup)
+        check_fields(self.RULES, vars(self))
         if self.warmup and self.lr_schedule == "plateau":
             raise ConfigError("--warmup works with --lr-schedule hold or cosine, not plateau; drop one of them")
         if self.momentum and self.optimizer != "sgd":
@@ -277,30 +344,6 @@ class TrainConfig:
                 f"--momentum is SGD's (got --optimizer {self.optimizer}, which keeps its own moving averages); "
                 "add --optimizer sgd or drop --momentum"
             )
-        _require(
-            isinstance(self.accumulate, int) and 1 <= self.accumulate <= 64,
-            "accumulate",
-            "from 1 to 64",
-            self.accumulate,
-        )
-        _require(_finite(self.anneal) and 0 < self.anneal <= 1, "anneal", "in (0, 1]", self.anneal)
-        _require(_finite(self.lr) and self.lr > 0, "lr", "a positive number", self.lr)
-        _require(_finite(self.clip_norm) and self.clip_norm > 0, "clip_norm", "a positive number", self.clip_norm)
-        seed_ok = isinstance(self.seed, int) and 0 <= self.seed <= INT32_MAX
-        _require(seed_ok, "seed", f"an integer in [0, {INT32_MAX}]", self.seed)
-        budget_ok = self.time_budget is None or (_finite(self.time_budget) and self.time_budget > 0)
-        _require(budget_ok, "time_budget", "a positive duration like 90s, 30m or 1h30m", self.time_budget)
-        _require(
-            _finite(self.save_every) and self.save_every > 0,
-            "save_every",
-            "a positive duration like 5m",
-            self.save_every,
-        )
-        sample_ok = _finite(self.sample_every) and self.sample_every >= 0
-        _require(sample_ok, "sample_every", "a duration like 5m, or 0 for no samples", self.sample_every)
-        _require(self.patience > 0, "patience", "a positive integer", self.patience)
-        _require(self.lr_patience > 0, "lr_patience", "a positive integer", self.lr_patience)
-        _require(0 < self.lr_factor < 1, "lr_factor", "between 0 and 1", self.lr_factor)
 
 
 def settings_given(values: dict[str, Any]) -> dict[str, Any]:
@@ -360,10 +403,13 @@ class DistillConfig:
     alpha: float = 0.0  # weight of the true next character; 1 - alpha goes to the teacher's soft targets
     teacher_val_loss: float | None = None  # its best weights' loss when the student started (None in older runs)
 
+    RULES: ClassVar[dict[str, Rule]] = {
+        "temperature": Rule(lambda v: _finite(v) and 0.1 <= v <= 100, "between 0.1 and 100", flag="--temperature"),
+        "alpha": Rule(lambda v: _finite(v) and 0.0 <= v <= 1.0, "between 0 and 1"),
+    }
+
     def __post_init__(self) -> None:
-        if not (_finite(self.temperature) and 0.1 <= self.temperature <= 100):  # not sampling's --temp
-            raise ConfigError(f"--temperature must be between 0.1 and 100 (got {self.temperature!r})")
-        _require(_finite(self.alpha) and 0.0 <= self.alpha <= 1.0, "alpha", "between 0 and 1", self.alpha)
+        check_fields(self.RULES, vars(self))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -377,12 +423,15 @@ class PruneConfig:
     sparsity: float = 0.8  # the fraction of each LSTM and output kernel set to zero in the end
     ramp: float = 0.5  # the fraction of the fine-tuning over which the sparsity rises to its target
 
-    def __post_init__(self) -> None:
-        ok = _finite(self.sparsity) and 0.0 < self.sparsity < 1.0
-        _require(ok, "sparsity", "between 0 and 1 (exclusive)", self.sparsity)
+    RULES: ClassVar[dict[str, Rule]] = {
+        "sparsity": Rule(lambda v: _finite(v) and 0.0 < v < 1.0, "between 0 and 1 (exclusive)"),
         # The sparsity rises in steps of 1% of the run: it reaches the target at the step that starts at ``ramp``,
         # so a ramp over 0.99 would never get there (and the run would have no best weights at full sparsity).
-        _require(_finite(self.ramp) and 0.0 < self.ramp <= 0.99, "ramp", "in (0, 0.99]", self.ramp)
+        "ramp": Rule(lambda v: _finite(v) and 0.0 < v <= 0.99, "in (0, 0.99]"),
+    }
+
+    def __post_init__(self) -> None:
+        check_fields(self.RULES, vars(self))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -397,7 +446,7 @@ class InitConfig:
 
     source: str  # the base run's directory (or the export's), when this run started
     name: str  # the base run's name (an export's: the run it was exported from)
-    weights: str  # which of its weights: best or last
+    weights: Weights  # which of its weights
     weights_hash: str  # blake2b of the weights file copied in
     val_loss: float | None  # the base run's best validation loss (on its own corpus); None from an export
     corpus: str | None  # what the base run trained on; None from an export
@@ -411,7 +460,7 @@ class InitConfig:
         if isinstance(self.model, dict):  # as JSON reads it back
             object.__setattr__(self, "model", from_dict(ModelConfig, self.model, "init_from.model"))
         object.__setattr__(self, "freeze", Freeze.parse(self.freeze, "freeze"))
-        _require(self.weights in ("best", "last"), "weights", "best or last", self.weights)
+        object.__setattr__(self, "weights", Weights.parse(self.weights, "weights"))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -65,17 +65,25 @@ class DeviceError(TextgenError):
     """The requested device profile cannot run on this machine."""
 
 
-class TrainingInterrupted(TextgenError):
+class TrainingStopped(TextgenError):
+    """Training ended early: ``what`` happened, then what was saved and what to do (``step``)."""
+
+    def __init__(self, what: str, step: str) -> None:
+        super().__init__(f"{what}; {step}")
+        self.what = what  # the event alone, as a study records a trial's end
+
+
+class TrainingInterrupted(TrainingStopped):
     """Training stopped on a signal (Ctrl-C, SIGTERM, SIGHUP) after saving a resumable checkpoint."""
 
     stop_reason = StopReason.INTERRUPTED
 
-    def __init__(self, message: str, exit_code: int = 130) -> None:
-        super().__init__(message)
+    def __init__(self, what: str, step: str, exit_code: int = 130) -> None:
+        super().__init__(what, step)
         self.exit_code = exit_code  # 128 + the signal's number, as a shell reports a process it stopped
 
 
-class TrainingDiverged(TextgenError):
+class TrainingDiverged(TrainingStopped):
     """The training loss became NaN or infinite; nothing after the last resume point was saved."""
 
     stop_reason = StopReason.DIVERGED

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from textgen.checkpoint import Run, check_corpus_unchanged
-from textgen.config import SPLITS
+from textgen.config import SPLITS, Split, Weights
 from textgen.corpus import read_corpus, resolve_corpus, resolve_encoding
 from textgen.data import load_splits, write_id_file
 from textgen.errors import ConfigError, CorpusError
@@ -29,9 +29,9 @@ def _writable(root: Path) -> bool:
 
 def evaluate_run(
     run: Run,
-    split: str = "test",
+    split: Split = Split.test,
     file: str | None = None,
-    which: str = "best",
+    weights: Weights = Weights.best,
     encoding: str = "auto",
     streams: int | None = None,
     cache_dir: Path | None = None,
@@ -54,7 +54,7 @@ def evaluate_run(
             ids, source = split_ids(run, split, Path(scratch), cache_dir), f"{split} split of {cfg.data.corpus_name}"
         layout = scoring_layout(len(ids), streams or cfg.data.batch_size, cfg.data.seq_len, source)
         model = build_model(cfg.model, layout.streams, cfg.profile.precision)
-        run.load_weights(model, which)
+        run.load_weights(model, weights)
         nats, chars = score(compile_eval_step(model, cfg.profile), model, ids, layout)
         unknown = layout.count_in_targets(ids, UNKNOWN_ID)
     return Evaluation(run.name, source, nats / chars, chars, unknown, layout.streams, layout.seq_len)

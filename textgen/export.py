@@ -50,18 +50,21 @@ from textgen.artifact import (
     state_names,
     write_manifest,
 )
+from textgen.baserun import Base
 from textgen.checkpoint import Run
+from textgen.config import Weights
 from textgen.errors import CheckpointError, ConfigError, ExportInterrupted, one_line
 from textgen.files import fsync_path, fsync_tree
 from textgen.model import build_model
 from textgen.results import ExportResult
 from textgen.sampling import RECURRENT_BLOCKS, Generator
-from textgen.training.plan import Base
-from textgen.training.stopping import stop_signals
+from textgen.signals import stop_signals
 from textgen.vocab import UNKNOWN_CHAR, Vocabulary
 
 
-def export_run(run: Run, format: str, quantize: str, path: Path | None = None, which: str = "best") -> ExportResult:
+def export_run(
+    run: Run, format: str, quantize: str, path: Path | None = None, which: Weights = Weights.best
+) -> ExportResult:
     """Write ``run``'s ``which`` weights to ``path`` as a LiteRT or SavedModel artifact, atomically: an
     earlier export at ``path`` is replaced in one rename, anything else there is refused. A failed write (a full
     disk, TensorFlow's errors too) or a stop signal leaves the earlier export as it was, and no scratch files."""
@@ -290,7 +293,7 @@ def export_base(path: Path, scratch: Path) -> Base:
     return Base(
         source=path.resolve(),
         name=info.run,
-        weights=info.weights,
+        weights=Weights(info.weights),
         weights_file=weights_file,
         vocab=info.vocab,
         model=info.model,

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from textgen.config import DataConfig, Freeze, ModelConfig, RunConfig, TrainConfig, settings_given
+from textgen.config import DataConfig, Freeze, ModelConfig, RunConfig, TrainConfig, Weights, settings_given
 from textgen.errors import ConfigError, shown
 from textgen.files import atomic_write_text, read_json_object
 from textgen.settings import InitSettings
@@ -48,7 +48,7 @@ def recipe_base(path: Path) -> InitSettings | None:
     if init is None:
         return None
     fits = isinstance(init, dict) and set(init) == {"source", "weights", "freeze"}
-    if not fits or not isinstance(init["source"], str) or init["weights"] not in ("best", "last"):
+    if not fits or not isinstance(init["source"], str) or init["weights"] not in tuple(w.value for w in Weights):
         raise ConfigError(f"recipe {path}: tuned.init_from={shown(init)}, not a run's source, weights and freeze")
     return InitSettings(init["source"], init["weights"], Freeze.parse(init["freeze"], "freeze"))
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, Run, RunLock, check_run_name, checkpoint_dir_flag
 from textgen.commands import QUICK_START_TRAIN, command
+from textgen.config import Weights
 from textgen.errors import CheckpointError, ConfigError, WeightsError
 
 
@@ -74,7 +75,9 @@ def list_runs(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR) -> list[Run]:
     return sorted(runs, key=updated, reverse=True)
 
 
-def find_run(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR, name: str | None = None, weights: str | None = None) -> Run:
+def find_run(
+    checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR, name: str | None = None, weights: Weights | None = None
+) -> Run:
     """The run called ``name``, or the most recently updated *usable* one (a run killed before its first
     save is never picked by default), with ``best`` or ``last`` weights if ``weights`` says so."""
     if name is not None:
@@ -89,7 +92,7 @@ def find_run(checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR, name: str | None = N
         return usable
     if runs:  # none is usable: say what is wrong with the latest
         runs[0].check_usable()
-        if weights == "best":
+        if weights == Weights.best:
             raise WeightsError(
                 f"{runs[0].best_weights_path} is missing: run {runs[0].name!r} has not finished its first epoch",
                 "use --last, or train it further",

@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 
 from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, ResumeState, Run
-from textgen.config import RunConfig
+from textgen.config import RunConfig, Weights
 from textgen.errors import CheckpointError
 from textgen.results import RunSummary, bits, lstm_shape
 from textgen.rundirs import list_runs
@@ -60,6 +60,8 @@ def made_from(cfg: RunConfig) -> str:
         init = cfg.init_from
         added = cfg.model.vocab_size - init.model.vocab_size
         frozen = f", {init.freeze} frozen" if init.freeze != "none" else ""
-        weights = f" ({init.export} export)" if init.export else " (last weights)" if init.weights == "last" else ""
+        weights = (
+            f" ({init.export} export)" if init.export else " (last weights)" if init.weights == Weights.last else ""
+        )
         return f"fine-tuned from {init.name}{weights}, {added} new character{'s' * (added != 1)}{frozen}"
     return ""

@@ -26,7 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from textgen.checkpoint import Run
-from textgen.config import ModelConfig
+from textgen.config import ModelConfig, Weights
 from textgen.errors import ConfigError, GenerationError, one_line
 from textgen.generation import RowSettings, Sampler, States
 from textgen.lstm import layer_norm, lstm_cell, run_unrolled
@@ -188,7 +188,7 @@ class Generator(Sampler):
 
     @classmethod
     def from_run(
-        cls, run: Run, which: str = "best", recurrent_blocks: int | None = None, input_table: bool = True
+        cls, run: Run, which: Weights = Weights.best, recurrent_blocks: int | None = None, input_table: bool = True
     ) -> Generator:
         """Load a run's config, vocabulary and ``best`` or ``last`` weights; no corpus needed."""
         cfg, vocab = run.load_config().model, run.load_vocab()

@@ -28,7 +28,7 @@ import optuna
 from optuna.trial import TrialState
 
 from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, Run, RunLock
-from textgen.config import DeviceProfile, Freeze, flag_setting, settings_given
+from textgen.config import DeviceProfile, Freeze, Split, Weights, flag_setting, settings_given
 from textgen.corpus import check_unchanged, corpus_fingerprint
 from textgen.data import load_splits
 from textgen.device import apply_profile, resolve_profile
@@ -36,9 +36,10 @@ from textgen.errors import CheckpointError, ConfigError, TextgenError, TrainingD
 from textgen.evaluate import evaluate_run
 from textgen.idcache import cache_root
 from textgen.recipe import Recipe
+from textgen.request import check_request
 from textgen.results import EpochLog, StopReason, StudyResult, StudyStop, TrainResult, TrialStatus, TrialSummary
 from textgen.search import PRUNE_WARMUP, SameTimePruner, SearchSpace
-from textgen.settings import DataSettings, InitSettings, ModelSettings, TrainSettings
+from textgen.settings import DataSettings, InitSettings, ModelSettings, TrainRequest, TrainSettings
 from textgen.study import (
     DATABASE,
     counts_as_done,
@@ -284,7 +285,7 @@ def _describe(key: str, value: Any) -> str:
     if key == "init_from":
         if not value:
             return "no --init-from"
-        last = " --last" if value["weights"] == "last" else ""
+        last = " --last" if value["weights"] == Weights.last else ""
         freeze = f" --freeze {value['freeze']}" if value["freeze"] != "none" else ""
         return f"--init-from {value['source']}{last}{freeze}"
     if key == "fixed":
@@ -296,7 +297,7 @@ def _describe(key: str, value: Any) -> str:
 def _search_space(settings: dict[str, Any], profile: DeviceProfile, checkpoint_dir: Path) -> SearchSpace:
     """The study's search space on its corpus (encoded once, into the id cache that training reads)."""
     files = [Path(f) for f in settings["corpus"]]
-    probe = new_data_config(settings["corpus"], files, False, "auto", batch_size=1, seq_len=1)
+    probe = new_data_config(settings["corpus"], files, batch_size=1, seq_len=1)
     return SearchSpace(settings["fixed"], len(load_splits(probe, cache_root(checkpoint_dir)).val), profile)
 
 
@@ -427,20 +428,20 @@ def _run_trial(
             return None
         stop_requested = result.stop_requested if result else None
         value = evaluate_run(
-            run, split="val", streams=SCORE_STREAMS, cache_dir=cache_root(checkpoint_dir)
+            run, split=Split.val, streams=SCORE_STREAMS, cache_dir=cache_root(checkpoint_dir)
         ).nats_per_char
         if not math.isfinite(value):
-            raise TrainingDiverged(f"training diverged: the validation loss is {value}")
+            raise TrainingDiverged(f"training diverged: the validation loss is {value}", "the search goes on")
     except (TrainingInterrupted, KeyboardInterrupt) as exc:
         finish(TrialState.FAIL)  # no error recorded: interrupted, to be resumed
-        reason = str(exc).split(";")[0] if isinstance(exc, TrainingInterrupted) else "interrupted"
+        reason = exc.what if isinstance(exc, TrainingInterrupted) else "interrupted"
         raise TrainingInterrupted(
-            f"{reason}: trial {trial.number} of study {directory.name!r} is saved; run the same command to "
-            "continue the study",
+            f"{reason}: trial {trial.number} of study {directory.name!r} is saved",
+            "run the same command to continue the study",
             exit_code=exc.exit_code if isinstance(exc, TrainingInterrupted) else 130,
         ) from None
     except TrainingDiverged as exc:  # a recipe that diverges is a bad recipe: the search goes on
-        finish(TrialState.FAIL, error=str(exc).split(";")[0])
+        finish(TrialState.FAIL, error=exc.what)
         return None
     except TextgenError as exc:  # not the recipe's doing (the corpus gone, a disk full): stop the study
         finish(TrialState.FAIL, error=str(exc))
@@ -455,8 +456,8 @@ def _run_trial(
     save_best_recipe(study, directory)
     if stop_requested:  # it came as the trial's last epoch ended: the trial is scored, and the study stops
         raise TrainingInterrupted(
-            f"stopped ({stop_requested}) after trial {trial.number}, which finished: study {directory.name!r} is "
-            "saved; run the same command to continue the study",
+            f"stopped ({stop_requested}) after trial {trial.number}, which finished: study {directory.name!r} is saved",
+            "run the same command to continue the study",
             exit_code=128 + signal.Signals[stop_requested].value,
         )
     return None
@@ -487,12 +488,12 @@ def _train_trial(
     for a run killed past its budget after its last epoch's commit: it has only its scoring left."""
     if run.has_state() and run.load_state().finished:
         return None
-    plan = plan_training(
-        None if run.config_path.is_file() else settings["corpus"],
-        space.profile,
+    resume = run.config_path.is_file()
+    request = TrainRequest(
+        () if resume else tuple(settings["corpus"]),
         checkpoint_dir=directory,
         run_name=run.name,
-        resume=run.config_path.is_file(),
+        resume=resume,
         data=DataSettings(**recipe["data"]),
         model=ModelSettings(**recipe["model"]),
         training=TrainSettings(
@@ -502,8 +503,14 @@ def _train_trial(
             seed=settings["seed"],
             sample_every=0.0,  # nobody reads a trial's samples
         ),
+        init_from=None if resume else _init_settings(settings),
+    )
+    plan = plan_training(
+        check_request(request),
+        space.profile,
+        started=time.monotonic(),
         cache_dir=cache_root(checkpoint_dir),
-        init_from=_init_settings(settings) if not run.config_path.is_file() else None,
+        trial=True,
     )
     return train(plan, reporter, judge=reporter)
 
@@ -511,4 +518,8 @@ def _train_trial(
 def _init_settings(settings: dict[str, Any]) -> InitSettings | None:
     """The run a study's trials fine-tune, if any (a study from before ``--init-from`` has no entry)."""
     init = settings.get("init_from")
-    return InitSettings(init["source"], init["weights"], Freeze.parse(init["freeze"], "freeze")) if init else None
+    return (
+        InitSettings(init["source"], Weights.parse(init["weights"], "weights"), Freeze.parse(init["freeze"], "freeze"))
+        if init
+        else None
+    )

@@ -32,13 +32,14 @@ import numpy as np
 import tensorflow as tf
 
 from textgen.checkpoint import EpochProgress, Run
-from textgen.config import DataConfig
+from textgen.config import DataConfig, Weights
 from textgen.data import distributed_batches
 from textgen.errors import ConfigError, IdFileError, TrainingDiverged, TrainingInterrupted
 from textgen.layout import StreamLayout
 from textgen.plot import write_loss_charts
 from textgen.results import EpochLog, StopReason, TrainResult, bits
 from textgen.scoring import score
+from textgen.signals import stop_signals
 from textgen.training.callbacks import build_callbacks
 from textgen.training.plan import TrainPlan, keep_extension, training_layout
 from textgen.training.preview import SAMPLE_SECONDS, write_sample
@@ -54,7 +55,6 @@ from textgen.training.stopping import (
     compile_agreement,
     is_multi_worker,
     lost_peers,
-    stop_signals,
 )
 from textgen.training.warmstart import start_from_base
 
@@ -69,8 +69,8 @@ def train(
     a stop signal (Ctrl-C, SIGTERM, SIGHUP; under a multi-worker strategy, on any worker); the run's lock is
     released when it returns. ``judge`` also validates mid-epoch when it asks (on one replica only: several
     replicas' stream states cannot be put back)."""
-    lock, plan.lock = plan.lock, None  # the lock is this call's: a second train(plan) takes it again
-    lock = lock or plan.run.lock()
+    # The plan's lock is released when this call returns: a second train(plan) takes the run's lock again.
+    lock = plan.lock if plan.lock is not None and plan.lock.held else plan.run.lock()
     strategy = strategy or tf.distribute.get_strategy()
     unsaved: list[Callable[[], None]] = []  # saves where training got, if it got past the last commit
     try:
@@ -95,17 +95,17 @@ def _train(
         )
     check_same_plan(plan, strategy)
     if plan.chief:
-        keep_extension(run, cfg)
+        keep_extension(plan)
     trainer = build_trainer(cfg, strategy)
     resume = plan.resume_state
     if resume:
-        run.load_weights(trainer.model, "last")
+        run.load_weights(trainer.model, Weights.last)
         run.load_optimizer(trainer.optimizer)
     elif cfg.prune:  # a pruned run starts from the run it prunes
-        Run(Path(cfg.prune.source)).load_weights(trainer.model, "best")
+        Run(Path(cfg.prune.source)).load_weights(trainer.model, Weights.best)
     elif cfg.init_from:  # a fine-tuned run starts from its base run's weights, kept in the run
         start_from_base(trainer.model, run, cfg)
-    started = plan.started if plan.started is not None else time.monotonic()
+    started = plan.started
     clock = Clock(before=resume.seconds if resume else 0.0, budget=cfg.training.time_budget,
                   agree=compile_agreement(strategy), started=started)  # fmt: skip
     steps = training_layout(plan, resume.epoch if resume else 0).batches  # every epoch's, shifted or not
@@ -206,8 +206,8 @@ class _Session:
             loss = float(trainer.train_step(x, y))
             if not math.isfinite(loss):  # the update already happened: save nothing from here on
                 raise TrainingDiverged(
-                    f"training diverged: the loss became {loss} at epoch {epoch + 1}, batch {batch + 1}; nothing "
-                    "after the last resume point was saved. Start a new run with a lower --lr or --clip-norm"
+                    f"training diverged: the loss became {loss} at epoch {epoch + 1}, batch {batch + 1}",
+                    "nothing after the last resume point was saved. Start a new run with a lower --lr or --clip-norm",
                 )
             done = EpochProgress(
                 batch + 1, done.loss_sum + loss, done.batches + 1, done.seconds + time.monotonic() - started
@@ -231,9 +231,9 @@ class _Session:
     def end_reserve(self) -> float:
         """Seconds to hold back from the budget for the run's end: what the last epoch end took, or before one, an
         estimate from the training speed, at most ``ESTIMATE_SHARE`` of the budget (from agreed times only: every
-        worker must stop at the same batch). The process's exit counts when the budget is a command's
-        (``plan.started``), not a tuning trial's."""
-        exit_seconds = EXIT_SECONDS if self.plan.started is not None else 0.0
+        worker must stop at the same batch). The process's exit counts when the budget is a command's, not a
+        tuning trial's."""
+        exit_seconds = 0.0 if self.plan.trial else EXIT_SECONDS
         if self.end_seconds is not None:
             return self.end_seconds + exit_seconds
         rate = None
@@ -309,8 +309,8 @@ class _Session:
         self.end_seconds = self.clock.agreed - began
         if not math.isfinite(val_loss):
             raise TrainingDiverged(
-                f"training diverged: the validation loss of epoch {epoch + 1} is {val_loss}; nothing of it was "
-                "saved. Start a new run with a lower --lr or --clip-norm"
+                f"training diverged: the validation loss of epoch {epoch + 1} is {val_loss}",
+                "nothing of it was saved. Start a new run with a lower --lr or --clip-norm",
             )
         layout = training_layout(self.plan, epoch)
         return EpochLog(
@@ -330,7 +330,7 @@ class _Session:
 
     def interrupted(self, where: str) -> TrainingInterrupted:
         return TrainingInterrupted(
-            f"{where} ({self.stopper.signal_name}); {self.plan.saved_note()}", exit_code=self.stopper.exit_code
+            f"{where} ({self.stopper.signal_name})", self.plan.saved_note(), exit_code=self.stopper.exit_code
         )
 
 

@@ -87,8 +87,8 @@ class RunCheckpoint(keras.callbacks.Callback):
         Weights that are no longer finite are never committed."""
         if not all(np.isfinite(w).all() for w in self.model.get_weights()):
             raise TrainingDiverged(
-                f"training diverged: the weights became NaN or infinite at epoch {epoch + 1}; nothing after the last "
-                "resume point was saved. Start a new run with a lower --lr or --clip-norm"
+                f"training diverged: the weights became NaN or infinite at epoch {epoch + 1}",
+                "nothing after the last resume point was saved. Start a new run with a lower --lr or --clip-norm",
             )
         state = ResumeState(
             epoch=epoch,

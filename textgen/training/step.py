@@ -15,7 +15,7 @@ import keras
 import tensorflow as tf
 
 from textgen.checkpoint import Run
-from textgen.config import RunConfig, TrainConfig
+from textgen.config import RunConfig, TrainConfig, Weights
 from textgen.errors import ConfigError
 from textgen.fastlstm import dropout, mask_seed
 from textgen.model import LAYER_NORM_WEIGHTS, build_model, lstm_layers, reset_states
@@ -210,7 +210,7 @@ def _teacher_model(cfg: RunConfig, batch: int) -> keras.Model:
         )
     teacher_cfg = teacher_run.load_config()
     teacher = build_model(teacher_cfg.model, batch, cfg.profile.precision)
-    teacher_run.load_weights(teacher, "best")
+    teacher_run.load_weights(teacher, Weights.best)
     return teacher
 
 

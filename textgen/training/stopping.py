@@ -6,12 +6,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import signal
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import tensorflow as tf
@@ -19,40 +17,10 @@ import tensorflow as tf
 from textgen.cluster import replica_sum
 from textgen.errors import ClusterError, ConfigError
 from textgen.results import StopReason
+from textgen.signals import StopSignals
 
 if TYPE_CHECKING:
     from textgen.training.plan import TrainPlan
-
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-@dataclass
-class StopSignals:
-    """The first stop signal received (the loop finishes its batch, saves and stops)."""
-
-    requested: str | None = None  # e.g. "SIGTERM"
-    exit_code: int = 130
-
-    def handle(self, signum: int, frame: Any) -> None:
-        if self.requested:  # a second signal: stop now (the last commit stays intact)
-            raise KeyboardInterrupt
-        self.requested, self.exit_code = signal.Signals(signum).name, 128 + signum
-
-
-@contextlib.contextmanager
-def stop_signals() -> Iterator[StopSignals]:
-    """Ctrl-C, SIGTERM (``kill``, ``timeout``, a job scheduler) and SIGHUP (a closed terminal) all ask the
-    loop to stop cleanly; a second one interrupts at once."""
-    signals = StopSignals()
-    if threading.current_thread() is not threading.main_thread():
-        yield signals
-        return
-    previous = {signum: signal.signal(signum, signals.handle) for signum in STOP_SIGNALS}
-    try:
-        yield signals
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 @dataclass
