@@ -50,16 +50,17 @@ def write_corpus(path: Path, n_words: int = 3000, seed: int = 0) -> Path:
 def plan_run(corpus, profile, *, cache_dir: Path | None = None, encoding: str | None = None, **request):
     """A run planned as ``textgen.api.train`` plans it (the request checked, then planned) for ``profile``."""
     import dataclasses
-    import time
 
     from textgen.request import check_request
     from textgen.settings import TrainRequest
+    from textgen.training import loop
     from textgen.training.plan import plan_training
 
     if encoding is not None:
         request["data"] = dataclasses.replace(request.get("data", DataSettings()), encoding=encoding)
     checked = check_request(TrainRequest(corpus or (), **request))
-    return plan_training(checked, profile, started=time.monotonic(), cache_dir=cache_dir)
+    # Started by the loop's clock, which tests may fake (clock.BatchClock)
+    return plan_training(checked, profile, started=loop.time.monotonic(), cache_dir=cache_dir)
 
 
 def train_tiny_run(base: Path, name: str, model: dict, training: dict, n_words: int = 3000):

@@ -71,8 +71,12 @@ def _called(monkeypatch: pytest.MonkeyPatch, hint: str) -> tuple[str, dict[str, 
 
     calls: list[tuple[str, dict[str, Any]]] = []
     for name in ("train", "tune", "open_generator"):
-        monkeypatch.setattr(
-            api, name, lambda *args, _name=name, **kwargs: calls.append((_name, kwargs)) or (None, None)
+        monkeypatch.setattr(  # train takes a TrainRequest: its fields are the call's
+            api,
+            name,
+            lambda *args, _name=name, **kwargs: (
+                calls.append((_name, vars(args[0]) if _name == "train" else kwargs)) or (None, None)
+            ),
         )
     for shown in ("textgen.ui.show_train_result", "textgen.ui.show_sampling", "textgen.tuneview.show_study"):
         monkeypatch.setattr(shown, lambda *args, **kwargs: None)

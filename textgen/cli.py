@@ -639,17 +639,18 @@ def distill(
     as_json: TrainJsonOption = False,
 ) -> None:
     """Train a smaller student on a trained run's softened predictions (knowledge distillation)."""
-    model = ModelSettings(
-        units=units,
-        layers=layers,
-        embedding_dim=embedding_dim,
-        dropout=dropout,
-        layer_norm=layer_norm,
-        weight_drop=weight_drop,
-        locked_output_dropout=locked_output_dropout,
-    )
-    training = TrainSettings(lr=lr, epochs=epochs, seed=seed)
-    distill = DistillSettings(teacher, temperature, alpha)
+    with _errors():  # settings are checked as they are made
+        model = ModelSettings(
+            units=units,
+            layers=layers,
+            embedding_dim=embedding_dim,
+            dropout=dropout,
+            layer_norm=layer_norm,
+            weight_drop=weight_drop,
+            locked_output_dropout=locked_output_dropout,
+        )
+        training = TrainSettings(lr=lr, epochs=epochs, seed=seed)
+        distill = DistillSettings(teacher, temperature, alpha)
     _train_from_run(device, checkpoint_dir, run, training, time_budget, as_json, distill, model)
 
 
@@ -697,8 +698,9 @@ def prune(
     if source is None:
         instead = f": write textgen prune --source {run} (--run names the pruned run)" if run else ""
         ctx.fail(f"missing option '--source', the run to prune{instead}")
-    training = TrainSettings(lr=lr, epochs=epochs, seed=seed)
-    _train_from_run(device, checkpoint_dir, run, training, time_budget, as_json, PruneSettings(source, sparsity, ramp))
+    with _errors():  # settings are checked as they are made
+        training, pruning = TrainSettings(lr=lr, epochs=epochs, seed=seed), PruneSettings(source, sparsity, ramp)
+    _train_from_run(device, checkpoint_dir, run, training, time_budget, as_json, pruning)
 
 
 def _train_from_run(
@@ -1038,18 +1040,18 @@ def tune(
     ] = False,
 ) -> None:
     """Search for the training recipe that scores best on a corpus's validation split, in a time budget."""
-    data = DataSettings(batch_size=batch_size, seq_len=seq_len)
-    model = ModelSettings(
-        units=units,
-        layers=layers,
-        embedding_dim=embedding_dim,
-        dropout=dropout,
-        layer_norm=layer_norm,
-        weight_drop=weight_drop,
-        locked_output_dropout=locked_output_dropout,
-    )
-    training = TrainSettings(optimizer=optimizer, lr=lr, weight_decay=weight_decay, clip_norm=clip_norm)
-    with _errors():
+    with _errors():  # settings are checked as they are made
+        data = DataSettings(batch_size=batch_size, seq_len=seq_len)
+        model = ModelSettings(
+            units=units,
+            layers=layers,
+            embedding_dim=embedding_dim,
+            dropout=dropout,
+            layer_norm=layer_norm,
+            weight_drop=weight_drop,
+            locked_output_dropout=locked_output_dropout,
+        )
+        training = TrainSettings(optimizer=optimizer, lr=lr, weight_decay=weight_decay, clip_norm=clip_norm)
         if show:
             searching = {
                 "--time-budget": time_budget,

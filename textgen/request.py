@@ -12,7 +12,16 @@ from textgen import config as cfgmod
 from textgen.artifact import ArtifactInfo, Quantize, artifact_dir
 from textgen.baserun import Base, check_shape_kept
 from textgen.commands import QUICK_START_TRAIN, command
-from textgen.config import InitConfig, PruneConfig, RunConfig, Strategy, TrainConfig, Weights
+from textgen.config import (
+    InitConfig,
+    ModelConfig,
+    PruneConfig,
+    RunConfig,
+    Strategy,
+    TrainConfig,
+    Weights,
+    check_fits_in_memory,
+)
 from textgen.corpus import find_corpora, resolve_corpora, same_codec
 from textgen.errors import ConfigError
 from textgen.recipe import BEST_RECIPE, apply_recipe, read_recipe, recipe_base
@@ -39,6 +48,10 @@ def check_request(request: TrainRequest) -> CheckedRequest:
     checked = CheckedRequest(request, TrainConfig.of(**training))
     if request.init_from:
         checked = _with_base(checked, request.init_from)
+    elif request.derived_from is None:
+        # A model too big for this machine is refused before the corpus is read and TensorFlow loads: its size
+        # with one character (planning checks it again with the corpus's vocabulary, which adds little).
+        check_fits_in_memory(ModelConfig(vocab_size=1, **request.model.given()))
     # A missing file is said at once, not after TF's ~4 s; a worker of a cluster finds the corpus once it has
     # joined the others (textgen.api.train), so that its failure ends their wait at once.
     if request.corpus and checked.strategy is not Strategy.multiworker:
