@@ -641,8 +641,9 @@ def test_a_run_cut_in_its_first_epoch_is_counted_alike_everywhere(
 
     from textgen.ui import show_train_result
 
+    clock = BatchClock(monkeypatch, 1 / 64)  # before the plan, which starts by it
     plan = new_plan(tmp_path, tiny_corpus, time_budget=8 / 64, sample_every=0.0)
-    result = train(plan, BatchClock(monkeypatch, 1 / 64))
+    result = train(plan, clock)
     assert result.stop_reason == "time_budget" and steps_per_epoch(len(plan.splits.train), 8, 32) > 8
     console = Console(width=200)
     with console.capture() as shown:
@@ -674,9 +675,10 @@ def test_the_time_budget_is_the_runs_and_a_resumed_run_trains_for_what_is_left(
             if self.epochs:
                 signal.raise_signal(signal.SIGINT)
 
+    clock = CtrlCAfterAnEpoch(monkeypatch, 1 / 64)  # before the plan, which starts by it
     plan = new_plan(tmp_path, tiny_corpus, time_budget=600.0, epochs=50, lr_schedule="cosine", patience=50)
     with pytest.raises(TrainingInterrupted):
-        train(plan, CtrlCAfterAnEpoch(monkeypatch, 1 / 64))
+        train(plan, clock)
     before = plan.run.load_state().seconds
     spe = steps_per_epoch(len(plan.splits.train), TINY_DATA["batch_size"], TINY_DATA["seq_len"])
     assert before == (spe + 1) / 64  # an epoch and the batch Ctrl-C came in
