@@ -938,9 +938,9 @@ def test_samples_within_an_epoch_come_every_sample_every_and_none_with_0(
             Recorder.__init__(self)
             BatchClock.__init__(self, monkeypatch, 1 / 64)
 
+    clock = Clocked()  # before the plan, which starts by it
     plan = new_plan(tmp_path, tiny_corpus, epochs=1, sample_every=8 / 64)  # every 8 batches
     spe = steps_per_epoch(len(plan.splits.train), TINY_DATA["batch_size"], TINY_DATA["seq_len"])
-    clock = Clocked()
     train(plan, clock)
     assert len(clock.samples) == (spe - 1) // 8  # within the epoch: not after its last batch (the epoch's own)
     assert clock.logs[0].sample
