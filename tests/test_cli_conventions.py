@@ -143,3 +143,16 @@ def test_shell_completion_completes_commands_options_and_choices_without_tensorf
     )
     proc = run_python(["-c", code], tmp_path)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_typer_is_used_as_it_is_and_its_private_click_reached_in_one_module() -> None:
+    """No Typer class is patched (issue 56): another Typer app in the process sees Typer's own help."""
+    from typer.core import TyperGroup, TyperOption
+
+    import textgen.cli  # noqa: F401
+
+    for cls, name in ((TyperOption, "display_type_rich"), (TyperOption, "_get_default_string"), (TyperGroup, "main")):
+        assert getattr(cls, name).__module__ == "typer.core", f"{cls.__name__}.{name} is patched"
+    package = Path(__file__).parent.parent / "textgen"
+    private = sorted(p.name for p in package.rglob("*.py") if "typer._click" in p.read_text(encoding="utf-8"))
+    assert private == ["clickcompat.py"]

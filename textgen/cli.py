@@ -5,28 +5,19 @@ TensorFlow is imported only inside those calls, so ``textgen --help`` and bad fl
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import difflib
 import functools
-import itertools
-import os
 import sys
-import warnings
-from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
-from typer._click import Command, Context  # typer 0.29 vendors click privately (see pyproject.toml)
-from typer._click.exceptions import NoSuchOption
-from typer.core import TyperGroup, TyperOption
 
 from textgen import api, commands, tuneview, ui
 from textgen.artifact import ExportFormat, Quantize
 from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR
+from textgen.cliapp import TextgenCommand, TextgenGroup, console, err_console, errors
 from textgen.config import (
     OPTIMIZER_DEFAULTS,
     DataConfig,
@@ -47,7 +38,7 @@ from textgen.config import (
     flag,
 )
 from textgen.durations import parse_budget, parse_duration
-from textgen.errors import ClusterError, ConfigError, TextgenError, TextgenWarning
+from textgen.errors import ConfigError
 from textgen.repl import GREETING, Session
 from textgen.settings import (
     DataSettings,
@@ -59,123 +50,14 @@ from textgen.settings import (
     TrainSettings,
 )
 
-console = Console(highlight=False, soft_wrap=True, emoji=False)  # user text is data: ":fire:" stays ":fire:"
-err_console = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
-
-
-# Typer 0.29's help gives a flag a value type (`--json <bool>`) and puts a default written as text in parentheses
-# (`[default: (the latest run)]`). It has no setting for either, so textgen's CLI adjusts its option class here.
-_typer_type = TyperOption.display_type_rich
-_typer_default = TyperOption._get_default_string
-
-
-def _shown_type(option: TyperOption, ctx: Any) -> str | None:
-    """An option's value type in ``--help``: none for a flag, which takes no value."""
-    return None if option.is_flag else _typer_type(option, ctx)
-
-
-def _shown_default(option: TyperOption, *, ctx: Any, show_default_is_str: bool, default_value: Any) -> str:
-    """An option's default in ``--help``: a default written as text, as it is written."""
-    if show_default_is_str:
-        return str(option.show_default)
-    return _typer_default(option, ctx=ctx, show_default_is_str=False, default_value=default_value)
-
-
-TyperOption.display_type_rich = _shown_type  # type: ignore[method-assign, assignment]
-TyperOption._get_default_string = _shown_default  # type: ignore[method-assign, assignment]
-
-
-# What people write after a flag that takes no value (`--json true`), and the setting they mean.
-FLAG_WORDS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
-
-
-class OneLineErrors(TyperGroup):
-    """Typer's command group, with click's usage errors (a bad choice, a missing value) on one line
-    like textgen's own, instead of a usage block and an error panel; an unknown option is told where it belongs,
-    and a flag given a value how to write it."""
-
-    def main(
-        self,
-        args: Sequence[str] | None = None,
-        prog_name: str | None = None,
-        complete_var: str | None = None,
-        standalone_mode: bool = True,
-        windows_expand_args: bool = True,
-        **extra: Any,
-    ) -> Any:
-        call = {"args": args, "prog_name": prog_name, "complete_var": complete_var, **extra}
-        if not standalone_mode:
-            return super().main(**call, standalone_mode=False, windows_expand_args=windows_expand_args)
-        try:
-            code = super().main(**call, standalone_mode=False, windows_expand_args=windows_expand_args)  # Exit's code
-        except typer.TyperException as exc:  # click's usage errors (click is typer 0.29's, vendored privately)
-            message = getattr(exc, "format_message", exc.__str__)()
-            if isinstance(exc, NoSuchOption) and exc.ctx is not None:
-                message = self.no_such_option(exc.option_name, exc.ctx)
-            if message.strip():  # no arguments: the message is the help, which Typer's rich help has printed
-                ui.show_usage_error(err_console, message, getattr(exc, "ctx", None))
-            sys.exit(exc.exit_code)
-        except OSError as exc:  # outside the commands, which catch their own: --install-completion writing to $HOME
-            ui.show_os_error(err_console, exc)
-            sys.exit(1)
-        sys.exit(code if isinstance(code, int) else 0)
-
-    def resolve_command(self, ctx: Context, args: list[str]) -> tuple[str | None, Command | None, list[str]]:
-        """The command to run, refusing a value after one of its flags (`--json true`), which click would take
-        as an argument of its own (a corpus named "true") or refuse as an extra one."""
-        name, command, rest = super().resolve_command(ctx, args)
-        if command is not None:
-            flags = {opt: option for option in _options(command) if option.is_flag for opt in _names(option)}
-            for given, word in itertools.pairwise(rest):
-                if given in flags and word.lower() in FLAG_WORDS:
-                    command_ctx = command.context_class(command, info_name=name, parent=ctx)
-                    command_ctx.fail(_flag_given_a_value(given, FLAG_WORDS[word.lower()], flags[given], command_ctx))
-        return name, command, rest
-
-    def no_such_option(self, option: str, ctx: Context) -> str:
-        """click's "no such option", naming the commands that have it, or else the command's nearest option."""
-        where = f" for {ctx.info_name}" if ctx.command is not self else ""
-        owners = [
-            f"textgen {name}"
-            for name, command in self.commands.items()
-            if command is not ctx.command and any(option in _names(o) for o in _options(command))
-        ]
-        if owners:
-            return f"no such option {option}{where} (it is an option of {_and(owners)})"
-        names = [name for o in _options(ctx.command) for name in _names(o)]
-        longer = [name for name in names if name.startswith(option)]  # --seq for --seq-len, before --seed
-        near = longer if len(longer) == 1 else difflib.get_close_matches(option, names, 1)
-        return f"no such option {option}{where}{f' (did you mean {near[0]}?)' if near else ''}"
-
-
-def _options(command: Command) -> list[TyperOption]:
-    """The options a command shows (``--help`` aside)."""
-    return [p for p in command.params if isinstance(p, TyperOption) and not p.hidden]
-
-
-def _names(option: TyperOption) -> list[str]:
-    return [*option.opts, *option.secondary_opts]
-
-
-def _flag_given_a_value(flag: str, on: bool, option: TyperOption, ctx: Context) -> str:
-    """What to write instead of a flag followed by a word such as true or no: the flag, its --no- form, or nothing."""
-    wanted = option.opts if on == (flag in option.opts) else option.secondary_opts
-    instead = f"write {ctx.command_path} {wanted[0]}" if wanted else "leave it out for off"
-    return f"{flag} is a flag and takes no value: {instead}"
-
-
-def _and(names: list[str]) -> str:
-    """``a``, ``a and b``, ``a, b and c``."""
-    return " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
-
-
 app = typer.Typer(  # no help=: it would hide the callback's docstring, quick start included
-    cls=OneLineErrors,
+    cls=TextgenGroup,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     rich_markup_mode="markdown",
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+command = functools.partial(app.command, cls=TextgenCommand)  # each command's options shown the textgen way
 
 
 def _show_version(asked: bool) -> None:
@@ -208,42 +90,6 @@ def _main(
     ] = False,
 ) -> None:
     """The options every command shares (``--version``); the help is ``HELP``."""
-
-
-@contextlib.contextmanager
-def _errors() -> Iterator[None]:
-    """Turn library errors, failed reads and writes, and Ctrl-C into one line on stderr and a non-zero exit; and
-    the library's warnings into one "warning:" line each."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("always", TextgenWarning)  # every time: a REPL or a test may load twice
-            warnings.showwarning = functools.partial(_show_warning, warnings.showwarning)
-            yield
-    except TextgenError as exc:
-        ui.show_error(err_console, exc)
-        if isinstance(exc, ClusterError):
-            # TensorFlow's collectives are aborted for good in this process, and tearing the interpreter down
-            # prints a leaked thread pool's traceback: leave at once, everything is saved.
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(exc.exit_code)
-        raise typer.Exit(exc.exit_code) from None
-    except KeyboardInterrupt:
-        err_console.print("[yellow]interrupted[/]")
-        raise typer.Exit(130) from None
-    except BrokenPipeError:  # the reader stopped early (| head): click ends quietly, with exit code 1
-        raise
-    except OSError as exc:  # a file the library does not check first (a full disk, a read-only directory)
-        ui.show_os_error(err_console, exc)
-        raise typer.Exit(1) from None
-
-
-def _show_warning(show: Any, message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
-    """``warnings.showwarning`` for a command: textgen's warnings on one line, others as ``show`` shows them."""
-    if issubclass(category, TextgenWarning):
-        ui.warn(err_console, str(message))
-    else:
-        show(message, category, *args, **kwargs)
 
 
 MODEL, DATA, TRAINING, SAMPLING = ModelConfig(vocab_size=1), DataConfig(corpus=""), TrainConfig(), SampleConfig()
@@ -361,7 +207,7 @@ Ctrl-C stops at a clean point and saves; `--resume` continues from there.
 """
 
 
-@app.command(epilog=TRAIN_EXAMPLES)
+@command(epilog=TRAIN_EXAMPLES)
 def train(
     corpus: Annotated[
         list[str] | None,
@@ -515,7 +361,7 @@ def train(
     as_json: Annotated[bool, _option("One JSON object per epoch and one at the end", "Run", None, "--json")] = False,
 ) -> None:
     """Train a character-level LSTM on text files, saving checkpoints as it goes."""
-    with _errors():
+    with errors():
         budget, more_time = parse_budget(time_budget)
         request = TrainRequest(
             tuple(corpus or ()),
@@ -598,7 +444,7 @@ The student is an ordinary run: sample, evaluate, export it; `textgen train --re
 """
 
 
-@app.command(epilog=DISTILL_EXAMPLES)
+@command(epilog=DISTILL_EXAMPLES)
 def distill(
     teacher: Annotated[str, typer.Option(help="The run to learn from (its best weights)", show_default=False)],
     units: Annotated[int | None, _option("The student's LSTM units per layer", "Model", "the teacher's")] = None,
@@ -639,7 +485,7 @@ def distill(
     as_json: TrainJsonOption = False,
 ) -> None:
     """Train a smaller student on a trained run's softened predictions (knowledge distillation)."""
-    with _errors():  # settings are checked as they are made
+    with errors():  # settings are checked as they are made
         model = ModelSettings(
             units=units,
             layers=layers,
@@ -665,7 +511,7 @@ Its zeros compress: gzip the exported model.
 """
 
 
-@app.command(epilog=PRUNE_EXAMPLES)
+@command(epilog=PRUNE_EXAMPLES)
 def prune(
     ctx: typer.Context,
     # Not required by click: the old form, prune --run SOURCE --name NAME, names it with --run (see below).
@@ -698,7 +544,7 @@ def prune(
     if source is None:
         instead = f": write textgen prune --source {run} (--run names the pruned run)" if run else ""
         ctx.fail(f"missing option '--source', the run to prune{instead}")
-    with _errors():  # settings are checked as they are made
+    with errors():  # settings are checked as they are made
         training, pruning = TrainSettings(lr=lr, epochs=epochs, seed=seed), PruneSettings(source, sparsity, ramp)
     _train_from_run(device, checkpoint_dir, run, training, time_budget, as_json, pruning)
 
@@ -714,7 +560,7 @@ def _train_from_run(
     model: ModelSettings | None = None,
 ) -> None:
     """Train a run made from another (a student, or a pruned copy; see ``api.train``) on that run's corpus."""
-    with _errors():
+    with errors():
         budget, more_time = parse_budget(time_budget)
         training = dataclasses.replace(training, time_budget=budget, more_time=more_time)
         request = TrainRequest(
@@ -739,7 +585,7 @@ SAMPLE_EXAMPLES = """
 """
 
 
-@app.command(epilog=SAMPLE_EXAMPLES)
+@command(epilog=SAMPLE_EXAMPLES)
 def sample(
     run: RunOption = None,
     checkpoint_dir: CheckpointDirOption = DEFAULT_CHECKPOINT_DIR,
@@ -755,7 +601,7 @@ def sample(
     model: ModelOption = None,
 ) -> None:
     """Generate text from a trained run (the latest by default) or an exported model."""
-    with _errors():
+    with errors():
         settings = SampleConfig(length=length, num=num, temperature=temp, top_k=top_k, top_p=top_p, seed=seed).seeded()
         sampler, source = api.open_generator(
             checkpoint_dir=checkpoint_dir, run_name=run, weights=Weights.last if last else Weights.best, model=model
@@ -773,7 +619,7 @@ In the REPL, type :help for commands (:temp, :len, :topk, :topp, :seed, :num, :c
 """
 
 
-@app.command(epilog=REPL_EXAMPLES)
+@command(epilog=REPL_EXAMPLES)
 def repl(
     run: RunOption = None,
     checkpoint_dir: CheckpointDirOption = DEFAULT_CHECKPOINT_DIR,
@@ -786,7 +632,7 @@ def repl(
     model: ModelOption = None,
 ) -> None:
     """Type a prompt, watch the continuation stream in; the model is loaded once."""
-    with _errors():
+    with errors():
         settings = SampleConfig(length=length, temperature=temp, top_k=top_k, top_p=top_p, seed=seed)
         weights = Weights.last if last else Weights.best
         sampler, source = api.open_generator(
@@ -794,7 +640,7 @@ def repl(
         )
     session = Session(sampler, settings, sys.stdout, lambda msg: err_console.print(f"[yellow]{escape(msg)}[/]"))
     console.print(f"[bold]{escape(source.name)}[/] loaded. {GREETING}")
-    with _errors():
+    with errors():
         session.run("> ")
 
 
@@ -812,7 +658,7 @@ then they end and the server exits. Each request leaves a line on stderr (--log-
 """
 
 
-@app.command(epilog=SERVE_EXAMPLES)
+@command(epilog=SERVE_EXAMPLES)
 def serve(
     run: RunOption = None,
     checkpoint_dir: CheckpointDirOption = DEFAULT_CHECKPOINT_DIR,
@@ -849,7 +695,7 @@ def serve(
     ] = SERVING.log_format,
 ) -> None:
     """Serve a run (or an export) to many clients at once: an OpenAI-compatible API and a page to try it."""
-    with _errors():
+    with errors():
         config = ServeConfig(
             host, port, slots, max_queue, api_key, max_body, request_timeout, drain, prefill, log_format
         )
@@ -873,7 +719,7 @@ EVALUATE_EXAMPLES = """
 """
 
 
-@app.command(epilog=EVALUATE_EXAMPLES)
+@command(epilog=EVALUATE_EXAMPLES)
 def evaluate(
     file: Annotated[
         str | None, typer.Argument(help="Score this text file instead of a split", show_default=False)
@@ -895,7 +741,7 @@ def evaluate(
     model: ModelOption = None,
 ) -> None:
     """Cross-entropy of a run (or an exported model) on held-out text: nats/char, bits/char and perplexity."""
-    with _errors():
+    with errors():
         result = api.evaluate(
             checkpoint_dir=checkpoint_dir,
             run_name=run,
@@ -920,7 +766,7 @@ The directory holds the network and textgen.json (vocabulary, model config); not
 """
 
 
-@app.command(epilog=EXPORT_EXAMPLES)
+@command(epilog=EXPORT_EXAMPLES)
 def export(
     format: Annotated[
         ExportFormat,
@@ -939,7 +785,7 @@ def export(
     as_json: JsonOption = False,
 ) -> None:
     """Export a run as a self-contained model for LiteRT or TensorFlow Serving."""
-    with _errors():
+    with errors():
         result = api.export(
             checkpoint_dir=checkpoint_dir,
             run_name=run,
@@ -971,7 +817,7 @@ command continues the study, resuming that trial.
 FIXED = "Fixed settings (searched unless given)"
 
 
-@app.command(epilog=TUNE_EXAMPLES)
+@command(epilog=TUNE_EXAMPLES)
 def tune(
     corpus: Annotated[
         list[str] | None,
@@ -1040,7 +886,7 @@ def tune(
     ] = False,
 ) -> None:
     """Search for the training recipe that scores best on a corpus's validation split, in a time budget."""
-    with _errors():  # settings are checked as they are made
+    with errors():  # settings are checked as they are made
         data = DataSettings(batch_size=batch_size, seq_len=seq_len)
         model = ModelSettings(
             units=units,
@@ -1099,10 +945,10 @@ RUNS_EXAMPLES = """
 """
 
 
-@app.command(epilog=RUNS_EXAMPLES)
+@command(epilog=RUNS_EXAMPLES)
 def runs(checkpoint_dir: CheckpointDirOption = DEFAULT_CHECKPOINT_DIR, as_json: JsonOption = False) -> None:
     """List trained runs, most recent first, with their model, epochs and best validation loss."""
-    with _errors():
+    with errors():
         ui.show_runs(console, api.runs(checkpoint_dir=checkpoint_dir), checkpoint_dir, as_json)
 
 
