@@ -9,46 +9,51 @@ import dataclasses
 import functools
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.markup import escape
 
 from textgen import api, commands, tuneview, ui
+from textgen import cliopts as o
 from textgen.artifact import ExportFormat, Quantize
 from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR
 from textgen.cliapp import TextgenCommand, TextgenGroup, console, err_console, errors
+from textgen.cliopts import (
+    ENCODING_HELP,
+    CheckpointDirOption,
+    JsonOption,
+    LastOption,
+    ModelOption,
+    RunOption,
+    SeedOption,
+    TempOption,
+    TopKOption,
+    TopPOption,
+)
 from textgen.config import (
-    OPTIMIZER_DEFAULTS,
-    DataConfig,
     Device,
     DistillConfig,
-    Freeze,
-    InitConfig,
-    LRSchedule,
-    ModelConfig,
     Optimizer,
     PruneConfig,
     SampleConfig,
     ServeConfig,
     Split,
-    Strategy,
-    TrainConfig,
     Weights,
     flag,
 )
 from textgen.durations import parse_budget, parse_duration
-from textgen.errors import ConfigError
 from textgen.repl import GREETING, Session
 from textgen.settings import (
     DataSettings,
     DistillSettings,
-    InitSettings,
     ModelSettings,
     PruneSettings,
     TrainRequest,
     TrainSettings,
 )
+
+SAMPLING, SERVING = SampleConfig(), ServeConfig()
 
 app = typer.Typer(  # no help=: it would hide the callback's docstring, quick start included
     cls=TextgenGroup,
@@ -92,98 +97,6 @@ def _main(
     """The options every command shares (``--version``); the help is ``HELP``."""
 
 
-MODEL, DATA, TRAINING, SAMPLING = ModelConfig(vocab_size=1), DataConfig(corpus=""), TrainConfig(), SampleConfig()
-SERVING = ServeConfig()
-SGD_DEFAULTS = OPTIMIZER_DEFAULTS[Optimizer.sgd]
-JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable output: one JSON object per line")]
-RunOption = Annotated[str | None, typer.Option("--run", help="Run name", show_default="the latest run")]
-CheckpointDirOption = Annotated[Path, typer.Option(help="Where runs are saved")]
-LastOption = Annotated[bool, typer.Option("--last", help="Use the last weights instead of the best")]
-TempOption = Annotated[float, typer.Option("--temp", help="Temperature; 0 picks the likeliest character")]
-TopKOption = Annotated[int, typer.Option(help="Sample only from the K likeliest characters (0 = off)")]
-TopPOption = Annotated[float, typer.Option(help="Sample from the smallest set with this much probability (1 = off)")]
-SeedOption = Annotated[int | None, typer.Option(help="Seed for reproducible text", show_default="random")]
-ModelOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--model", help="An exported model (textgen export) instead of a run", show_default=False, metavar="PATH"
-    ),
-]
-
-
-ENCODING_HELP = "The text's encoding: auto tries UTF-8, then Windows-1252, then Latin-1; or a codec name such as utf-16"
-
-
-def _option(help: str, panel: str, default: Any = None, *decls: str) -> Any:
-    """A ``train`` option in its ``--help`` panel; ``default`` is what applies when it is not given."""
-    shown: bool | str = True if default is None else str(default)
-    return typer.Option(*decls, help=help, rich_help_panel=panel, show_default=shown)
-
-
-EpochsOption = Annotated[
-    int | None, _option("Maximum epochs", "Optimisation", f"{TRAINING.epochs}; none when a --time-budget is given")
-]
-SampleEveryOption = Annotated[
-    str | None,
-    _option(
-        "Show what the model writes after each epoch and this often within one (~0.7 s each), e.g. 5m; 0: never",
-        "Run",
-        f"{TRAINING.sample_every / 60:g}m",
-    ),
-]
-
-
-LAYER_NORM_HELP = (
-    "Layer-normalize each LSTM (Ba et al., 2016): slower per character, a better loss for the time on long runs "
-    "(docs/performance.md, docs/quality.md); on a GPU it runs Keras' generic loop, not cuDNN"
-)
-
-WEIGHT_DROP_HELP = (
-    "Weight-drop (AWD-LSTM): drop this fraction of each LSTM's recurrent weights while training, one mask for all "
-    "of an update's timesteps and streams"
-)
-LOCKED_OUTPUT_DROPOUT_HELP = (
-    "Drop the LSTM's output at this rate with one mask per stream for all of a batch's timesteps (locked, as its "
-    "inputs are), instead of per element at --dropout, which then drops the inputs only"
-)
-
-SHIFT_WINDOWS_HELP = (
-    "Start each epoch's training streams a different 0 to --seq-len - 1 characters in (seeded), so that the "
-    "windows, and where backpropagation through time is cut, fall elsewhere each epoch"
-)
-
-# Fine-tuning's options: textgen train's, and textgen tune's for a study whose every trial starts from a run.
-FINE_TUNING = "Fine-tuning"
-InitFromOption = Annotated[
-    str | None,
-    _option(
-        "Fine-tune: start from this run's best weights (or a float export's), on the text given; the model's shape "
-        "comes from it, and its vocabulary is extended by the characters only the new text has",
-        FINE_TUNING,
-        None,
-    ),
-]
-TuneInitFromOption = Annotated[
-    str | None,
-    _option(
-        "Fine-tune this run's best weights in every trial, on the text given; the model's shape comes from it",
-        FINE_TUNING,
-        None,
-    ),
-]
-InitLastOption = Annotated[
-    bool, _option("With --init-from: start from the run's last weights, not its best", FINE_TUNING, None, "--last")
-]
-FreezeOption = Annotated[
-    Freeze | None,
-    _option(
-        "With --init-from: keep the embedding (embedding), or the embedding and the LSTM layers (lstm), as the "
-        "base run left them; for very small texts",
-        FINE_TUNING,
-        Freeze.none,
-    ),
-]
-
 TRAIN_EXAMPLES = """
 **Examples**
 
@@ -217,150 +130,51 @@ def train(
             show_default=False,
         ),
     ] = None,
-    batch_size: Annotated[int | None, _option("Parallel streams per batch", "Data", "the device profile's")] = None,
-    seq_len: Annotated[int | None, _option("Characters per stream per batch", "Data", DATA.seq_len)] = None,
-    download: Annotated[
-        bool,
-        _option("Fetch a Project Gutenberg book (e.g. 2600-0.txt) if not found locally", "Data", None, "--download"),
-    ] = False,
-    keep_boilerplate: Annotated[
-        bool, _option("Keep Project Gutenberg's license header and footer", "Data", None, "--keep-boilerplate")
-    ] = False,
-    encoding: Annotated[str, _option(ENCODING_HELP, "Data")] = "auto",
-    max_vocab: Annotated[
-        int | None,
-        _option("Keep only this many of the most frequent characters; the rest become the unknown id", "Data", "all"),
+    batch_size: o.BatchSize = None,
+    seq_len: o.SeqLen = None,
+    download: o.Download = False,
+    keep_boilerplate: o.KeepBoilerplate = False,
+    encoding: o.Encoding = "auto",
+    max_vocab: o.MaxVocab = None,
+    shift_windows: o.ShiftWindows = None,
+    units: o.Units = None,
+    layers: o.Layers = None,
+    embedding_dim: o.EmbeddingDim = None,
+    dropout: o.Dropout = None,
+    layer_norm: o.LayerNorm = None,
+    weight_drop: o.WeightDrop = None,
+    locked_output_dropout: o.LockedOutputDropout = None,
+    lr: o.LR = None,
+    optimizer: o.OptimizerOption = None,
+    weight_decay: o.WeightDecay = None,
+    momentum: o.Momentum = None,
+    lr_schedule: o.Schedule = None,
+    anneal: o.Anneal = None,
+    clip_norm: o.ClipNorm = None,
+    epochs: o.EpochsOption = None,
+    time_budget: o.TimeBudget = None,
+    seed: o.TrainSeed = None,
+    accumulate: o.Accumulate = None,
+    device: o.DeviceOption = Device.auto,
+    strategy: o.StrategyOption = None,
+    threads: o.Threads = None,
+    run: Annotated[
+        str | None, o.option("run", panel=o.RUN, shown="the corpus name; the latest run with --resume")
     ] = None,
-    shift_windows: Annotated[
-        bool | None, _option(SHIFT_WINDOWS_HELP, "Data", "on", "--shift-windows/--no-shift-windows")
-    ] = None,
-    units: Annotated[int | None, _option("LSTM units per layer", "Model", MODEL.units)] = None,
-    layers: Annotated[int | None, _option("Stacked LSTM layers", "Model", MODEL.layers)] = None,
-    embedding_dim: Annotated[int | None, _option("Character embedding size", "Model", MODEL.embedding_dim)] = None,
-    dropout: Annotated[
-        float | None, _option("Dropout on the embedding, between layers and before the output", "Model", MODEL.dropout)
-    ] = None,
-    layer_norm: Annotated[bool | None, _option(LAYER_NORM_HELP, "Model", "off", "--layer-norm/--no-layer-norm")] = None,
-    weight_drop: Annotated[float | None, _option(WEIGHT_DROP_HELP, "Model", MODEL.weight_drop)] = None,
-    locked_output_dropout: Annotated[
-        float | None, _option(LOCKED_OUTPUT_DROPOUT_HELP, "Model", "off: per element at --dropout")
-    ] = None,
-    lr: Annotated[
-        float | None, _option("Peak learning rate", "Optimisation", f"{TRAINING.lr:g}; sgd: {SGD_DEFAULTS['lr']:g}")
-    ] = None,
-    optimizer: Annotated[
-        Optimizer | None,
-        _option(
-            "The update rule: adam; adamw (Adam with decoupled weight decay); rmsprop; sgd (Nesterov momentum)",
-            "Optimisation",
-            TRAINING.optimizer,
-        ),
-    ] = None,
-    weight_decay: Annotated[
-        float | None,
-        _option(
-            "Decoupled weight decay of the kernels and the embedding (not the biases), for any --optimizer",
-            "Optimisation",
-            f"0; adamw: {OPTIMIZER_DEFAULTS['adamw']['weight_decay']:g}",
-        ),
-    ] = None,
-    momentum: Annotated[
-        float | None, _option("SGD's Nesterov momentum", "Optimisation", f"sgd: {SGD_DEFAULTS['momentum']:g}")
-    ] = None,
-    lr_schedule: Annotated[
-        LRSchedule | None,
-        _option(
-            "cosine: anneal the learning rate to zero over --time-budget or --epochs, whichever ends first; "
-            "hold: keep it, then anneal it the same way over their last --anneal; plateau: halve it when validation "
-            "stalls",
-            "Optimisation",
-            TRAINING.lr_schedule,
-        ),
-    ] = None,
-    anneal: Annotated[
-        float | None,
-        _option(
-            "hold: the part of the run, at its end, over which the learning rate anneals (0.2: the last fifth)",
-            "Optimisation",
-            TRAINING.anneal,
-        ),
-    ] = None,
-    clip_norm: Annotated[
-        float | None, _option("Clip the global gradient norm to this", "Optimisation", TRAINING.clip_norm)
-    ] = None,
-    epochs: EpochsOption = None,
-    time_budget: Annotated[
-        str | None,
-        _option(
-            "Stop cleanly once the run has trained this long, wall-clock (start-up and the last validation "
-            "included), e.g. 90s, 30m, 1h30m; it counts the whole run: with --resume, +30m trains 30 minutes more",
-            "Optimisation",
-            "no limit",
-        ),
-    ] = None,
-    seed: Annotated[int | None, _option("Random seed", "Optimisation", TRAINING.seed)] = None,
-    accumulate: Annotated[
-        int | None,
-        _option(
-            "Sum the gradients of this many batches of streams into one update: the update of a batch this "
-            "many times bigger, with the memory of one",
-            "Optimisation",
-            TRAINING.accumulate,
-        ),
-    ] = None,
-    device: Annotated[Device, _option("Device profile; auto picks gpu when TensorFlow sees one", "Run")] = Device.auto,
-    strategy: Annotated[
-        Strategy | None,
-        _option(
-            "tf.distribute: mirrored uses every GPU of this machine; multiworker the machines in $TF_CONFIG "
-            "(run the same command on each, with a shared --checkpoint-dir)",
-            "Run",
-            TRAINING.strategy,
-        ),
-    ] = None,
-    threads: Annotated[
-        int | None,
-        _option(
-            "Intra-op threads for training (e.g. 1 per worker when workers share a machine)", "Run", "the profile's"
-        ),
-    ] = None,
-    run: Annotated[str | None, _option("Run name", "Run", "the corpus name; the latest run with --resume")] = None,
-    checkpoint_dir: Annotated[Path, _option("Where runs are saved", "Run")] = DEFAULT_CHECKPOINT_DIR,
-    resume: Annotated[
-        bool, _option("Continue a run (the latest, or --run) where it stopped", "Run", None, "--resume")
-    ] = False,
-    save_every: Annotated[
-        str | None, _option("Save a resume point this often within an epoch, e.g. 5m", "Run", "5m")
-    ] = None,
-    sample_every: SampleEveryOption = None,
-    recipe: Annotated[
-        Path | None,
-        _option(
-            "Train a recipe: the best.json of textgen tune, or a run's config.json (its model, batch layout and "
-            "optimizer; the flags you give override it, and another --optimizer drops its lr, momentum and weight "
-            "decay for that optimizer's defaults)",
-            "Recipe",
-            None,
-            "--config",
-        ),
-    ] = None,
-    from_study: Annotated[
-        str | None, _option("Train the best recipe of a textgen tune study (by name)", "Recipe", None)
-    ] = None,
-    init_from: InitFromOption = None,
-    last: InitLastOption = False,
-    freeze: FreezeOption = None,
-    warmup: Annotated[
-        int | None,
-        _option(
-            "Raise the learning rate from 0 over this many first updates (hold and cosine schedules)",
-            "Optimisation",
-            f"0; {InitConfig.WARMUP_STEPS} with --init-from",
-        ),
-    ] = None,
-    as_json: Annotated[bool, _option("One JSON object per epoch and one at the end", "Run", None, "--json")] = False,
+    checkpoint_dir: o.RunsDirOption = DEFAULT_CHECKPOINT_DIR,
+    resume: o.Resume = False,
+    save_every: o.SaveEvery = None,
+    sample_every: o.SampleEveryOption = None,
+    recipe: o.Recipe = None,
+    from_study: o.FromStudy = None,
+    init_from: o.InitFromOption = None,
+    last: o.InitLastOption = False,
+    freeze: o.FreezeOption = None,
+    warmup: o.Warmup = None,
+    as_json: o.TrainJsonOption = False,
 ) -> None:
     """Train a character-level LSTM on text files, saving checkpoints as it goes."""
+    given = locals()
     with errors():
         budget, more_time = parse_budget(time_budget)
         request = TrainRequest(
@@ -371,67 +185,22 @@ def train(
             resume=resume,
             download=download,
             threads=threads,
-            data=DataSettings(
-                batch_size=batch_size,
-                seq_len=seq_len,
-                max_vocab=max_vocab,
-                shift_windows=shift_windows,
-                strip_boilerplate=False if keep_boilerplate else None,
-                encoding=encoding,
-            ),
-            model=ModelSettings(
-                units=units,
-                layers=layers,
-                embedding_dim=embedding_dim,
-                dropout=dropout,
-                layer_norm=layer_norm,
-                weight_drop=weight_drop,
-                locked_output_dropout=locked_output_dropout,
-            ),
-            training=TrainSettings(
-                epochs=epochs,
-                lr=lr,
-                lr_schedule=lr_schedule,
-                anneal=anneal,
-                optimizer=optimizer,
-                weight_decay=weight_decay,
-                momentum=momentum,
-                clip_norm=clip_norm,
-                seed=seed,
+            data=o.settings(DataSettings, given, strip_boilerplate=False if keep_boilerplate else None),
+            model=o.settings(ModelSettings, given),
+            training=o.settings(
+                TrainSettings,
+                given,
                 time_budget=budget,
                 more_time=more_time,
                 save_every=parse_duration(save_every, "--save-every") if save_every else None,
                 sample_every=parse_duration(sample_every, "--sample-every", zero=True) if sample_every else None,
-                accumulate=accumulate,
-                strategy=strategy,
-                warmup=warmup,
             ),
             recipe=recipe,
             from_study=from_study,
-            init_from=_init_settings(init_from, last, freeze),
+            init_from=o.init_settings(init_from, last, freeze),
         )
         result = api.train(request, ui.TrainingDisplay(console, as_json=as_json))
         ui.show_train_result(console, result, as_json)
-
-
-def _init_settings(init_from: str | None, last: bool, freeze: Freeze | None) -> InitSettings | None:
-    """``--init-from``'s settings; ``--last`` and ``--freeze`` say nothing without it."""
-    if init_from is None:
-        if last or freeze is not None:
-            raise ConfigError(f"{'--last' if last else '--freeze'} goes with --init-from RUN (fine-tuning a run)")
-        return None
-    return InitSettings(init_from, Weights.last if last else Weights.best, freeze or Freeze.none)
-
-
-# Options shared by the commands that train a run from another (distill, prune).
-TimeBudgetOption = Annotated[
-    str | None,
-    _option("Stop cleanly once the run has trained this long, wall-clock, e.g. 10m", "Optimisation", "no limit"),
-]
-TrainSeedOption = Annotated[int | None, _option("Random seed", "Optimisation", TRAINING.seed)]
-DeviceOption = Annotated[Device, _option("Device profile", "Run")]
-RunsDirOption = Annotated[Path, _option("Where runs are saved", "Run")]
-TrainJsonOption = Annotated[bool, _option("One JSON object per epoch and one at the end", "Run", None, "--json")]
 
 
 DISTILL_EXAMPLES = """
@@ -442,59 +211,49 @@ DISTILL_EXAMPLES = """
 
 The student is an ordinary run: sample, evaluate, export it; `textgen train --resume --run NAME` continues it.
 """
+TEACHERS = "the teacher's"
 
 
 @command(epilog=DISTILL_EXAMPLES)
 def distill(
     teacher: Annotated[str, typer.Option(help="The run to learn from (its best weights)", show_default=False)],
-    units: Annotated[int | None, _option("The student's LSTM units per layer", "Model", "the teacher's")] = None,
-    layers: Annotated[int | None, _option("The student's stacked LSTM layers", "Model", "the teacher's")] = None,
-    embedding_dim: Annotated[int | None, _option("Character embedding size", "Model", "the teacher's")] = None,
-    dropout: Annotated[float | None, _option("The student's dropout", "Model", "the teacher's")] = None,
+    units: Annotated[int | None, o.option("units", "The student's LSTM units per layer", shown=TEACHERS)] = None,
+    layers: Annotated[int | None, o.option("layers", "The student's stacked LSTM layers", shown=TEACHERS)] = None,
+    embedding_dim: Annotated[int | None, o.option("embedding_dim", shown=TEACHERS)] = None,
+    dropout: Annotated[float | None, o.option("dropout", "The student's dropout", shown=TEACHERS)] = None,
     layer_norm: Annotated[
-        bool | None,
-        _option("Layer-normalize the student's LSTMs", "Model", "the teacher's", "--layer-norm/--no-layer-norm"),
+        bool | None, o.option("layer_norm", "Layer-normalize the student's LSTMs", shown=TEACHERS)
     ] = None,
-    weight_drop: Annotated[float | None, _option(WEIGHT_DROP_HELP, "Model", "the teacher's")] = None,
-    locked_output_dropout: Annotated[
-        float | None, _option(LOCKED_OUTPUT_DROPOUT_HELP, "Model", "the teacher's")
-    ] = None,
+    weight_drop: Annotated[float | None, o.option("weight_drop", shown=TEACHERS)] = None,
+    locked_output_dropout: Annotated[float | None, o.option("locked_output_dropout", shown=TEACHERS)] = None,
     temperature: Annotated[
         float | None,
-        _option(
+        o.own(
             "Softens the teacher's and the student's predictions in the soft-target loss",
-            "Distillation",
-            DistillConfig.temperature,
+            panel="Distillation",
+            shown=DistillConfig.temperature,
         ),
     ] = None,
     alpha: Annotated[
         float | None,
-        _option(
+        o.own(
             "Weight of the true next character; the rest goes to the teacher's soft targets",
-            "Distillation",
-            DistillConfig.alpha,
+            panel="Distillation",
+            shown=DistillConfig.alpha,
         ),
     ] = None,
-    lr: Annotated[float | None, _option("Adam's peak learning rate", "Optimisation", TRAINING.lr)] = None,
-    epochs: EpochsOption = None,
-    time_budget: TimeBudgetOption = None,
-    seed: TrainSeedOption = None,
-    device: DeviceOption = Device.auto,
-    run: Annotated[str | None, _option("The student run's name", "Run", "TEACHER-UNITSu")] = None,
-    checkpoint_dir: RunsDirOption = DEFAULT_CHECKPOINT_DIR,
-    as_json: TrainJsonOption = False,
+    lr: Annotated[float | None, o.option("lr", "Adam's peak learning rate", shown=o.TRAINING.lr)] = None,
+    epochs: o.EpochsOption = None,
+    time_budget: o.FromRunTimeBudget = None,
+    seed: o.TrainSeed = None,
+    device: o.FromRunDevice = Device.auto,
+    run: Annotated[str | None, o.option("run", "The student run's name", panel=o.RUN, shown="TEACHER-UNITSu")] = None,
+    checkpoint_dir: o.RunsDirOption = DEFAULT_CHECKPOINT_DIR,
+    as_json: o.TrainJsonOption = False,
 ) -> None:
     """Train a smaller student on a trained run's softened predictions (knowledge distillation)."""
     with errors():  # settings are checked as they are made
-        model = ModelSettings(
-            units=units,
-            layers=layers,
-            embedding_dim=embedding_dim,
-            dropout=dropout,
-            layer_norm=layer_norm,
-            weight_drop=weight_drop,
-            locked_output_dropout=locked_output_dropout,
-        )
+        model = o.settings(ModelSettings, locals())
         training = TrainSettings(lr=lr, epochs=epochs, seed=seed)
         distill = DistillSettings(teacher, temperature, alpha)
     _train_from_run(device, checkpoint_dir, run, training, time_budget, as_json, distill, model)
@@ -519,20 +278,26 @@ def prune(
         str | None, typer.Option("--source", help="The run to prune (its best weights); required", show_default=False)
     ] = None,
     sparsity: Annotated[
-        float, _option("Fraction of each LSTM and output kernel set to zero in the end", "Pruning")
+        float,
+        o.own("Fraction of each LSTM and output kernel set to zero in the end", panel="Pruning"),
     ] = PruneConfig.sparsity,
     ramp: Annotated[
         float,
-        _option("Fraction of the fine-tuning (up to 0.99) over which the sparsity rises to its target", "Pruning"),
+        o.own(
+            "Fraction of the fine-tuning (up to 0.99) over which the sparsity rises to its target",
+            panel="Pruning",
+        ),
     ] = PruneConfig.ramp,
-    lr: Annotated[float | None, _option("Adam's peak learning rate for the fine-tuning", "Optimisation", 1e-3)] = None,
-    epochs: EpochsOption = None,
-    time_budget: TimeBudgetOption = None,
-    seed: TrainSeedOption = None,
-    device: DeviceOption = Device.auto,
-    run: Annotated[str | None, _option("The pruned run's name", "Run", "SOURCE-prunedNN, NN = --sparsity in %")] = None,
-    checkpoint_dir: RunsDirOption = DEFAULT_CHECKPOINT_DIR,
-    as_json: TrainJsonOption = False,
+    lr: Annotated[float | None, o.option("lr", "Adam's peak learning rate for the fine-tuning", shown=1e-3)] = None,
+    epochs: o.EpochsOption = None,
+    time_budget: o.FromRunTimeBudget = None,
+    seed: o.TrainSeed = None,
+    device: o.FromRunDevice = Device.auto,
+    run: Annotated[
+        str | None, o.option("run", "The pruned run's name", panel=o.RUN, shown="SOURCE-prunedNN, NN = --sparsity in %")
+    ] = None,
+    checkpoint_dir: o.RunsDirOption = DEFAULT_CHECKPOINT_DIR,
+    as_json: o.TrainJsonOption = False,
     name: Annotated[str | None, typer.Option(hidden=True)] = None,
 ) -> None:
     """Prune a trained run to a sparsity, fine-tuning it as the smallest weights are masked to zero."""
@@ -814,7 +579,7 @@ command continues the study, resuming that trial.
 """
 
 
-FIXED = "Fixed settings (searched unless given)"
+FIXED = o.FIXED
 
 
 @command(epilog=TUNE_EXAMPLES)
@@ -853,50 +618,58 @@ def tune(
             help="Seed of the search and of every trial's training", show_default="0; a continued study: its own"
         ),
     ] = None,
-    units: Annotated[int | None, _option("LSTM units per layer", FIXED)] = None,
-    layers: Annotated[int | None, _option("Stacked LSTM layers", FIXED)] = None,
-    embedding_dim: Annotated[int | None, _option("Character embedding size", FIXED)] = None,
-    dropout: Annotated[float | None, _option("Dropout", FIXED)] = None,
+    units: Annotated[int | None, o.option("units", panel=FIXED, shown=None)] = None,
+    layers: Annotated[int | None, o.option("layers", panel=FIXED, shown=None)] = None,
+    embedding_dim: Annotated[int | None, o.option("embedding_dim", panel=FIXED, shown=None)] = None,
+    dropout: Annotated[float | None, o.option("dropout", "Dropout", panel=FIXED, shown=None)] = None,
     layer_norm: Annotated[
-        bool | None, _option("Layer-normalized LSTMs, or not", FIXED, None, "--layer-norm/--no-layer-norm")
+        bool | None, o.option("layer_norm", "Layer-normalized LSTMs, or not", panel=FIXED, shown=None)
     ] = None,
-    weight_drop: Annotated[float | None, _option("Weight-drop of the recurrent weights", FIXED)] = None,
+    weight_drop: Annotated[
+        float | None, o.option("weight_drop", "Weight-drop of the recurrent weights", panel=FIXED, shown=None)
+    ] = None,
     locked_output_dropout: Annotated[
-        float | None, _option("Locked dropout of the LSTM's output (searched: off, or a rate)", FIXED)
+        float | None,
+        o.option(
+            "locked_output_dropout",
+            "Locked dropout of the LSTM's output (searched: off, or a rate)",
+            panel=FIXED,
+            shown=None,
+        ),
     ] = None,
-    batch_size: Annotated[int | None, _option("Parallel streams per batch", FIXED)] = None,
-    seq_len: Annotated[int | None, _option("Characters per stream per batch", FIXED)] = None,
-    optimizer: Annotated[Optimizer | None, _option("The update rule", FIXED)] = None,
-    lr: Annotated[float | None, _option("Peak learning rate", FIXED)] = None,
+    batch_size: Annotated[int | None, o.option("batch_size", panel=FIXED, shown=None)] = None,
+    seq_len: Annotated[int | None, o.option("seq_len", panel=FIXED, shown=None)] = None,
+    optimizer: Annotated[Optimizer | None, o.option("optimizer", "The update rule", panel=FIXED, shown=None)] = None,
+    lr: Annotated[float | None, o.option("lr", panel=FIXED, shown=None)] = None,
     weight_decay: Annotated[
-        float | None, _option("Decoupled weight decay, for any optimizer (searched for adamw only)", FIXED)
+        float | None,
+        o.option(
+            "weight_decay",
+            "Decoupled weight decay, for any optimizer (searched for adamw only)",
+            panel=FIXED,
+            shown=None,
+        ),
     ] = None,
-    clip_norm: Annotated[float | None, _option("Clip the global gradient norm to this", FIXED)] = None,
-    init_from: TuneInitFromOption = None,
-    last: InitLastOption = False,
-    freeze: FreezeOption = None,
-    device: Annotated[Device, typer.Option(help="Device profile of every trial")] = Device.auto,
-    download: Annotated[
-        bool, typer.Option("--download", help="Fetch a Project Gutenberg book (e.g. 2600-0.txt) if not found locally")
-    ] = False,
+    clip_norm: Annotated[float | None, o.option("clip_norm", panel=FIXED, shown=None)] = None,
+    init_from: Annotated[
+        str | None,
+        o.option(
+            "init_from",
+            "Fine-tune this run's best weights in every trial, on the text given; the model's shape comes from it",
+        ),
+    ] = None,
+    last: o.InitLastOption = False,
+    freeze: o.FreezeOption = None,
+    device: Annotated[Device, o.option("device", "Device profile of every trial", panel=None)] = Device.auto,
+    download: Annotated[bool, o.option("download", panel=None)] = False,
     checkpoint_dir: CheckpointDirOption = DEFAULT_CHECKPOINT_DIR,
     show: Annotated[bool, typer.Option("--show", help="List a study's trials and best recipe, and exit")] = False,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="One JSON object per trial and one for the study at the end")
-    ] = False,
+    as_json: Annotated[bool, o.option("json", "One JSON object per trial and one for the study at the end")] = False,
 ) -> None:
     """Search for the training recipe that scores best on a corpus's validation split, in a time budget."""
     with errors():  # settings are checked as they are made
         data = DataSettings(batch_size=batch_size, seq_len=seq_len)
-        model = ModelSettings(
-            units=units,
-            layers=layers,
-            embedding_dim=embedding_dim,
-            dropout=dropout,
-            layer_norm=layer_norm,
-            weight_drop=weight_drop,
-            locked_output_dropout=locked_output_dropout,
-        )
+        model = o.settings(ModelSettings, locals())
         training = TrainSettings(optimizer=optimizer, lr=lr, weight_decay=weight_decay, clip_norm=clip_norm)
         if show:
             searching = {
@@ -930,7 +703,7 @@ def tune(
             data=data,
             model=model,
             training=training,
-            init_from=_init_settings(init_from, last, freeze),
+            init_from=o.init_settings(init_from, last, freeze),
             progress=display,
             download=download,
         )

@@ -1,0 +1,301 @@
+"""Every option more than one ``textgen`` command takes, declared once: its flag, help, panel and the default its
+help shows. A command that words one its own way (distill's "the student's units", tune's "Fixed settings"
+panel) passes that to ``option``; the others use the aliases below as they are. A new training setting is a
+field in ``textgen.settings``, a rule in ``textgen.config``, an entry in ``SPECS`` here, and one line in the
+command's signature, which Typer reads for its options; ``settings`` builds the settings from the parsed options.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from textgen.config import (
+    OPTIMIZER_DEFAULTS,
+    DataConfig,
+    Device,
+    Freeze,
+    InitConfig,
+    LRSchedule,
+    ModelConfig,
+    Optimizer,
+    Strategy,
+    TrainConfig,
+    Weights,
+)
+from textgen.errors import ConfigError
+from textgen.settings import InitSettings
+
+MODEL, DATA, TRAINING = ModelConfig(vocab_size=1), DataConfig(corpus=""), TrainConfig()
+SGD_DEFAULTS = OPTIMIZER_DEFAULTS[Optimizer.sgd]
+# The --help panels: what a user looks for together.
+DATA_PANEL, MODEL_PANEL, OPTIMISATION, RUN, RECIPE, FINE_TUNING = (
+    "Data",
+    "Model",
+    "Optimisation",
+    "Run",
+    "Recipe",
+    "Fine-tuning",
+)
+FIXED = "Fixed settings (searched unless given)"  # textgen tune's: the recipe's settings it does not search
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """An option as ``textgen train`` (or, for the others, its first command) shows it: ``shown`` is the default
+    the help names (what applies when it is not given; None: the parameter's own default, if any)."""
+
+    help: str
+    panel: str | None = None
+    shown: Any = None
+    decls: tuple[str, ...] = ()
+    metavar: str | None = None
+
+
+_KEEP: Any = object()
+
+
+def option(name: str, help: str = _KEEP, *, panel: str | None = _KEEP, shown: Any = _KEEP) -> Any:
+    """The option ``SPECS[name]``, with the help, panel or shown default a command words its own way."""
+    spec = SPECS[name]
+    spec = dataclasses.replace(
+        spec,
+        help=spec.help if help is _KEEP else help,
+        panel=spec.panel if panel is _KEEP else panel,
+        shown=spec.shown if shown is _KEEP else shown,
+    )
+    show_default: bool | str = True if spec.shown is None else spec.shown if spec.shown is False else str(spec.shown)
+    return typer.Option(
+        *spec.decls, help=spec.help, rich_help_panel=spec.panel, show_default=show_default, metavar=spec.metavar
+    )
+
+
+def own(help: str, panel: str | None = None, shown: Any = None) -> Any:
+    """An option only one command has, in its ``--help`` panel, with the default its help names."""
+    return typer.Option(help=help, rich_help_panel=panel, show_default=True if shown is None else str(shown))
+
+
+def settings(cls: type, given: dict[str, Any], **parsed: Any) -> Any:
+    """Settings ``cls`` from a command's parsed options (its ``locals()``): each field an option of the same name
+    sets, and the values ``parsed`` from options that are not given as they are (a duration, a negated flag)."""
+    names = {field.name for field in dataclasses.fields(cls)}
+    return cls(**{name: value for name, value in given.items() if name in names} | parsed)
+
+
+def init_settings(init_from: str | None, last: bool, freeze: Freeze | None) -> InitSettings | None:
+    """``--init-from``'s settings; ``--last`` and ``--freeze`` say nothing without it."""
+    if init_from is None:
+        if last or freeze is not None:
+            raise ConfigError(f"{'--last' if last else '--freeze'} goes with --init-from RUN (fine-tuning a run)")
+        return None
+    return InitSettings(init_from, Weights.last if last else Weights.best, freeze or Freeze.none)
+
+
+ENCODING_HELP = "The text's encoding: auto tries UTF-8, then Windows-1252, then Latin-1; or a codec name such as utf-16"
+TIME_BUDGET_HELP = (
+    "Stop cleanly once the run has trained this long, wall-clock (start-up and the last validation included), e.g. "
+    "90s, 30m, 1h30m; it counts the whole run: with --resume, +30m trains 30 minutes more"
+)
+TRAIN_JSON_HELP = "One JSON object per epoch and one at the end"
+
+SPECS: dict[str, Spec] = {
+    # Data
+    "batch_size": Spec("Parallel streams per batch", DATA_PANEL, "the device profile's"),
+    "seq_len": Spec("Characters per stream per batch", DATA_PANEL, DATA.seq_len),
+    "download": Spec(
+        "Fetch a Project Gutenberg book (e.g. 2600-0.txt) if not found locally", DATA_PANEL, None, ("--download",)
+    ),
+    "keep_boilerplate": Spec(
+        "Keep Project Gutenberg's license header and footer", DATA_PANEL, None, ("--keep-boilerplate",)
+    ),
+    "encoding": Spec(ENCODING_HELP, DATA_PANEL),
+    "max_vocab": Spec(
+        "Keep only this many of the most frequent characters; the rest become the unknown id", DATA_PANEL, "all"
+    ),
+    "shift_windows": Spec(
+        "Start each epoch's training streams a different 0 to --seq-len - 1 characters in (seeded), so that the "
+        "windows, and where backpropagation through time is cut, fall elsewhere each epoch",
+        DATA_PANEL,
+        "on",
+        ("--shift-windows/--no-shift-windows",),
+    ),
+    # Model
+    "units": Spec("LSTM units per layer", MODEL_PANEL, MODEL.units),
+    "layers": Spec("Stacked LSTM layers", MODEL_PANEL, MODEL.layers),
+    "embedding_dim": Spec("Character embedding size", MODEL_PANEL, MODEL.embedding_dim),
+    "dropout": Spec("Dropout on the embedding, between layers and before the output", MODEL_PANEL, MODEL.dropout),
+    "layer_norm": Spec(
+        "Layer-normalize each LSTM (Ba et al., 2016): slower per character, a better loss for the time on long runs "
+        "(docs/performance.md, docs/quality.md); on a GPU it runs Keras' generic loop, not cuDNN",
+        MODEL_PANEL,
+        "off",
+        ("--layer-norm/--no-layer-norm",),
+    ),
+    "weight_drop": Spec(
+        "Weight-drop (AWD-LSTM): drop this fraction of each LSTM's recurrent weights while training, one mask for "
+        "all of an update's timesteps and streams",
+        MODEL_PANEL,
+        MODEL.weight_drop,
+    ),
+    "locked_output_dropout": Spec(
+        "Drop the LSTM's output at this rate with one mask per stream for all of a batch's timesteps (locked, as "
+        "its inputs are), instead of per element at --dropout, which then drops the inputs only",
+        MODEL_PANEL,
+        "off: per element at --dropout",
+    ),
+    # Optimisation
+    "lr": Spec("Peak learning rate", OPTIMISATION, f"{TRAINING.lr:g}; sgd: {SGD_DEFAULTS['lr']:g}"),
+    "optimizer": Spec(
+        "The update rule: adam; adamw (Adam with decoupled weight decay); rmsprop; sgd (Nesterov momentum)",
+        OPTIMISATION,
+        TRAINING.optimizer,
+    ),
+    "weight_decay": Spec(
+        "Decoupled weight decay of the kernels and the embedding (not the biases), for any --optimizer",
+        OPTIMISATION,
+        f"0; adamw: {OPTIMIZER_DEFAULTS[Optimizer.adamw]['weight_decay']:g}",
+    ),
+    "momentum": Spec("SGD's Nesterov momentum", OPTIMISATION, f"sgd: {SGD_DEFAULTS['momentum']:g}"),
+    "lr_schedule": Spec(
+        "cosine: anneal the learning rate to zero over --time-budget or --epochs, whichever ends first; hold: keep "
+        "it, then anneal it the same way over their last --anneal; plateau: halve it when validation stalls",
+        OPTIMISATION,
+        TRAINING.lr_schedule,
+    ),
+    "anneal": Spec(
+        "hold: the part of the run, at its end, over which the learning rate anneals (0.2: the last fifth)",
+        OPTIMISATION,
+        TRAINING.anneal,
+    ),
+    "clip_norm": Spec("Clip the global gradient norm to this", OPTIMISATION, TRAINING.clip_norm),
+    "epochs": Spec("Maximum epochs", OPTIMISATION, f"{TRAINING.epochs}; none when a --time-budget is given"),
+    "time_budget": Spec(TIME_BUDGET_HELP, OPTIMISATION, "no limit"),
+    "seed": Spec("Random seed", OPTIMISATION, TRAINING.seed),
+    "accumulate": Spec(
+        "Sum the gradients of this many batches of streams into one update: the update of a batch this many times "
+        "bigger, with the memory of one",
+        OPTIMISATION,
+        TRAINING.accumulate,
+    ),
+    "warmup": Spec(
+        "Raise the learning rate from 0 over this many first updates (hold and cosine schedules)",
+        OPTIMISATION,
+        f"0; {InitConfig.WARMUP_STEPS} with --init-from",
+    ),
+    # Run
+    "device": Spec("Device profile; auto picks gpu when TensorFlow sees one", RUN),
+    "strategy": Spec(
+        "tf.distribute: mirrored uses every GPU of this machine; multiworker the machines in $TF_CONFIG (run the "
+        "same command on each, with a shared --checkpoint-dir)",
+        RUN,
+        TRAINING.strategy,
+    ),
+    "threads": Spec(
+        "Intra-op threads for training (e.g. 1 per worker when workers share a machine)", RUN, "the profile's"
+    ),
+    "run": Spec("Run name", None, "the latest run", ("--run",)),
+    "checkpoint_dir": Spec("Where runs are saved"),
+    "resume": Spec("Continue a run (the latest, or --run) where it stopped", RUN, None, ("--resume",)),
+    "save_every": Spec("Save a resume point this often within an epoch, e.g. 5m", RUN, "5m"),
+    "sample_every": Spec(
+        "Show what the model writes after each epoch and this often within one (~0.7 s each), e.g. 5m; 0: never",
+        RUN,
+        f"{TRAINING.sample_every / 60:g}m",
+    ),
+    "json": Spec("Machine-readable output: one JSON object per line", None, None, ("--json",)),
+    # Recipe
+    "recipe": Spec(
+        "Train a recipe: the best.json of textgen tune, or a run's config.json (its model, batch layout and "
+        "optimizer; the flags you give override it, and another --optimizer drops its lr, momentum and weight "
+        "decay for that optimizer's defaults)",
+        RECIPE,
+        None,
+        ("--config",),
+    ),
+    "from_study": Spec("Train the best recipe of a textgen tune study (by name)", RECIPE),
+    # Fine-tuning: textgen train's, and textgen tune's for a study whose every trial starts from a run.
+    "init_from": Spec(
+        "Fine-tune: start from this run's best weights (or a float export's), on the text given; the model's shape "
+        "comes from it, and its vocabulary is extended by the characters only the new text has",
+        FINE_TUNING,
+    ),
+    "init_last": Spec(
+        "With --init-from: start from the run's last weights, not its best", FINE_TUNING, None, ("--last",)
+    ),
+    "freeze": Spec(
+        "With --init-from: keep the embedding (embedding), or the embedding and the LSTM layers (lstm), as the "
+        "base run left them; for very small texts",
+        FINE_TUNING,
+        Freeze.none,
+    ),
+    # Reading a run or an export: sample, repl, serve, evaluate, export
+    "last": Spec("Use the last weights instead of the best", None, None, ("--last",)),
+    "model": Spec("An exported model (textgen export) instead of a run", None, False, ("--model",), "PATH"),
+    "temp": Spec("Temperature; 0 picks the likeliest character", None, None, ("--temp",)),
+    "top_k": Spec("Sample only from the K likeliest characters (0 = off)"),
+    "top_p": Spec("Sample from the smallest set with this much probability (1 = off)"),
+    "sample_seed": Spec("Seed for reproducible text", None, "random"),
+}
+
+# Data
+BatchSize = Annotated[int | None, option("batch_size")]
+SeqLen = Annotated[int | None, option("seq_len")]
+Download = Annotated[bool, option("download")]
+KeepBoilerplate = Annotated[bool, option("keep_boilerplate")]
+Encoding = Annotated[str, option("encoding")]
+MaxVocab = Annotated[int | None, option("max_vocab")]
+ShiftWindows = Annotated[bool | None, option("shift_windows")]
+# Model
+Units = Annotated[int | None, option("units")]
+Layers = Annotated[int | None, option("layers")]
+EmbeddingDim = Annotated[int | None, option("embedding_dim")]
+Dropout = Annotated[float | None, option("dropout")]
+LayerNorm = Annotated[bool | None, option("layer_norm")]
+WeightDrop = Annotated[float | None, option("weight_drop")]
+LockedOutputDropout = Annotated[float | None, option("locked_output_dropout")]
+# Optimisation
+LR = Annotated[float | None, option("lr")]
+OptimizerOption = Annotated[Optimizer | None, option("optimizer")]
+WeightDecay = Annotated[float | None, option("weight_decay")]
+Momentum = Annotated[float | None, option("momentum")]
+Schedule = Annotated[LRSchedule | None, option("lr_schedule")]
+Anneal = Annotated[float | None, option("anneal")]
+ClipNorm = Annotated[float | None, option("clip_norm")]
+EpochsOption = Annotated[int | None, option("epochs")]
+TimeBudget = Annotated[str | None, option("time_budget")]
+TrainSeed = Annotated[int | None, option("seed")]
+Accumulate = Annotated[int | None, option("accumulate")]
+Warmup = Annotated[int | None, option("warmup")]
+# Run
+DeviceOption = Annotated[Device, option("device")]
+StrategyOption = Annotated[Strategy | None, option("strategy")]
+Threads = Annotated[int | None, option("threads")]
+Resume = Annotated[bool, option("resume")]
+SaveEvery = Annotated[str | None, option("save_every")]
+SampleEveryOption = Annotated[str | None, option("sample_every")]
+RunsDirOption = Annotated[Path, option("checkpoint_dir", panel=RUN)]
+TrainJsonOption = Annotated[bool, option("json", TRAIN_JSON_HELP, panel=RUN)]
+# distill's and prune's: a run trained from another
+FromRunTimeBudget = Annotated[
+    str | None, option("time_budget", "Stop cleanly once the run has trained this long, wall-clock, e.g. 10m")
+]
+FromRunDevice = Annotated[Device, option("device", "Device profile")]
+# Recipe and fine-tuning
+Recipe = Annotated[Path | None, option("recipe")]
+FromStudy = Annotated[str | None, option("from_study")]
+InitFromOption = Annotated[str | None, option("init_from")]
+InitLastOption = Annotated[bool, option("init_last")]
+FreezeOption = Annotated[Freeze | None, option("freeze")]
+# Reading a run or an export
+JsonOption = Annotated[bool, option("json")]
+RunOption = Annotated[str | None, option("run")]
+CheckpointDirOption = Annotated[Path, option("checkpoint_dir")]
+LastOption = Annotated[bool, option("last")]
+TempOption = Annotated[float, option("temp")]
+TopKOption = Annotated[int, option("top_k")]
+TopPOption = Annotated[float, option("top_p")]
+SeedOption = Annotated[int | None, option("sample_seed")]
+ModelOption = Annotated[Path | None, option("model")]
