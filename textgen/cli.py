@@ -33,8 +33,6 @@ from textgen.cliopts import (
 )
 from textgen.config import (
     Device,
-    DistillConfig,
-    Optimizer,
     PruneConfig,
     SampleConfig,
     ServeConfig,
@@ -122,14 +120,7 @@ Ctrl-C stops at a clean point and saves; `--resume` continues from there.
 
 @command(epilog=TRAIN_EXAMPLES)
 def train(
-    corpus: Annotated[
-        list[str] | None,
-        typer.Argument(
-            help="Plain-text files, directories (their *.txt files) or glob patterns; a name that is not a file "
-            "here is looked up in ./corpora, then $TEXTGEN_CORPUS_PATH.",
-            show_default=False,
-        ),
-    ] = None,
+    corpus: o.TrainCorpus = None,
     batch_size: o.BatchSize = None,
     seq_len: o.SeqLen = None,
     download: o.Download = False,
@@ -158,9 +149,7 @@ def train(
     device: o.DeviceOption = Device.auto,
     strategy: o.StrategyOption = None,
     threads: o.Threads = None,
-    run: Annotated[
-        str | None, o.option("run", panel=o.RUN, shown="the corpus name; the latest run with --resume")
-    ] = None,
+    run: o.TrainRun = None,
     checkpoint_dir: o.RunsDirOption = DEFAULT_CHECKPOINT_DIR,
     resume: o.Resume = False,
     save_every: o.SaveEvery = None,
@@ -211,43 +200,26 @@ DISTILL_EXAMPLES = """
 
 The student is an ordinary run: sample, evaluate, export it; `textgen train --resume --run NAME` continues it.
 """
-TEACHERS = "the teacher's"
 
 
 @command(epilog=DISTILL_EXAMPLES)
 def distill(
-    teacher: Annotated[str, typer.Option(help="The run to learn from (its best weights)", show_default=False)],
-    units: Annotated[int | None, o.option("units", "The student's LSTM units per layer", shown=TEACHERS)] = None,
-    layers: Annotated[int | None, o.option("layers", "The student's stacked LSTM layers", shown=TEACHERS)] = None,
-    embedding_dim: Annotated[int | None, o.option("embedding_dim", shown=TEACHERS)] = None,
-    dropout: Annotated[float | None, o.option("dropout", "The student's dropout", shown=TEACHERS)] = None,
-    layer_norm: Annotated[
-        bool | None, o.option("layer_norm", "Layer-normalize the student's LSTMs", shown=TEACHERS)
-    ] = None,
-    weight_drop: Annotated[float | None, o.option("weight_drop", shown=TEACHERS)] = None,
-    locked_output_dropout: Annotated[float | None, o.option("locked_output_dropout", shown=TEACHERS)] = None,
-    temperature: Annotated[
-        float | None,
-        o.own(
-            "Softens the teacher's and the student's predictions in the soft-target loss",
-            panel="Distillation",
-            shown=DistillConfig.temperature,
-        ),
-    ] = None,
-    alpha: Annotated[
-        float | None,
-        o.own(
-            "Weight of the true next character; the rest goes to the teacher's soft targets",
-            panel="Distillation",
-            shown=DistillConfig.alpha,
-        ),
-    ] = None,
-    lr: Annotated[float | None, o.option("lr", "Adam's peak learning rate", shown=o.TRAINING.lr)] = None,
+    teacher: o.Teacher,
+    units: o.StudentUnits = None,
+    layers: o.StudentLayers = None,
+    embedding_dim: o.StudentEmbeddingDim = None,
+    dropout: o.StudentDropout = None,
+    layer_norm: o.StudentLayerNorm = None,
+    weight_drop: o.StudentWeightDrop = None,
+    locked_output_dropout: o.StudentLockedOutputDropout = None,
+    temperature: o.Temperature = None,
+    alpha: o.Alpha = None,
+    lr: o.DistillLR = None,
     epochs: o.EpochsOption = None,
     time_budget: o.FromRunTimeBudget = None,
     seed: o.TrainSeed = None,
     device: o.FromRunDevice = Device.auto,
-    run: Annotated[str | None, o.option("run", "The student run's name", panel=o.RUN, shown="TEACHER-UNITSu")] = None,
+    run: o.StudentRun = None,
     checkpoint_dir: o.RunsDirOption = DEFAULT_CHECKPOINT_DIR,
     as_json: o.TrainJsonOption = False,
 ) -> None:
@@ -274,28 +246,15 @@ Its zeros compress: gzip the exported model.
 def prune(
     ctx: typer.Context,
     # Not required by click: the old form, prune --run SOURCE --name NAME, names it with --run (see below).
-    source: Annotated[
-        str | None, typer.Option("--source", help="The run to prune (its best weights); required", show_default=False)
-    ] = None,
-    sparsity: Annotated[
-        float,
-        o.own("Fraction of each LSTM and output kernel set to zero in the end", panel="Pruning"),
-    ] = PruneConfig.sparsity,
-    ramp: Annotated[
-        float,
-        o.own(
-            "Fraction of the fine-tuning (up to 0.99) over which the sparsity rises to its target",
-            panel="Pruning",
-        ),
-    ] = PruneConfig.ramp,
-    lr: Annotated[float | None, o.option("lr", "Adam's peak learning rate for the fine-tuning", shown=1e-3)] = None,
+    source: o.Source = None,
+    sparsity: o.Sparsity = PruneConfig.sparsity,
+    ramp: o.Ramp = PruneConfig.ramp,
+    lr: o.PruneLR = None,
     epochs: o.EpochsOption = None,
     time_budget: o.FromRunTimeBudget = None,
     seed: o.TrainSeed = None,
     device: o.FromRunDevice = Device.auto,
-    run: Annotated[
-        str | None, o.option("run", "The pruned run's name", panel=o.RUN, shown="SOURCE-prunedNN, NN = --sparsity in %")
-    ] = None,
+    run: o.PrunedRun = None,
     checkpoint_dir: o.RunsDirOption = DEFAULT_CHECKPOINT_DIR,
     as_json: o.TrainJsonOption = False,
     name: Annotated[str | None, typer.Option(hidden=True)] = None,
@@ -428,36 +387,16 @@ def serve(
     run: RunOption = None,
     checkpoint_dir: CheckpointDirOption = DEFAULT_CHECKPOINT_DIR,
     model: ModelOption = None,
-    host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0: every interface)")] = SERVING.host,
-    port: Annotated[int, typer.Option(help="Port to listen on (0: any free one)")] = SERVING.port,
-    slots: Annotated[int, typer.Option(help="Continuations generated at once (rows of the batch)")] = SERVING.slots,
-    max_queue: Annotated[int, typer.Option(help="Requests that may wait for a row; more get 429")] = SERVING.max_queue,
-    api_key: Annotated[
-        str | None,
-        typer.Option(
-            envvar="TEXTGEN_API_KEY",
-            help="Require 'Authorization: Bearer KEY' on every route but /, /health, /ready, /info and /runs",
-            show_default=False,
-        ),
-    ] = None,
-    max_body: Annotated[int, typer.Option(help="Largest request body, in bytes")] = SERVING.max_body,
-    request_timeout: Annotated[
-        float, typer.Option(help="Seconds a request may take before it ends (finish_reason timeout)")
-    ] = SERVING.request_timeout,
-    drain: Annotated[
-        float, typer.Option(help="Seconds running streams may go on after SIGTERM or Ctrl-C")
-    ] = SERVING.drain_seconds,
-    prefill: Annotated[
-        int,
-        typer.Option(
-            help="Read prompts of up to N characters on arrival and draw the first characters, apart from the "
-            "batch, when the batch would take over 0.1 s to reach them: a sooner first character, paid for by the "
-            "other streams (0: read every prompt in the batch)"
-        ),
-    ] = SERVING.prefill,
-    log_format: Annotated[
-        str, typer.Option(help="The request log on stderr: text (a line each) or json (a JSON object a line)")
-    ] = SERVING.log_format,
+    host: o.Host = SERVING.host,
+    port: o.Port = SERVING.port,
+    slots: o.Slots = SERVING.slots,
+    max_queue: o.MaxQueue = SERVING.max_queue,
+    api_key: o.ApiKey = None,
+    max_body: o.MaxBody = SERVING.max_body,
+    request_timeout: o.RequestTimeout = SERVING.request_timeout,
+    drain: o.Drain = SERVING.drain_seconds,
+    prefill: o.Prefill = SERVING.prefill,
+    log_format: o.LogFormat = SERVING.log_format,
 ) -> None:
     """Serve a run (or an export) to many clients at once: an OpenAI-compatible API and a page to try it."""
     with errors():
@@ -579,92 +518,35 @@ command continues the study, resuming that trial.
 """
 
 
-FIXED = o.FIXED
-
-
 @command(epilog=TUNE_EXAMPLES)
 def tune(
-    corpus: Annotated[
-        list[str] | None,
-        typer.Argument(
-            help="The text to tune on: files, directories or globs (not needed to continue or show a study)",
-            show_default=False,
-        ),
-    ] = None,
-    time_budget: Annotated[
-        str | None,
-        typer.Option(
-            help="Wall-clock for the whole study, all invocations together, e.g. 2h",
-            show_default="2h; a continued study: its own",
-        ),
-    ] = None,
-    trial_budget: Annotated[
-        str | None,
-        typer.Option(help="Training time of each trial, e.g. 10m", show_default="10m; a continued study: its own"),
-    ] = None,
-    trials: Annotated[
-        int | None,
-        typer.Option(
-            help="Stop when the study has this many trials (a continued study's earlier ones count)",
-            show_default="as many as the time allows",
-        ),
-    ] = None,
-    study: Annotated[
-        str | None, typer.Option(help="The study's name", show_default="the corpus name; with --show, the latest")
-    ] = None,
-    seed: Annotated[
-        int | None,
-        typer.Option(
-            help="Seed of the search and of every trial's training", show_default="0; a continued study: its own"
-        ),
-    ] = None,
-    units: Annotated[int | None, o.option("units", panel=FIXED, shown=None)] = None,
-    layers: Annotated[int | None, o.option("layers", panel=FIXED, shown=None)] = None,
-    embedding_dim: Annotated[int | None, o.option("embedding_dim", panel=FIXED, shown=None)] = None,
-    dropout: Annotated[float | None, o.option("dropout", "Dropout", panel=FIXED, shown=None)] = None,
-    layer_norm: Annotated[
-        bool | None, o.option("layer_norm", "Layer-normalized LSTMs, or not", panel=FIXED, shown=None)
-    ] = None,
-    weight_drop: Annotated[
-        float | None, o.option("weight_drop", "Weight-drop of the recurrent weights", panel=FIXED, shown=None)
-    ] = None,
-    locked_output_dropout: Annotated[
-        float | None,
-        o.option(
-            "locked_output_dropout",
-            "Locked dropout of the LSTM's output (searched: off, or a rate)",
-            panel=FIXED,
-            shown=None,
-        ),
-    ] = None,
-    batch_size: Annotated[int | None, o.option("batch_size", panel=FIXED, shown=None)] = None,
-    seq_len: Annotated[int | None, o.option("seq_len", panel=FIXED, shown=None)] = None,
-    optimizer: Annotated[Optimizer | None, o.option("optimizer", "The update rule", panel=FIXED, shown=None)] = None,
-    lr: Annotated[float | None, o.option("lr", panel=FIXED, shown=None)] = None,
-    weight_decay: Annotated[
-        float | None,
-        o.option(
-            "weight_decay",
-            "Decoupled weight decay, for any optimizer (searched for adamw only)",
-            panel=FIXED,
-            shown=None,
-        ),
-    ] = None,
-    clip_norm: Annotated[float | None, o.option("clip_norm", panel=FIXED, shown=None)] = None,
-    init_from: Annotated[
-        str | None,
-        o.option(
-            "init_from",
-            "Fine-tune this run's best weights in every trial, on the text given; the model's shape comes from it",
-        ),
-    ] = None,
+    corpus: o.TuneCorpus = None,
+    time_budget: o.StudyBudget = None,
+    trial_budget: o.TrialBudget = None,
+    trials: o.Trials = None,
+    study: o.Study = None,
+    seed: o.StudySeed = None,
+    units: o.FixedUnits = None,
+    layers: o.FixedLayers = None,
+    embedding_dim: o.FixedEmbeddingDim = None,
+    dropout: o.FixedDropout = None,
+    layer_norm: o.FixedLayerNorm = None,
+    weight_drop: o.FixedWeightDrop = None,
+    locked_output_dropout: o.FixedLockedOutputDropout = None,
+    batch_size: o.FixedBatchSize = None,
+    seq_len: o.FixedSeqLen = None,
+    optimizer: o.FixedOptimizer = None,
+    lr: o.FixedLR = None,
+    weight_decay: o.FixedWeightDecay = None,
+    clip_norm: o.FixedClipNorm = None,
+    init_from: o.TuneInitFrom = None,
     last: o.InitLastOption = False,
     freeze: o.FreezeOption = None,
-    device: Annotated[Device, o.option("device", "Device profile of every trial", panel=None)] = Device.auto,
-    download: Annotated[bool, o.option("download", panel=None)] = False,
+    device: o.TuneDevice = Device.auto,
+    download: o.TuneDownload = False,
     checkpoint_dir: CheckpointDirOption = DEFAULT_CHECKPOINT_DIR,
-    show: Annotated[bool, typer.Option("--show", help="List a study's trials and best recipe, and exit")] = False,
-    as_json: Annotated[bool, o.option("json", "One JSON object per trial and one for the study at the end")] = False,
+    show: o.Show = False,
+    as_json: o.TuneJson = False,
 ) -> None:
     """Search for the training recipe that scores best on a corpus's validation split, in a time budget."""
     with errors():  # settings are checked as they are made

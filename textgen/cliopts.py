@@ -17,6 +17,7 @@ from textgen.config import (
     OPTIMIZER_DEFAULTS,
     DataConfig,
     Device,
+    DistillConfig,
     Freeze,
     InitConfig,
     LRSchedule,
@@ -67,15 +68,23 @@ def option(name: str, help: str = _KEEP, *, panel: str | None = _KEEP, shown: An
         panel=spec.panel if panel is _KEEP else panel,
         shown=spec.shown if shown is _KEEP else shown,
     )
-    show_default: bool | str = True if spec.shown is None else spec.shown if spec.shown is False else str(spec.shown)
     return typer.Option(
-        *spec.decls, help=spec.help, rich_help_panel=spec.panel, show_default=show_default, metavar=spec.metavar
+        *spec.decls,
+        help=spec.help,
+        rich_help_panel=spec.panel,
+        show_default=_show_default(spec.shown),
+        metavar=spec.metavar,
     )
 
 
-def own(help: str, panel: str | None = None, shown: Any = None) -> Any:
+def own(help: str, *decls: str, panel: str | None = None, shown: Any = None) -> Any:
     """An option only one command has, in its ``--help`` panel, with the default its help names."""
-    return typer.Option(help=help, rich_help_panel=panel, show_default=True if shown is None else str(shown))
+    return typer.Option(*decls, help=help, rich_help_panel=panel, show_default=_show_default(shown))
+
+
+def _show_default(shown: Any) -> bool | str:
+    """Typer's ``show_default``: the parameter's default (None), none (False), or this, written as text."""
+    return True if shown is None else shown if shown is False else str(shown)
 
 
 def settings(cls: type, given: dict[str, Any], **parsed: Any) -> Any:
@@ -278,6 +287,40 @@ SaveEvery = Annotated[str | None, option("save_every")]
 SampleEveryOption = Annotated[str | None, option("sample_every")]
 RunsDirOption = Annotated[Path, option("checkpoint_dir", panel=RUN)]
 TrainJsonOption = Annotated[bool, option("json", TRAIN_JSON_HELP, panel=RUN)]
+# textgen distill's model: the student's, the teacher's when not given
+TEACHERS = "the teacher's"
+StudentUnits = Annotated[int | None, option("units", "The student's LSTM units per layer", shown=TEACHERS)]
+StudentLayers = Annotated[int | None, option("layers", "The student's stacked LSTM layers", shown=TEACHERS)]
+StudentEmbeddingDim = Annotated[int | None, option("embedding_dim", shown=TEACHERS)]
+StudentDropout = Annotated[float | None, option("dropout", "The student's dropout", shown=TEACHERS)]
+StudentLayerNorm = Annotated[bool | None, option("layer_norm", "Layer-normalize the student's LSTMs", shown=TEACHERS)]
+StudentWeightDrop = Annotated[float | None, option("weight_drop", shown=TEACHERS)]
+StudentLockedOutputDropout = Annotated[float | None, option("locked_output_dropout", shown=TEACHERS)]
+
+
+def fixed(name: str, help: str = _KEEP) -> Any:
+    """A recipe setting as ``textgen tune`` shows it: fixed when given, else searched (so no default shown)."""
+    return option(name, help, panel=FIXED, shown=None)
+
+
+# textgen tune's recipe settings
+FixedUnits = Annotated[int | None, fixed("units")]
+FixedLayers = Annotated[int | None, fixed("layers")]
+FixedEmbeddingDim = Annotated[int | None, fixed("embedding_dim")]
+FixedDropout = Annotated[float | None, fixed("dropout", "Dropout")]
+FixedLayerNorm = Annotated[bool | None, fixed("layer_norm", "Layer-normalized LSTMs, or not")]
+FixedWeightDrop = Annotated[float | None, fixed("weight_drop", "Weight-drop of the recurrent weights")]
+FixedLockedOutputDropout = Annotated[
+    float | None, fixed("locked_output_dropout", "Locked dropout of the LSTM's output (searched: off, or a rate)")
+]
+FixedBatchSize = Annotated[int | None, fixed("batch_size")]
+FixedSeqLen = Annotated[int | None, fixed("seq_len")]
+FixedOptimizer = Annotated[Optimizer | None, fixed("optimizer", "The update rule")]
+FixedLR = Annotated[float | None, fixed("lr")]
+FixedWeightDecay = Annotated[
+    float | None, fixed("weight_decay", "Decoupled weight decay, for any optimizer (searched for adamw only)")
+]
+FixedClipNorm = Annotated[float | None, fixed("clip_norm")]
 # distill's and prune's: a run trained from another
 FromRunTimeBudget = Annotated[
     str | None, option("time_budget", "Stop cleanly once the run has trained this long, wall-clock, e.g. 10m")
@@ -299,3 +342,107 @@ TopKOption = Annotated[int, option("top_k")]
 TopPOption = Annotated[float, option("top_p")]
 SeedOption = Annotated[int | None, option("sample_seed")]
 ModelOption = Annotated[Path | None, option("model")]
+
+
+# One command's own options, declared here with the rest so that cli.py holds the commands.
+TrainCorpus = Annotated[
+    list[str] | None,
+    typer.Argument(
+        help="Plain-text files, directories (their *.txt files) or glob patterns; a name that is not a file here is "
+        "looked up in ./corpora, then $TEXTGEN_CORPUS_PATH.",
+        show_default=False,
+    ),
+]
+TrainRun = Annotated[str | None, option("run", panel=RUN, shown="the corpus name; the latest run with --resume")]
+# distill
+Teacher = Annotated[str, own("The run to learn from (its best weights)", shown=False)]
+Temperature = Annotated[
+    float | None,
+    own(
+        "Softens the teacher's and the student's predictions in the soft-target loss",
+        panel="Distillation",
+        shown=DistillConfig.temperature,
+    ),
+]
+Alpha = Annotated[
+    float | None,
+    own(
+        "Weight of the true next character; the rest goes to the teacher's soft targets",
+        panel="Distillation",
+        shown=DistillConfig.alpha,
+    ),
+]
+DistillLR = Annotated[float | None, option("lr", "Adam's peak learning rate", shown=TRAINING.lr)]
+StudentRun = Annotated[str | None, option("run", "The student run's name", panel=RUN, shown="TEACHER-UNITSu")]
+# prune
+Source = Annotated[str | None, own("The run to prune (its best weights); required", "--source", shown=False)]
+Sparsity = Annotated[float, own("Fraction of each LSTM and output kernel set to zero in the end", panel="Pruning")]
+Ramp = Annotated[
+    float, own("Fraction of the fine-tuning (up to 0.99) over which the sparsity rises to its target", panel="Pruning")
+]
+PruneLR = Annotated[float | None, option("lr", "Adam's peak learning rate for the fine-tuning", shown=1e-3)]
+PrunedRun = Annotated[
+    str | None, option("run", "The pruned run's name", panel=RUN, shown="SOURCE-prunedNN, NN = --sparsity in %")
+]
+# tune
+TuneCorpus = Annotated[
+    list[str] | None,
+    typer.Argument(
+        help="The text to tune on: files, directories or globs (not needed to continue or show a study)",
+        show_default=False,
+    ),
+]
+StudyBudget = Annotated[
+    str | None,
+    own("Wall-clock for the whole study, all invocations together, e.g. 2h", shown="2h; a continued study: its own"),
+]
+TrialBudget = Annotated[
+    str | None, own("Training time of each trial, e.g. 10m", shown="10m; a continued study: its own")
+]
+Trials = Annotated[
+    int | None,
+    own(
+        "Stop when the study has this many trials (a continued study's earlier ones count)",
+        shown="as many as the time allows",
+    ),
+]
+Study = Annotated[str | None, own("The study's name", shown="the corpus name; with --show, the latest")]
+StudySeed = Annotated[
+    int | None, own("Seed of the search and of every trial's training", shown="0; a continued study: its own")
+]
+TuneInitFrom = Annotated[
+    str | None,
+    option(
+        "init_from",
+        "Fine-tune this run's best weights in every trial, on the text given; the model's shape comes from it",
+    ),
+]
+TuneDevice = Annotated[Device, option("device", "Device profile of every trial", panel=None)]
+TuneDownload = Annotated[bool, option("download", panel=None)]
+Show = Annotated[bool, own("List a study's trials and best recipe, and exit", "--show")]
+TuneJson = Annotated[bool, option("json", "One JSON object per trial and one for the study at the end")]
+# serve
+Host = Annotated[str, own("Address to listen on (0.0.0.0: every interface)")]
+Port = Annotated[int, own("Port to listen on (0: any free one)")]
+Slots = Annotated[int, own("Continuations generated at once (rows of the batch)")]
+MaxQueue = Annotated[int, own("Requests that may wait for a row; more get 429")]
+ApiKey = Annotated[
+    str | None,
+    typer.Option(
+        envvar="TEXTGEN_API_KEY",
+        help="Require 'Authorization: Bearer KEY' on every route but /, /health, /ready, /info and /runs",
+        show_default=False,
+    ),
+]
+MaxBody = Annotated[int, own("Largest request body, in bytes")]
+RequestTimeout = Annotated[float, own("Seconds a request may take before it ends (finish_reason timeout)")]
+Drain = Annotated[float, own("Seconds running streams may go on after SIGTERM or Ctrl-C")]
+Prefill = Annotated[
+    int,
+    own(
+        "Read prompts of up to N characters on arrival and draw the first characters, apart from the batch, when the "
+        "batch would take over 0.1 s to reach them: a sooner first character, paid for by the other streams (0: read "
+        "every prompt in the batch)"
+    ),
+]
+LogFormat = Annotated[str, own("The request log on stderr: text (a line each) or json (a JSON object a line)")]
