@@ -1,15 +1,20 @@
-"""Every option more than one ``textgen`` command takes, declared once: its flag, help, panel and the default its
-help shows. A command that words one its own way (distill's "the student's units", tune's "Fixed settings"
-panel) passes that to ``option``; the others use the aliases below as they are. A new training setting is a
-field in ``textgen.settings``, a rule in ``textgen.config``, an entry in ``SPECS`` here, and one line in the
-command's signature, which Typer reads for its options; ``settings`` builds the settings from the parsed options.
+"""The ``textgen`` commands' options, declared once: cli.py's signatures name them, one line each.
+
+Each option more than one command takes is a ``Spec`` in ``SPECS`` (its flag, help, panel, and the default its help
+names). A command that words one its own way (distill's "the student's units", tune's "Fixed settings" panel)
+passes that to ``option``; the aliases below are the options as each command shows them. One command's own
+options are declared at the end, with ``own``.
+
+A new training setting is a field in ``textgen.settings``, a rule in ``textgen.config``, a ``Spec`` and an alias
+here, and a line in ``train``'s signature (Typer reads a command's options from it); ``settings`` then builds the
+settings from the parsed options by name, so no command body changes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 
@@ -28,19 +33,15 @@ from textgen.config import (
     Weights,
 )
 from textgen.errors import ConfigError
-from textgen.settings import InitSettings
+from textgen.settings import InitSettings, Settings
+
+S = TypeVar("S", bound=Settings)
 
 MODEL, DATA, TRAINING = ModelConfig(vocab_size=1), DataConfig(corpus=""), TrainConfig()
 SGD_DEFAULTS = OPTIMIZER_DEFAULTS[Optimizer.sgd]
 # The --help panels: what a user looks for together.
-DATA_PANEL, MODEL_PANEL, OPTIMISATION, RUN, RECIPE, FINE_TUNING = (
-    "Data",
-    "Model",
-    "Optimisation",
-    "Run",
-    "Recipe",
-    "Fine-tuning",
-)
+DATA_PANEL, MODEL_PANEL, OPTIMISATION, RUN = "Data", "Model", "Optimisation", "Run"
+RECIPE, FINE_TUNING = "Recipe", "Fine-tuning"
 FIXED = "Fixed settings (searched unless given)"  # textgen tune's: the recipe's settings it does not search
 
 
@@ -87,10 +88,10 @@ def _show_default(shown: Any) -> bool | str:
     return True if shown is None else shown if shown is False else str(shown)
 
 
-def settings(cls: type, given: dict[str, Any], **parsed: Any) -> Any:
+def settings(cls: type[S], given: dict[str, Any], **parsed: Any) -> S:
     """Settings ``cls`` from a command's parsed options (its ``locals()``): each field an option of the same name
     sets, and the values ``parsed`` from options that are not given as they are (a duration, a negated flag)."""
-    names = {field.name for field in dataclasses.fields(cls)}
+    names = {field.name for field in dataclasses.fields(cls)}  # type: ignore[arg-type]  # every Settings is a dataclass
     return cls(**{name: value for name, value in given.items() if name in names} | parsed)
 
 
@@ -344,7 +345,7 @@ SeedOption = Annotated[int | None, option("sample_seed")]
 ModelOption = Annotated[Path | None, option("model")]
 
 
-# One command's own options, declared here with the rest so that cli.py holds the commands.
+# One command's own options, declared here with the rest, so that cli.py holds the commands.
 TrainCorpus = Annotated[
     list[str] | None,
     typer.Argument(
