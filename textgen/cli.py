@@ -1,6 +1,8 @@
 """The ``textgen`` command: each command parses its options, makes one call to ``textgen.api``, renders with ``ui``.
 
-TensorFlow is imported only inside those calls, so ``textgen --help`` and bad flags answer at once.
+The options are declared in ``cliopts`` (a signature names each in one line), and how the command line behaves
+apart from the commands (one-line usage errors, the help's look) is ``cliapp``'s. TensorFlow is imported only
+inside ``api``'s calls, so ``textgen --help`` and bad flags answer at once.
 """
 
 from __future__ import annotations
