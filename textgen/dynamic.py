@@ -133,16 +133,23 @@ class DynamicEvaluator:
     def adapt(self, ids: np.ndarray, settings: DynamicConfig) -> tuple[float, int]:
         """Read ``ids`` from θ₀ and zero states, scoring each segment then stepping on it: the summed
         cross-entropy (nats) of every character after the first, and how many. The weights are left adapted."""
+        return float(self.segment_losses(ids, settings).sum()), len(ids) - 1
+
+    def segment_losses(self, ids: np.ndarray, settings: DynamicConfig, restore: bool = True) -> np.ndarray:
+        """Each segment's summed cross-entropy (nats) as ``adapt`` reads ``ids``; without ``restore``, going on from
+        the weights and states where the last call left them (``ids[0]`` is then the character that call read
+        last as a target)."""
         if self.denominators is None:
             raise ValueError("set the mean squared gradients first")
-        self.restore()
+        if restore:
+            self.restore()
         inputs, targets = segments(ids, settings.segment_len)
         eta, decay = tf.constant(settings.eta, tf.float32), tf.constant(settings.decay, tf.float32)
         losses = [
             self._step(tf.constant(x[None]), tf.constant(y[None]), eta, decay)
             for x, y in zip(inputs, targets, strict=True)
         ]
-        return float(np.sum([float(loss) for loss in losses], dtype=np.float64)), len(ids) - 1
+        return np.array([float(loss) for loss in losses], np.float64)
 
     def adapted_weights(self) -> list[np.ndarray]:
         """The model's weights as they are now (all of them, in ``get_weights`` order)."""
@@ -275,11 +282,15 @@ def evaluate_dynamic(
             with contextlib.suppress(OSError):  # a read-only run: tuned again next time
                 save_settings(run, settings)
         ids, source = text_ids(run, split, file, encoding, cache_dir, Path(scratch))
+        model = evaluator.model
+        eval_step = compile_eval_step(model, run.load_config().profile)
+        first = np.asarray(ids[: settings.segment_len + 1], np.int32)  # both compiled before they are timed
+        eval_step(*(tf.constant(part) for part in segments(first, settings.segment_len)))
+        evaluator.segment_losses(first, settings)
         evaluator.restore()
         started = time.monotonic()
-        model = evaluator.model
         layout = StreamLayout.covering(len(ids), 1, settings.segment_len)
-        static, chars = score(compile_eval_step(model, run.load_config().profile), model, ids, layout)
+        static, chars = score(eval_step, model, ids, layout)
         static_seconds = time.monotonic() - started
         started = time.monotonic()
         dynamic, _ = evaluator.adapt(np.asarray(ids, np.int32), settings)
