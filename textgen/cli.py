@@ -748,7 +748,7 @@ SAMPLE_EXAMPLES = """
     textgen sample --temp 0.8                  # the latest run, 500 characters
     textgen sample --run 2600-0 --prime "Prince Andrew" --num 8 --seed 7
     textgen sample --temp 0 --top-k 5 --top-p 0.9 --json
-    textgen sample --prime-file chapter.txt --adapt   # read a document adapting to it, then continue it
+    textgen sample --prime-file ch1.txt --adapt   # adapt, then continue
     cat notes.txt | textgen sample --prime-file -
 """
 
@@ -906,7 +906,7 @@ EVALUATE_EXAMPLES = """
     textgen evaluate --run 2600-0 --split val --json
     textgen evaluate other_book.txt          # any text file
     textgen evaluate --run big --streams 64  # compare runs of any --batch-size
-    textgen evaluate --dynamic               # static and dynamic (adapting as it reads) side by side
+    textgen evaluate --dynamic               # static and dynamic side by side
 """
 
 
