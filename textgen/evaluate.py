@@ -43,6 +43,8 @@ def evaluate_run(
     read as fewer or shorter streams. A split is read from the id cache in ``cache_dir`` (by default the one
     beside the run).
     """
+    if split not in SPLITS:  # held-out text only (split_ids also reads the training split, for textgen.dynamic)
+        raise ConfigError(f"--split must be one of {', '.join(SPLITS)} (got {split!r})")
     cfg, vocab = run.load_config(), run.load_vocab()
     with tempfile.TemporaryDirectory(prefix="textgen-evaluate-") as scratch:
         ids: np.ndarray
