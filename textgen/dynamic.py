@@ -26,7 +26,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from textgen.checkpoint import Run
+from textgen.checkpoint import Run, checkpoint_dir_flag
 from textgen.commands import command
 from textgen.config import DeviceProfile, DynamicConfig, Split, Weights
 from textgen.corpus import read_corpus, resolve_corpus, resolve_encoding
@@ -208,7 +208,7 @@ def read_settings(run: Run) -> DynamicConfig | None:
     path = run.path / SETTINGS_FILE
     if not path.is_file():
         return None
-    retune = command(f"evaluate --run {run.name} --dynamic --retune")
+    retune = command(f"evaluate --run {run.name}{checkpoint_dir_flag(run.path.parent)} --dynamic --retune")
     try:
         return from_dict(DynamicConfig, read_json_object(path), "dynamic")
     except (ValueError, ConfigError) as exc:
