@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import assert_one_line_error, invoke
+from helpers import assert_one_line_error, invoke, run_python, write_corpus
 from typer.testing import CliRunner
 
 from textgen import dynamic
@@ -248,3 +248,16 @@ def test_repl_reads_the_prime_file_as_its_first_prompt(trained_run, tmp_path: Pa
     assert result.exit_code == 0, result.output
     missing = invoke(*args, "--prime-file", str(tmp_path / "gone.txt"))
     assert_one_line_error(missing, "gone.txt")
+
+
+@pytest.mark.slow  # a subprocess that imports TensorFlow, tunes and scores: ~30 s
+def test_the_benchmark_prints_the_test_split_and_the_documents_table(trained_run, tmp_path: Path) -> None:
+    run = trained_run.copy_to(tmp_path / "checkpoints")
+    books = tmp_path / "books"
+    write_corpus(books / "other.txt", 2000, seed=5)
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "dynamic_eval.py"
+    args = [str(script), "--run-dir", str(run.path), "--documents", "1", "--corpora", str(books)]
+    result = run_python([*args, "--prompt-chars", "1000", "--score-chars", "200", "--skip", "0"])
+    assert result.returncode == 0, result.stderr
+    assert "static" in result.stdout and "ratio" in result.stdout
+    assert "other.txt" in result.stdout and "mean" in result.stdout
