@@ -40,7 +40,7 @@ from textgen.settings import DataSettings, InitSettings, ModelSettings, TrainReq
 
 if TYPE_CHECKING:
     from textgen.generation import Sampler
-    from textgen.results import Evaluation, ExportResult, RunSummary, StudyResult, TrainResult
+    from textgen.results import DynamicEvaluation, Evaluation, ExportResult, RunSummary, StudyResult, TrainResult
     from textgen.training.progress import TrainingProgress
     from textgen.tune import TuneProgress
 
@@ -122,15 +122,20 @@ def open_generator(
     weights: Weights = Weights.best,
     model: Path | None = None,
     warm_up: bool = False,
+    adapt_to: str | None = None,
 ) -> tuple[Sampler, ModelSource]:
     """The sampler of a run (the latest if ``run_name`` is None) with its best or last ``weights``, or of an
     exported ``model`` (a LiteRT one without importing TensorFlow); and where it came from. ``warm_up`` compiles
-    its steps now (an interactive session's first prompt then answers at once)."""
+    its steps now (an interactive session's first prompt then answers at once). ``adapt_to``: a run's weights
+    adapted to this text first, by dynamic evaluation (``textgen.dynamic``) with the run's ``dynamic.json``
+    settings or the defaults; the run's files are not changed."""
     if model is not None:
         from textgen.runtime import open_artifact
 
         if run_name is not None:
             raise ConfigError("give --run or --model, not both")
+        if adapt_to is not None:
+            raise ConfigError("--adapt adapts a run's weights: give --run, not an exported --model")
         sampler: Sampler = open_artifact(model)[0]
         source = ModelSource(str(model))
     else:
@@ -139,7 +144,14 @@ def open_generator(
         configure_for_inference()
         from textgen.sampling import Generator
 
-        sampler, source = Generator.from_run(run, weights), ModelSource(run.name, Weights(weights).value)
+        source = ModelSource(run.name, Weights(weights).value)
+        if adapt_to is None:
+            sampler = Generator.from_run(run, weights)
+        else:
+            from textgen.dynamic import adapted_weights
+
+            adapted, _ = adapted_weights(run, weights, adapt_to, cache_root(checkpoint_dir))
+            sampler = Generator(run.load_config().model, run.load_vocab(), adapted)
     if warm_up:
         sampler.generate([" "], SampleConfig(length=2, seed=0))
     return sampler, source
@@ -247,6 +259,32 @@ def evaluate(
     from textgen.evaluate import evaluate_run
 
     return evaluate_run(run, split=Split(split), file=file, weights=weights, encoding=encoding, streams=streams)
+
+
+def evaluate_dynamic(
+    *,
+    checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR,
+    run_name: str | None = None,
+    split: Split = Split.test,
+    file: str | None = None,
+    weights: Weights = Weights.best,
+    encoding: str = "auto",
+    retune: bool = False,
+) -> DynamicEvaluation:
+    """A run's cross-entropy on its ``split`` or a text ``file`` read as one stream, static and with dynamic
+    evaluation (see ``textgen.dynamic``): the settings in the run's ``dynamic.json``, tuned on its validation split
+    first when it has none or ``retune`` asks."""
+    run = find_run(checkpoint_dir, run_name, weights)
+    if file is not None:  # a missing or empty file is said at once, not after TensorFlow's ~3 s
+        resolve_corpora([file])
+    import_tensorflow()
+    configure_for_inference()
+    from textgen.dynamic import evaluate_dynamic as evaluate_run_dynamically
+
+    return evaluate_run_dynamically(
+        run, split=Split(split), file=file, weights=weights, encoding=encoding, retune=retune,
+        cache_dir=cache_root(checkpoint_dir),
+    )  # fmt: skip
 
 
 MIN_TRIAL_SECONDS = 2.0  # a trial trains at least a batch and validates

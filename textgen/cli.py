@@ -42,7 +42,9 @@ from textgen.config import (
     Weights,
     flag,
 )
+from textgen.corpus import read_prompt_file
 from textgen.durations import parse_budget, parse_duration
+from textgen.errors import ConfigError
 from textgen.repl import GREETING, Session
 from textgen.settings import (
     DataSettings,
@@ -308,6 +310,8 @@ SAMPLE_EXAMPLES = """
     textgen sample --temp 0.8                  # the latest run, 500 characters
     textgen sample --run 2600-0 --prime "Prince Andrew" --num 8 --seed 7
     textgen sample --temp 0 --top-k 5 --top-p 0.9 --json
+    textgen sample --prime-file ch1.txt --adapt   # adapt, then continue
+    cat notes.txt | textgen sample --prime-file -
 """
 
 
@@ -325,14 +329,32 @@ def sample(
     seed: SeedOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per sample, with the settings used")] = False,
     model: ModelOption = None,
+    prime_file: o.PrimeFileOption = None,
+    adapt: Annotated[
+        bool,
+        typer.Option(
+            "--adapt",
+            help="With --prime-file: adapt the weights to the document as it is read (dynamic evaluation, with the "
+            "run's dynamic.json settings), then continue it; the run is not changed",
+        ),
+    ] = False,
 ) -> None:
     """Generate text from a trained run (the latest by default) or an exported model."""
     with errors():
         settings = SampleConfig(length=length, num=num, temperature=temp, top_k=top_k, top_p=top_p, seed=seed).seeded()
+        if adapt and prime_file is None:
+            raise ConfigError("--adapt adapts the weights to a document: add --prime-file PATH")
+        if prime_file is not None and prime:
+            raise ConfigError("give --prime or --prime-file, not both")
+        document = read_prompt_file(prime_file) if prime_file is not None else None
         sampler, source = api.open_generator(
-            checkpoint_dir=checkpoint_dir, run_name=run, weights=Weights.last if last else Weights.best, model=model
-        )
-        ui.show_sampling(console, err_console, sampler, source, prime, settings, as_json)
+            checkpoint_dir=checkpoint_dir, run_name=run, weights=Weights.last if last else Weights.best, model=model,
+            adapt_to=document if adapt else None,
+        )  # fmt: skip
+        if document is None:
+            ui.show_sampling(console, err_console, sampler, source, prime, settings, as_json)
+        else:
+            ui.show_sampling(console, err_console, sampler, source, document, settings, as_json, prime_file=prime_file)
 
 
 REPL_EXAMPLES = """
@@ -356,10 +378,12 @@ def repl(
     top_p: TopPOption = SAMPLING.top_p,
     seed: SeedOption = None,
     model: ModelOption = None,
+    prime_file: o.PrimeFileOption = None,
 ) -> None:
     """Type a prompt, watch the continuation stream in; the model is loaded once."""
     with errors():
         settings = SampleConfig(length=length, temperature=temp, top_k=top_k, top_p=top_p, seed=seed)
+        document = read_prompt_file(prime_file) if prime_file is not None else None
         weights = Weights.last if last else Weights.best
         sampler, source = api.open_generator(
             checkpoint_dir=checkpoint_dir, run_name=run, weights=weights, model=model, warm_up=True
@@ -367,6 +391,8 @@ def repl(
     session = Session(sampler, settings, sys.stdout, lambda msg: err_console.print(f"[yellow]{escape(msg)}[/]"))
     console.print(f"[bold]{escape(source.name)}[/] loaded. {GREETING}")
     with errors():
+        if document is not None:  # the file's text is the first prompt; the conversation goes on from it
+            session.generate(document)
         session.run("> ")
 
 
@@ -422,6 +448,7 @@ EVALUATE_EXAMPLES = """
     textgen evaluate --run 2600-0 --split val --json
     textgen evaluate other_book.txt          # any text file
     textgen evaluate --run big --streams 64  # compare runs of any --batch-size
+    textgen evaluate --dynamic               # static and dynamic side by side
 """
 
 
@@ -445,9 +472,24 @@ def evaluate(
     ] = None,
     as_json: JsonOption = False,
     model: ModelOption = None,
+    dynamic: Annotated[
+        bool,
+        typer.Option(
+            "--dynamic",
+            help="Also score with dynamic evaluation: the text read as one stream, the weights adapting to each "
+            "segment once it is scored (never saved); the settings are tuned on the validation split the first "
+            "time (minutes) and kept in the run's dynamic.json",
+        ),
+    ] = False,
+    retune: Annotated[bool, typer.Option("--retune", help="With --dynamic: tune its settings again")] = False,
 ) -> None:
     """Cross-entropy of a run (or an exported model) on held-out text: nats/char, bits/char and perplexity."""
     with errors():
+        if retune and not dynamic:
+            raise ConfigError("--retune tunes --dynamic's settings: add --dynamic")
+        if dynamic:
+            _evaluate_dynamic(file, run, checkpoint_dir, split, last, encoding, streams, as_json, model, retune)
+            return
         result = api.evaluate(
             checkpoint_dir=checkpoint_dir,
             run_name=run,
@@ -459,6 +501,28 @@ def evaluate(
             streams=streams,
         )
         ui.show_evaluation(console, err_console, result, as_json)
+
+
+def _evaluate_dynamic(
+    file: str | None,
+    run: str | None,
+    checkpoint_dir: Path,
+    split: Split,
+    last: bool,
+    encoding: str,
+    streams: int | None,
+    as_json: bool,
+    model: Path | None,
+    retune: bool,
+) -> None:
+    """``textgen evaluate --dynamic``: a run's weights only, read as one stream."""
+    if model is not None or streams is not None:
+        raise ConfigError(f"--dynamic adapts a run's weights as one stream: drop {'--model' if model else '--streams'}")
+    result = api.evaluate_dynamic(
+        checkpoint_dir=checkpoint_dir, run_name=run, split=split, file=file,
+        weights=Weights.last if last else Weights.best, encoding=encoding, retune=retune,
+    )  # fmt: skip
+    ui.show_dynamic_evaluation(console, err_console, result, as_json)
 
 
 EXPORT_EXAMPLES = """

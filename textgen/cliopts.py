@@ -248,6 +248,13 @@ SPECS: dict[str, Spec] = {
     "top_k": Spec("Sample only from the K likeliest characters (0 = off)"),
     "top_p": Spec("Sample from the smallest set with this much probability (1 = off)"),
     "sample_seed": Spec("Seed for reproducible text", None, "random"),
+    "prime_file": Spec(
+        "Start from this file's text (- reads standard input); it is read, not shown",
+        None,
+        False,
+        ("--prime-file",),
+        "PATH",
+    ),
 }
 
 # Data
@@ -343,6 +350,7 @@ TopKOption = Annotated[int, option("top_k")]
 TopPOption = Annotated[float, option("top_p")]
 SeedOption = Annotated[int | None, option("sample_seed")]
 ModelOption = Annotated[Path | None, option("model")]
+PrimeFileOption = Annotated[str | None, option("prime_file")]
 
 
 # One command's own options, declared here with the rest, so that cli.py holds the commands.

@@ -435,6 +435,32 @@ class PruneConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class DynamicConfig:
+    """Dynamic evaluation's settings (Krause et al., 2018; ``textgen.dynamic``): each segment of ``segment_len``
+    characters is scored, then one step θ ← θ − eta·g/(√MS + ε) + decay·(θ₀ − θ) adapts the weights to it.
+
+    Kept in a run's ``dynamic.json`` once tuned on its validation split, apart from the weights, which never change.
+    """
+
+    eta: float = 1e-4  # the step on the RMS-normalised gradient (the middle of textgen.dynamic.TUNE_ETAS)
+    decay: float = 1e-3  # λ: the pull back toward the trained weights θ₀ at every step
+    segment_len: int = 50  # characters scored, then adapted to, at a time
+
+    RULES: ClassVar[dict[str, Rule]] = {
+        "eta": Rule(lambda v: _finite(v) and 0.0 <= v <= 1.0, "a number in [0, 1]", flag="dynamic eta"),
+        "decay": Rule(lambda v: _finite(v) and 0.0 <= v < 1.0, "in [0, 1)", flag="dynamic decay"),
+        "segment_len": Rule(
+            lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 10_000,
+            "an integer from 1 to 10,000",
+            flag="dynamic segment_len",
+        ),
+    }
+
+    def __post_init__(self) -> None:
+        check_fields(self.RULES, vars(self))
+
+
+@dataclasses.dataclass(frozen=True)
 class InitConfig:
     """Where a fine-tuned run's first weights came from: a copy of them is kept in the run (``init.weights.h5``),
     so the base run may change or go without harm to this one."""

@@ -505,3 +505,24 @@ def corpus_stem(names: list[str], files: list[Path]) -> str:
     if len(files) == 1:
         return files[0].stem
     return first.name if first.is_dir() else files[0].parent.name
+
+
+def read_prompt_file(name: str) -> str:
+    """The text of a prompt file (``-``: standard input), decoded as a corpus file is (``--encoding auto``; line
+    endings as \\n), kept whole (no boilerplate stripped). A missing, unreadable, binary or undecodable file is one
+    ``CorpusError``."""
+    if name == "-":
+        data = sys.stdin.buffer.read()
+        try:
+            text = data.decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            raise CorpusError(
+                f"the prompt on standard input is not UTF-8 text ({exc.reason} at byte {exc.start})"
+            ) from None
+        if "\x00" in text:
+            raise CorpusError("the prompt on standard input looks binary (it contains NUL bytes); give plain text")
+        return text.replace("\r\n", "\n").replace("\r", "\n")
+    path = Path(os.path.expanduser(name))
+    if not path.exists():
+        raise CorpusError(f"--prime-file {name}: no such file; give the path of a plain-text file, or - for stdin")
+    return read_corpus(path, strip_boilerplate=False, encoding="auto")

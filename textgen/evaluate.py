@@ -43,6 +43,8 @@ def evaluate_run(
     read as fewer or shorter streams. A split is read from the id cache in ``cache_dir`` (by default the one
     beside the run).
     """
+    if split not in SPLITS:  # held-out text only (split_ids also reads the training split, for textgen.dynamic)
+        raise ConfigError(f"--split must be one of {', '.join(SPLITS)} (got {split!r})")
     cfg, vocab = run.load_config(), run.load_vocab()
     with tempfile.TemporaryDirectory(prefix="textgen-evaluate-") as scratch:
         ids: np.ndarray
@@ -64,7 +66,7 @@ def split_ids(run: Run, split: str, scratch: Path, cache_dir: Path | None = None
     """The ids of ``run``'s ``split``, from the id cache (encoded into ``scratch`` if the cache is read-only:
     someone else's runs on a read-only mount)."""
     cfg = run.load_config()
-    if split not in SPLITS:
+    if split not in (*SPLITS, "train"):  # the training split: dynamic evaluation's gradient statistics
         raise ConfigError(f"--split must be one of {', '.join(SPLITS)} (got {split!r})")
     missing = [p for p in cfg.data.paths if not Path(p).is_file()]
     if missing:

@@ -168,6 +168,33 @@ class Evaluation:
 
 
 @dataclass(frozen=True)
+class DynamicEvaluation:
+    """A run's cross-entropy on held-out text read as one stream in segments, static (the trained weights) and
+    dynamic (adapting to each segment once it is scored: ``textgen.dynamic``), and how long each took."""
+
+    run: str
+    source: str
+    static_nats_per_char: float
+    dynamic_nats_per_char: float
+    chars: int  # characters scored (every one after the first)
+    unknown_chars: int  # of them, outside the vocabulary
+    static_seconds: float
+    dynamic_seconds: float
+    eta: float  # the settings used (dynamic.json's)
+    decay: float
+    segment_len: int
+    tuned_seconds: float | None = None  # the settings were tuned on the validation split now, in this time
+    static_bits_per_char: float = field(init=False)
+    dynamic_bits_per_char: float = field(init=False)
+    ratio: float = field(init=False)  # dynamic / static
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "static_bits_per_char", bits(self.static_nats_per_char))
+        object.__setattr__(self, "dynamic_bits_per_char", bits(self.dynamic_nats_per_char))
+        object.__setattr__(self, "ratio", self.dynamic_nats_per_char / self.static_nats_per_char)
+
+
+@dataclass(frozen=True)
 class RunSummary:
     """One run as ``textgen runs`` lists it (a damaged one has only its name and ``problem``)."""
 

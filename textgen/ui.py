@@ -27,6 +27,7 @@ from textgen.commands import QUICK_START_TRAIN, command
 from textgen.durations import MORE_TIME, format_seconds
 from textgen.errors import TextgenError, TrainingInterrupted
 from textgen.results import (
+    DynamicEvaluation,
     EpochLog,
     Evaluation,
     ExportResult,
@@ -441,16 +442,21 @@ def show_sampling(
     prime: str,
     settings: SampleConfig,
     as_json: bool,
+    prime_file: str | None = None,
 ) -> None:
     """Generate and show samples of ``prime``: a single sample on a terminal streams in as it is generated;
     several, or output to a pipe, are shown when done (with ``--json``, one record each). A prime's characters
-    outside the vocabulary are warned about first."""
+    outside the vocabulary are warned about first. A prime read from ``prime_file`` is not shown again: the
+    samples are its continuations (with ``--json``, the file and its length stand for it)."""
     warn(err_console, sampler.vocab.unknown_note(prime))
     prompts = [prime] * settings.num
+    shown = prime if prime_file is None else ""
+    record = source.record() if prime_file is None else {**source.record(), "prime_file": prime_file,
+                                                         "prime_chars": len(prime)}  # fmt: skip
     if settings.num == 1 and console.is_terminal and not as_json:
-        stream_sample(console, prime, sampler.stream(prompts, settings))
+        stream_sample(console, shown, sampler.stream(prompts, settings))
     else:
-        show_samples(console, sampler.generate(prompts, settings), prime, settings, as_json, **source.record())
+        show_samples(console, sampler.generate(prompts, settings), shown, settings, as_json, **record)
 
 
 def stream_sample(console: Console, prime: str, pieces: Iterator[Piece]) -> None:
@@ -491,6 +497,40 @@ def show_evaluation(console: Console, err_console: Console, result: Evaluation, 
         markup=False,
         highlight=False,
     )
+    if result.unknown_chars:
+        err_console.print(
+            f"[yellow]warning:[/] {result.unknown_chars:,} characters are not in the run's vocabulary; "
+            "they were scored as unknown"
+        )
+
+
+def show_dynamic_evaluation(console: Console, err_console: Console, result: DynamicEvaluation, as_json: bool) -> None:
+    """``evaluate --dynamic``: the static and the dynamic figure side by side, with the time each took."""
+    if as_json:
+        print(json_line(result))
+        return
+    if result.tuned_seconds is not None:
+        err_console.print(
+            f"tuned on the validation split in {result.tuned_seconds:.0f} s: eta {result.eta:g}, decay "
+            f"{result.decay:g}, segments of {result.segment_len} (saved in the run's dynamic.json)",
+            markup=False,
+            highlight=False,
+        )
+    table = Table(box=None, pad_edge=False)
+    for column in ("", "nats/char", "bits/char", "seconds"):
+        table.add_column(column, justify="left" if not column else "right")
+    table.add_row("static", f"{result.static_nats_per_char:.4f}", f"{result.static_bits_per_char:.4f}",
+                  f"{result.static_seconds:.1f}")  # fmt: skip
+    table.add_row("dynamic", f"{result.dynamic_nats_per_char:.4f}", f"{result.dynamic_bits_per_char:.4f}",
+                  f"{result.dynamic_seconds:.1f}")  # fmt: skip
+    console.print(
+        f"{result.run} on the {result.source}: {result.chars:,} characters read as one stream in segments of "
+        f"{result.segment_len}; dynamic: eta {result.eta:g}, decay {result.decay:g} "
+        f"({result.dynamic_nats_per_char - result.static_nats_per_char:+.4f} nats/char, x{result.ratio:.4f})",
+        markup=False,
+        highlight=False,
+    )
+    console.print(table)
     if result.unknown_chars:
         err_console.print(
             f"[yellow]warning:[/] {result.unknown_chars:,} characters are not in the run's vocabulary; "
