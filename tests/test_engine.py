@@ -309,3 +309,56 @@ def test_two_lanes_share_the_rows(sampler) -> None:
     finally:
         engine.close()
     assert lanes == [0, 0, 1, 1]  # each lane at most half of the rows
+
+
+class PausingLock:
+    """An engine lock's inner lock that, once armed, holds the thread of ``lane`` just after it lets go of the lock
+    with ``busy`` rows busy, until the test says go: the gap in which another lane may claim a row the first freed."""
+
+    def __init__(self, engine: Engine, lane: int, busy: int) -> None:
+        self.engine, self.inner, self.name, self.busy = engine, engine.lock._lock, f"textgen-engine-{lane}", busy
+        self.armed, self.paused, self.go = False, threading.Event(), threading.Event()
+
+    def __enter__(self):
+        return self.inner.__enter__()
+
+    def __exit__(self, *args):
+        released = self.inner.__exit__(*args)
+        here = threading.current_thread().name == self.name
+        if self.armed and here and self.engine.busy_rows == self.busy:
+            self.armed = False
+            self.paused.set()
+            assert self.go.wait(30), "the test never let the lane go on"
+        return released
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_a_row_freed_and_claimed_by_the_other_lane_is_advanced_by_that_lane_alone(sampler) -> None:
+    """Lane 0 frees a cancelled request's row and is held just after; lane 1 claims that row for a newcomer; lane 0
+    goes on. The newcomer's text is still the one `textgen sample` gives: lane 0 did not advance a row it no longer
+    owns (it did, when its round re-read the rows after freeing one)."""
+    engine = Engine(sampler, slots=4, max_queue=4, lanes=2)
+    pausing = PausingLock(engine, lane=0, busy=1)
+    engine.lock._lock = pausing
+    engine.start()
+    try:
+        freed = engine.submit(Job(("a",), max_chars=10**6), Collector(1))  # lane 0, row 0
+        kept = submit(engine, Job(("b",), max_chars=10**6))  # lane 0, row 1 (each lane holds up to 2)
+        wait_until(lambda: kept.events, "the second request got no event")
+        pausing.armed = True
+        engine.cancel(freed)
+        assert pausing.paused.wait(30), "lane 0 did not free the cancelled row"
+        # Two rows do not fit lane 0 beside its one: lane 1 takes them, the first being the row lane 0 just freed.
+        job = Job(("The old ",), max_chars=300, n=2, temperature=0.9, seed=11)
+        newcomer = submit(engine, job)
+        wait_until(lambda: engine.busy_rows == 3, "lane 1 did not claim the freed row")
+        pausing.go.set()
+        texts = newcomer.wait().texts
+        engine.cancel(next(row.ticket for row in engine.rows if row is not None))
+    finally:
+        pausing.go.set()
+        engine.close()
+    expected = sampler.generate(["The old "] * 2, SampleConfig(length=300, num=2, temperature=0.9, seed=11))
+    assert [texts[0], texts[1]] == expected
