@@ -362,3 +362,48 @@ def test_a_row_freed_and_claimed_by_the_other_lane_is_advanced_by_that_lane_alon
         engine.close()
     expected = sampler.generate(["The old "] * 2, SampleConfig(length=300, num=2, temperature=0.9, seed=11))
     assert [texts[0], texts[1]] == expected
+
+
+def test_many_short_requests_over_two_lanes_each_get_the_text_textgen_sample_gives(sampler, monkeypatch) -> None:
+    """Rows freed and claimed all the time: 150 requests of 1 to 3 rows, 1 to 40 characters each, some cut by a stop
+    sequence, some read on arrival, over 8 rows in two lanes whose calls are a few steps long (hundreds of rounds).
+    Every row's text is the one `textgen sample` gives for its seed."""
+    monkeypatch.setattr(engine_module, "CALL_CHARS", 8)
+    monkeypatch.setattr(engine_module, "MIN_STEPS", 2)
+    monkeypatch.setattr(engine_module, "MAX_STEPS", 8)
+    monkeypatch.setattr(engine_module, "FIRST_CHAR_GOAL", 0.0)  # prompts of 2 to 16 ids read on arrival
+    calls = []
+    generate_steps = sampler.generate_steps
+    monkeypatch.setattr(sampler, "generate_steps", lambda *a: calls.append(1) or generate_steps(*a))
+    words = ["a", "The ", "the old fox ", "sat on the mat and ", "x" * 30]
+    jobs = [
+        Job(
+            (words[i % len(words)],),
+            max_chars=1 + (i * 7) % 40,
+            n=1 + i % 3,
+            temperature=[0.0, 0.7, 1.0][i % 3 if i % 4 else 1],
+            top_k=[0, 5][i % 2],
+            seed=i,
+            stops=("e",) if i % 5 == 0 else (),
+        )
+        for i in range(150)
+    ]
+    engine = Engine(sampler, slots=8, max_queue=len(jobs), prefill=16, lanes=2)
+    engine.start()
+    try:
+        results = [submit(engine, job) for job in jobs]
+        for result in results:
+            result.wait()
+        wait_until(lambda: engine.busy_rows == 0, "rows still busy after every request ended")
+    finally:
+        engine.close()
+    assert len(calls) > 300, len(calls)
+    for job, result in zip(jobs, results, strict=True):
+        settings = SampleConfig(
+            length=job.max_chars, num=job.n, temperature=job.temperature, top_k=job.top_k, seed=job.seed
+        )
+        whole = sampler.generate(list(job.prompts) * job.n, settings)
+        expected = [text[: text.find("e")] if job.stops and "e" in text else text for text in whole]
+        assert [result.texts[i] for i in range(job.n)] == expected, job
+        stopped = [Finish.stop if job.stops and "e" in text else Finish.length for text in whole]
+        assert [result.finishes[i] for i in range(job.n)] == stopped, job
