@@ -255,7 +255,7 @@ def test_prompts_read_on_arrival_give_the_same_text(sampler, monkeypatch) -> Non
     engine = Engine(sampler, slots=8, max_queue=8, prefill=64)
     engine.start()
     try:
-        short = submit(engine, Job(("The old ",), max_chars=200, n=2, temperature=0.9, seed=4))
+        short = submit(engine, Job(("The old ", "The dog "), max_chars=200, temperature=0.9, seed=4))
         long = submit(engine, Job(("a prompt longer than the prefill " * 4,), max_chars=100, seed=5))
         tiny = submit(engine, Job(("He ",), max_chars=50, seed=6))
         texts = short.wait().texts
@@ -263,13 +263,12 @@ def test_prompts_read_on_arrival_give_the_same_text(sampler, monkeypatch) -> Non
         tiny_text = tiny.wait().texts[0]
     finally:
         engine.close()
-    # The two rows of "The old " read it in a call of their own and drew their first characters in it; every other
-    # call is one of the batch's, of 4 steps.
+    # The two rows of the first request read their prompts in a call of their own and drew their first characters in
+    # it; every other call is one of the batch's, of 4 steps. (A prompt's n rows read it once: another test.)
     newcomers = (2, sampler.encode_prompts(["The old "])[0].size + engine_module.FIRST_CHARS)
     assert fed.count(newcomers) == 1 and all(steps <= 4 for rows, steps in fed if (rows, steps) != newcomers)
-    assert [texts[0], texts[1]] == sampler.generate(
-        ["The old "] * 2, SampleConfig(length=200, num=2, temperature=0.9, seed=4)
-    )
+    for index, prompt in enumerate(["The old ", "The dog "]):
+        assert texts[index] == sampler.generate([prompt], SampleConfig(length=200, temperature=0.9, seed=4))[0]
     assert long_text == sampler.generate(["a prompt longer than the prefill " * 4], SampleConfig(length=100, seed=5))[0]
     assert tiny_text == sampler.generate(["He "], SampleConfig(length=50, seed=6))[0]
 
@@ -407,3 +406,40 @@ def test_many_short_requests_over_two_lanes_each_get_the_text_textgen_sample_giv
         assert [result.texts[i] for i in range(job.n)] == expected, job
         stopped = [Finish.stop if job.stops and "e" in text else Finish.length for text in whole]
         assert [result.finishes[i] for i in range(job.n)] == stopped, job
+
+
+@pytest.mark.parametrize("prefill", [0, 64])
+def test_a_prompt_s_n_continuations_read_it_once(sampler, monkeypatch, prefill) -> None:
+    """n rows of one prompt: its ids are fed once (in the batch's calls, read on arrival, or the rest of it read
+    apart), and each row's text is still the one `textgen sample` gives, which each row reading the prompt gave."""
+    monkeypatch.setattr(engine_module, "CALL_CHARS", 16)
+    monkeypatch.setattr(engine_module, "MIN_STEPS", 4)
+    monkeypatch.setattr(engine_module, "MAX_STEPS", 16)
+    monkeypatch.setattr(engine_module, "FIRST_CHAR_GOAL", 0.0)
+    fed: list[int] = []
+    generate_steps, read = sampler.generate_steps, sampler.read
+
+    def count_generate(logits, states, uniforms, settings, forced=None):
+        fed.append(0 if forced is None else int((forced >= 0).sum()))
+        return generate_steps(logits, states, uniforms, settings, forced)
+
+    def count_read(ids, states):
+        fed.append(ids.size)
+        return read(ids, states)
+
+    monkeypatch.setattr(sampler, "generate_steps", count_generate)
+    monkeypatch.setattr(sampler, "read", count_read)
+    prompts = ("the old fox sat on the mat and the dog ran " * 2, "The old ")
+    jobs = [Job((prompt,), max_chars=120, n=4, temperature=0.9, seed=9) for prompt in prompts]
+    engine = Engine(sampler, slots=8, max_queue=4, prefill=prefill, lanes=1)
+    engine.start()
+    try:
+        results = [submit(engine, job).wait().texts for job in jobs]  # one at a time: each one's ids counted apart
+    finally:
+        engine.close()
+    monkeypatch.setattr(sampler, "generate_steps", generate_steps)
+    monkeypatch.setattr(sampler, "read", read)
+    assert sum(fed) == sum(sampler.encode_prompts(prompts)[i].size for i in range(2))
+    for prompt, texts in zip(prompts, results, strict=True):
+        expected = sampler.generate([prompt] * 4, SampleConfig(length=120, num=4, temperature=0.9, seed=9))
+        assert [texts[i] for i in range(4)] == expected

@@ -199,6 +199,9 @@ class Row:
     generated: int = 0  # ids drawn so far (the position of its uniforms)
     scanner: StopScanner = field(default_factory=lambda: StopScanner(()))  # the emitter's alone
     ended: bool = False  # its last event is out (set by the emitter): no more events, and its row is freed
+    # Of a prompt's n rows the first reads it, and the others wait for a copy of its state at the prompt's end:
+    follows: Row | None = None  # the row whose state this one waits for (None once it has it)
+    followers: list[Row] = field(default_factory=list)  # the rows waiting for this one's (emptied as they get it)
 
 
 Held = list[tuple[int, Row]]  # a lane's rows for a round: (slot, row)
@@ -315,10 +318,11 @@ class RowTable:
 
     def claim(self, ticket: Ticket, lane: int, prompts: list[np.ndarray]) -> None:
         """Under the lock: give ``ticket`` free rows in ``lane``, n for each of its encoded ``prompts``, their states
-        reset and its strategy set."""
+        reset and its strategy set. The first of a prompt's rows reads it; the others follow it (``Row.follows``)."""
         free = (i for i, row in enumerate(self._rows) if row is None)
         job = ticket.job
         for p, prompt in enumerate(prompts):
+            reader: Row | None = None
             for sample in range(job.n):
                 slot = next(free)
                 for state in self.states:
@@ -326,7 +330,12 @@ class RowTable:
                 self.temperature[slot], self.top_k[slot], self.top_p[slot] = job.temperature, job.top_k, job.top_p
                 self.seeds[slot] = job.seed
                 scanner = StopScanner(job.stops)
-                self._rows[slot] = Row(ticket, lane, p * job.n + sample, sample, prompt, scanner=scanner)
+                row = Row(ticket, lane, p * job.n + sample, sample, prompt, scanner=scanner, follows=reader)
+                if reader is None:
+                    reader = row
+                else:
+                    reader.followers.append(row)
+                self._rows[slot] = row
 
     def hand(self, lane: int, now: float, drain_deadline: float | None) -> tuple[Held, list[tuple[Row, Finish]]]:
         """Under the lock: ``lane``'s rows for its round, once those that are done are given back: those cancelled
@@ -533,8 +542,43 @@ class Engine:
     def _round(self, lane: int, mine: Held) -> None:
         """One round of ``lane`` over the rows the table handed it (``mine``: those it gives back leave the list)."""
         steps = self._call_steps(len(mine))
+        self._share_prompts(lane, mine, steps)
         self._start_newcomers(lane, mine)
         self._advance(lane, mine, steps, timed=True)
+
+    def _slow_in_batch(self, lane: int, length: int, steps: int) -> bool:
+        """Whether the lane's calls of ``steps`` would take longer than ``FIRST_CHAR_GOAL`` to read a prompt of
+        ``length`` ids and draw its first character, at the lane's recent time per step."""
+        step_seconds = self.step_seconds[lane]
+        calls = -(-(length + 1) // steps)  # the call that draws its first character
+        return step_seconds is None or calls * steps * step_seconds > FIRST_CHAR_GOAL
+
+    def _on_arrival(self, lane: int, row: Row, steps: int) -> bool:
+        """Whether ``row``, which has drawn nothing yet, reads its prompt apart from the batch on arrival: one of up to
+        ``prefill`` ids that the batch's calls would be slow to read, and longer than the next call reads."""
+        length = len(row.prompt)
+        return row.generated == 0 and steps <= length <= self.prefill and self._slow_in_batch(lane, length, steps)
+
+    def _share_prompts(self, lane: int, mine: Held, steps: int) -> None:
+        """The n rows of a prompt read it once: its first row reads it, in the batch's calls while the rest is longer
+        than a call, then the rest in a read of its own (a call would draw on past the prompt's end, where its
+        state is wanted), and the rows that follow it take copies of its logits and states. A prompt read on
+        arrival is read so at once. The read costs one batch-1 step per id it has left, at most a call's steps."""
+        slot_of = {id(row): slot for slot, row in mine}
+        for slot, row in mine:
+            left = len(row.prompt) - row.read
+            if not row.followers or (left > steps and not (row.read == 0 and self._on_arrival(lane, row, steps))):
+                continue
+            logits, states = self.table.logits[[slot]], tuple(s[[slot]] for s in self.table.states)
+            for first in range(row.read, len(row.prompt), MAX_STEPS):
+                ids = row.prompt[None, first : first + MAX_STEPS].astype(np.int32)
+                logits, states = self.sampler.read(ids, states)
+            targets = [slot, *(slot_of[id(f)] for f in row.followers)]
+            copies = len(targets)
+            self.table.store(targets, np.repeat(logits, copies, 0), tuple(np.repeat(s, copies, 0) for s in states))
+            for follower in (row, *row.followers):
+                follower.read, follower.follows = len(follower.prompt), None
+            row.followers = []
 
     def _start_newcomers(self, lane: int, mine: Held) -> None:
         """Rows that have just arrived with a prompt of at most ``prefill`` ids, which the lane's calls would take
@@ -543,22 +587,17 @@ class Engine:
         the batch's call runs, and the lane's other rows wait for this call. A prompt the batch's next call reads
         whole is left to it: reading it apart would cost a small batch's steps and gain little."""
         steps = self._call_steps(len(mine))
-        step_seconds = self.step_seconds[lane]
-
-        def slow_in_batch(length: int) -> bool:
-            calls = -(-(length + 1) // steps)  # the call that draws its first character
-            return step_seconds is None or calls * steps * step_seconds > FIRST_CHAR_GOAL
-
         newcomers = [
             (slot, row)
             for slot, row in mine
-            if row.read == 0
-            and row.generated == 0
-            and steps <= len(row.prompt) <= self.prefill
-            and slow_in_batch(len(row.prompt))
+            if row.read in (0, len(row.prompt))  # a prompt's n rows that have just shared its reading, or any row
+            and row.follows is None
+            and not row.followers
+            and self._on_arrival(lane, row, steps)
         ]
         if newcomers:
-            done = self._advance(lane, newcomers, max(len(row.prompt) for _, row in newcomers) + FIRST_CHARS)
+            longest = max(len(row.prompt) - row.read for _, row in newcomers)
+            done = self._advance(lane, newcomers, longest + FIRST_CHARS)
             mine[:] = [held for held in mine if held not in done]
 
     def _call_steps(self, rows: int) -> int:
@@ -571,9 +610,11 @@ class Engine:
         (forced), and draw once it ends, in the same call; the rest draw. Rows that have drawn all they were asked for
         are given back to the table and leave ``mine`` (returned). A lane's batch call (``timed``) updates its time
         per step."""
-        if not mine:
+        waiting = [held for held in mine if held[1].follows is not None]  # for a copy of their prompt's state
+        calling = [held for held in mine if held[1].follows is None]
+        if not calling:
             return []
-        slots, rows = [slot for slot, _ in mine], [row for _, row in mine]
+        slots, rows = [slot for slot, _ in calling], [row for _, row in calling]
         left = max(len(r.prompt) - r.read + r.ticket.job.max_chars - r.generated for r in rows)
         steps = min(left, steps)
         forced = np.full([steps, len(rows)], -1, np.int32)
@@ -604,9 +645,9 @@ class Engine:
             row.generated += int(k)
             last.append(row.generated >= row.ticket.job.max_chars)
         # Rows whose text is all drawn are given back for the next claim; the emitter says the rest.
-        done = [held for held, is_last in zip(mine, last, strict=True) if is_last]
+        done = [held for held, is_last in zip(calling, last, strict=True) if is_last]
         self.table.release(lane, done)
-        mine[:] = [held for held, is_last in zip(mine, last, strict=True) if not is_last]
+        mine[:] = waiting + [held for held, is_last in zip(calling, last, strict=True) if not is_last]
         self._emit().drawn(rows, ids, reads, drawn, last)
         return done
 
