@@ -91,7 +91,7 @@ def test_the_openai_client_gets_the_text_textgen_sample_gives(served, sampler) -
     assert [c.text for c in answer.choices] == expected
     assert [c.finish_reason for c in answer.choices] == ["length", "length"]
     assert answer.usage is not None
-    assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (8, 240)
+    assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (4, 240)  # the prompt is read once
 
     stream = client.completions.create(
         model=served.model, prompt="The ", max_tokens=1000, seed=5, temperature=0.9, stream=True
@@ -116,6 +116,16 @@ def test_stop_sequences_are_trimmed_alike_streamed_and_whole(client, served, sam
     assert streamed[-1] == "[DONE]"
     assert "".join(e["choices"][0]["text"] for e in streamed[:-1]) == answer["choices"][0]["text"]
     assert streamed[-2]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_best_of_equal_to_n_is_n_continuations(client, served, sampler) -> None:
+    fields = {"prompt": "The ", "max_tokens": 50, "seed": 3, "temperature": 0.9, "n": 3}
+    answer = completion(client, served, best_of=3, **fields).json()
+    expected = sampler.generate(["The "] * 3, SampleConfig(length=50, num=3, temperature=0.9, seed=3))
+    assert [c["text"] for c in answer["choices"]] == expected
+    assert completion(client, served, best_of=1, **fields).json()["choices"] == answer["choices"]
+    error = completion(client, served, best_of=2, **fields).json()["error"]
+    assert (error["param"], error["code"]) == ("best_of", "invalid_value")
 
 
 def test_a_streamed_answer_can_end_with_its_usage(client, served) -> None:
@@ -168,7 +178,8 @@ def test_bad_requests_get_a_json_error_naming_the_field(client, served, fields, 
         ({"max_tokens": 0}, "invalid_value", "from 1 to 1,000,000"),
         ({"logprobs": 0}, "unsupported_parameter", "does not return the characters' log-probabilities"),
         ({"presence_penalty": 0.5}, "unsupported_parameter", "does not penalise repeats"),
-        ({"best_of": 3}, "unsupported_parameter", "ask for n"),
+        ({"best_of": 3}, "invalid_value", "must be 1 or equal to 'n' (1), got 3: textgen scores no continuation"),
+        ({"best_of": 0}, "invalid_value", "1 or equal to n"),
         ({"n": 9}, "invalid_value", "more than the server's 8 rows"),
     ],
 )

@@ -115,7 +115,7 @@ class CompletionRequest(BaseModel):
     echo: Literal[False] = False
     logprobs: None = None
     suffix: None = None
-    best_of: Literal[1] | None = None
+    best_of: Annotated[int, Field(strict=True, ge=1)] | None = None  # 1 or n: checked with n
     presence_penalty: Literal[0] | None = None
     frequency_penalty: Literal[0] | None = None
     logit_bias: Annotated[dict[str, float], Field(max_length=0)] | None = None
@@ -183,6 +183,13 @@ def completion_job(
         param = API_FIELDS.get(exc.field, exc.field)
         value = getattr(body, param)
         raise ApiError(422, f"The field '{param}' must be {exc.rule} (got {shown(value)}).", param, INVALID) from None
+    if body.best_of not in (None, 1, body.n):
+        message = (
+            f"The field 'best_of' must be 1 or equal to 'n' ({body.n}), got {body.best_of}: textgen scores no "
+            f"continuation to choose among, so it draws exactly the n it returns. Send 'best_of' as {body.n}, or "
+            f"leave it out and choose among n yourself."
+        )
+        raise ApiError(422, message, "best_of", INVALID)
     rows = len(body.prompts) * body.n
     if rows > engine.slots:
         message = (
@@ -270,7 +277,7 @@ class Completion:
         return ",".join(sorted({finish or "cancelled" for finish in self.finishes}))
 
     def usage(self) -> dict[str, int]:
-        prompt = sum(len(p) for p in self.job.prompts) * self.job.n
+        prompt = sum(len(p) for p in self.job.prompts)  # each read once, whatever n
         return {"prompt_tokens": prompt, "completion_tokens": self.chars, "total_tokens": prompt + self.chars}
 
     def whole(self) -> dict[str, Any]:
@@ -360,6 +367,7 @@ RULES = {
     "stream": "true or false",
     "stream_options": 'an object {"include_usage": true or false}, or null',
     "user": "a string",
+    "best_of": "an integer, 1 or equal to n, or null",
 }
 
 # Fields of OpenAI's API that a character model cannot honour: what may be sent, and why.
@@ -367,7 +375,6 @@ UNSUPPORTED = {
     "echo": ("false", "the answer holds the continuation only; put the prompt before it yourself"),
     "logprobs": ("null", "textgen's compiled sampler does not return the characters' log-probabilities"),
     "suffix": ("null", "a character model writes left to right and cannot aim at a given ending"),
-    "best_of": ("1 or null", "each continuation is drawn once and not scored; ask for n and choose yourself"),
     "presence_penalty": ("0 or null", "textgen does not penalise repeats; temperature, top_k and top_p shape the text"),
     "frequency_penalty": (
         "0 or null",
