@@ -316,6 +316,12 @@ def _add_completions(app: FastAPI, engine: Engine, card: ModelCard, config: Serv
     async def completions(body: CompletionRequest, request: Request) -> Response:
         arrived = time.monotonic()
         job, warnings = completion_job(body, card, engine, config)
+        if body.max_tokens == 0:  # echo alone: the prompts scored, nothing generated, no rows taken
+            completion = Completion(body, job, card, warnings, arrived, metrics, engine.sampler)
+            request.state.completion = completion
+            if body.stream:
+                return StreamingResponse(completion.echo_stream(), media_type="text/event-stream")
+            return JSONResponse(await completion.echo_only())
         if not dispatchers or dispatchers[0].loop is not asyncio.get_running_loop():
             dispatchers[:] = [Dispatcher(asyncio.get_running_loop())]
         events: asyncio.Queue[Event] = asyncio.Queue()
@@ -332,7 +338,7 @@ def _add_completions(app: FastAPI, engine: Engine, card: ModelCard, config: Serv
             message = "The server is shutting down: send the request to another one, or retry once it is back."
             headers = {"Retry-After": str(RETRY_AFTER), "Connection": "close"}
             raise ApiError(503, message, kind="server_error", headers=headers) from None
-        completion = Completion(body, job, card, warnings, arrived, metrics)
+        completion = Completion(body, job, card, warnings, arrived, metrics, engine.sampler)
         request.state.completion = completion  # for the request's log line
         if body.stream:
             return StreamingResponse(
