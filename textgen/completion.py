@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from textgen.config import (
+    MAX_LOGPROB_ENTRIES,
     MAX_PROMPT_CHARS,
     MAX_PROMPTS,
     MAX_REQUEST_CHARS,
@@ -35,9 +36,6 @@ from textgen.errors import FieldError, shown
 from textgen.generation import Sampler
 from textgen.logprobs import MAX_LOGPROBS, CharScorer, Logprobs
 
-# Characters one request may have scored with ``logprobs`` or ``echo`` (the echoed prompts n times over, and the
-# continuations): each is a batch-1 read step and ~25 bytes of JSON per alternative, up to 21 of them.
-MAX_SCORED_CHARS = 100_000
 DISCONNECT_CHECK = 0.5  # seconds between checks that a non-streamed request's client is still there
 
 
@@ -224,15 +222,17 @@ def completion_job(
         )
         raise ApiError(422, message, "max_tokens", INVALID)
     prompt_chars = sum(map(len, body.prompts))
-    echoed = prompt_chars * body.n if body.echo else 0
-    if scored and echoed + rows * body.max_tokens > MAX_SCORED_CHARS:
-        field_name = "logprobs" if body.logprobs is not None else "echo"
-        message = (
-            f"A request with 'logprobs' or 'echo' has at most {MAX_SCORED_CHARS:,} characters scored and returned, "
-            f"and this one has {echoed + rows * body.max_tokens:,} (the prompts x n when echoed, plus max_tokens x "
-            f"n x prompts): send a smaller 'max_tokens', shorter prompts or fewer of them."
-        )
-        raise ApiError(422, message, field_name, INVALID)
+    if body.logprobs is not None:
+        chars = (prompt_chars * body.n if body.echo else 0) + rows * body.max_tokens
+        entries = chars * (1 + body.logprobs)
+        if entries > MAX_LOGPROB_ENTRIES:
+            message = (
+                f"A request's log-probabilities may hold at most {MAX_LOGPROB_ENTRIES:,} entries (characters scored "
+                f"x (1 + logprobs)), and this one asks for {chars:,} x {1 + body.logprobs} = {entries:,} (the "
+                f"prompts x n when echoed, plus max_tokens x n x prompts): send a smaller 'logprobs' or "
+                f"'max_tokens', or shorter prompts."
+            )
+            raise ApiError(422, message, "logprobs", INVALID)
     if prompt_chars > MAX_PROMPT_CHARS:
         message = (
             f"The prompts hold {prompt_chars:,} characters, more than the {MAX_PROMPT_CHARS:,} allowed: send a "

@@ -45,7 +45,7 @@ from textgen.completion import (
     completion_job,
     validation_error,
 )
-from textgen.config import MAX_REQUEST_CHARS, ModelConfig, ServeConfig
+from textgen.config import MAX_LOGPROB_ENTRIES, MAX_REQUEST_CHARS, ModelConfig, ServeConfig
 from textgen.engine import Draining, Engine, Event, QueueFull
 from textgen.errors import ConfigError, shown
 from textgen.plot import loss_svg, read_history
@@ -254,7 +254,7 @@ def _add_model_routes(app: FastAPI, engine: Engine, card: ModelCard, config: Ser
 
     @app.get("/info")
     async def info() -> dict[str, Any]:
-        limits = {"max_tokens": MAX_REQUEST_CHARS, "max_n": engine.slots}
+        limits = {"max_tokens": MAX_REQUEST_CHARS, "max_n": engine.slots, "max_logprob_entries": MAX_LOGPROB_ENTRIES}
         return {**asdict(card), "limits": limits, "auth": config.api_key is not None}
 
     @app.get("/v1/models")
