@@ -104,6 +104,22 @@ def test_the_openai_client_gets_the_text_textgen_sample_gives(served, sampler) -
     assert chunks[-1].choices[0].finish_reason == "length"
 
 
+def test_the_openai_client_reads_logprobs_and_echo(served) -> None:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=served.url + "/v1", api_key="unused")
+    text = "the old fox sat on the mat"
+    scored = client.completions.create(model=served.model, prompt=text, max_tokens=0, echo=True, logprobs=0)
+    logprobs = scored.choices[0].logprobs
+    assert scored.choices[0].text == text and logprobs is not None
+    assert logprobs.tokens == list(text) and logprobs.text_offset == list(range(len(text)))
+    assert logprobs.token_logprobs is not None and logprobs.token_logprobs[0] is None
+    assert all(x is not None and x < 0 for x in logprobs.token_logprobs[1:])
+    answer = client.completions.create(model=served.model, prompt="the ", max_tokens=20, n=2, best_of=2, logprobs=3)
+    for choice in answer.choices:
+        assert choice.logprobs is not None and "".join(choice.logprobs.tokens or []) == choice.text
+
+
 def test_stop_sequences_are_trimmed_alike_streamed_and_whole(client, served, sampler) -> None:
     whole = sampler.generate(["a"], SampleConfig(length=300, temperature=0.0))[0]
     stop = whole[100:104]

@@ -427,7 +427,8 @@ class Completion:
                 batch = [await events.get()]
                 while not events.empty():
                     batch.append(events.get_nowait())
-                scores = await asyncio.to_thread(self.score, batch) if self.scoring else [None] * len(batch)
+                scored_batch = self.body.logprobs is not None
+                scores = await asyncio.to_thread(self.score, batch) if scored_batch else [None] * len(batch)
                 lines = []
                 for event, scored in zip(batch, scores, strict=True):
                     self.take(event)
