@@ -365,7 +365,7 @@ def test_a_row_freed_and_claimed_by_the_other_lane_is_advanced_by_that_lane_alon
 
 def test_many_short_requests_over_two_lanes_each_get_the_text_textgen_sample_gives(sampler, monkeypatch) -> None:
     """Rows freed and claimed all the time: 150 requests of 1 to 3 rows, 1 to 40 characters each, some cut by a stop
-    sequence, some read on arrival, over 8 rows in two lanes whose calls are a few steps long (hundreds of rounds).
+    sequence, some read on arrival, over 8 rows in two lanes whose calls are a few steps long (over a thousand calls).
     Every row's text is the one `textgen sample` gives for its seed."""
     monkeypatch.setattr(engine_module, "CALL_CHARS", 8)
     monkeypatch.setattr(engine_module, "MIN_STEPS", 2)
@@ -396,7 +396,7 @@ def test_many_short_requests_over_two_lanes_each_get_the_text_textgen_sample_giv
         wait_until(lambda: engine.busy_rows == 0, "rows still busy after every request ended")
     finally:
         engine.close()
-    assert len(calls) > 300, len(calls)
+    assert len(calls) > 800, len(calls)  # 1,176 in one run
     for job, result in zip(jobs, results, strict=True):
         settings = SampleConfig(
             length=job.max_chars, num=job.n, temperature=job.temperature, top_k=job.top_k, seed=job.seed

@@ -1,10 +1,12 @@
 """Continuous batching: many requests share one sampler's batched step; no TensorFlow here.
 
-The engine holds ``slots`` rows of LSTM state, advanced by ``lanes`` scheduler threads. Each busy row belongs to
-the lane that admitted it, and each lane repeats a round over its own rows:
+The engine's ``RowTable`` holds ``slots`` rows of LSTM state, advanced by ``lanes`` scheduler threads. Each busy
+row belongs to the lane that admitted it; each round the table hands a lane its rows, and the lane touches no other
+row, nor one it has given back. Each lane repeats a round over its own rows:
 
 * requests that were cancelled or ran out of time leave their rows (or the queue);
-* waiting requests take free rows, their states reset to zero;
+* waiting requests take free rows, their states reset to zero; a prompt's n rows read it once (the first reads it,
+  the others copy its state at its end);
 * newcomers with a prompt of up to ``prefill`` ids read it and draw their first characters in a call of their own,
   at their small batch (a quick first character; the others wait the ~10 ms it takes);
 * every busy row advances in one ``Sampler.generate_steps`` call: a row still reading its prompt is fed its next
@@ -12,7 +14,7 @@ the lane that admitted it, and each lane repeats a round over its own rows:
   only (one request runs at the single-stream speed), and a call is short (``CALL_CHARS`` characters over all
   rows), so that text streams out, newcomers join within tens of milliseconds, and a 100 KB prompt is read a
   call's steps at a time beside the others' streams;
-* rows that have drawn all they were asked for are freed at once; the call's ids go to an emitter thread, which
+* rows that have drawn all they were asked for are given back at once; the call's ids go to the ``Emitter``, which
   turns them into each request's text (cut at its stop sequences) and tells its listener while the next call runs.
   A row whose stop sequence the emitter finds is freed by the round after.
 
