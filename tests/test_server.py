@@ -115,6 +115,12 @@ def test_the_openai_client_reads_logprobs_and_echo(served) -> None:
     assert logprobs.tokens == list(text) and logprobs.text_offset == list(range(len(text)))
     assert logprobs.token_logprobs is not None and logprobs.token_logprobs[0] is None
     assert all(x is not None and x < 0 for x in logprobs.token_logprobs[1:])
+    for prompt in ("", "\u263a"):  # nothing the model knows: it reads a newline, which is not echoed
+        empty = client.completions.create(model=served.model, prompt=prompt, max_tokens=3, echo=True, logprobs=1)
+        choice = empty.choices[0]
+        assert choice.logprobs is not None and choice.text.startswith(prompt) and len(choice.text) == len(prompt) + 3
+        assert choice.logprobs.text_offset == [len(prompt) + i for i in range(3)]
+        assert choice.logprobs.token_logprobs is not None and None not in choice.logprobs.token_logprobs
     answer = client.completions.create(model=served.model, prompt="the ", max_tokens=20, n=2, best_of=2, logprobs=3)
     for choice in answer.choices:
         assert choice.logprobs is not None and "".join(choice.logprobs.tokens or []) == choice.text

@@ -301,10 +301,12 @@ class Completion:
         top = self.body.logprobs
         for prompt, ids in zip(self.job.prompts, self.sampler.encode_prompts(self.job.prompts), strict=True):
             scorer = CharScorer(self.sampler, top)
-            known = self.sampler.encode_prompts([prompt], fallback=False)[0].size > 0
-            read = scorer.score(prompt if known else self.sampler.vocab.decode(ids))  # as the engine reads it
-            if not self.body.echo:
-                scorer.offset = 0
+            if self.sampler.encode_prompts([prompt], fallback=False)[0].size:
+                read = scorer.score(prompt)
+            else:  # nothing the model knows: the engine reads its fallback (a newline), which is not echoed
+                scorer.score(self.sampler.vocab.decode(ids))
+                read = Logprobs()
+            scorer.offset = len(prompt) if self.body.echo else 0  # where the continuation starts in the choice's text
             for _ in range(self.job.n):
                 index = len(self.scorers)
                 self.scorers.append(scorer.copy())
