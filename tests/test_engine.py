@@ -9,6 +9,7 @@ import threading
 import time
 from collections import defaultdict
 
+import numpy as np
 import pytest
 from helpers import wait_until
 from hypothesis import example, given
@@ -443,3 +444,17 @@ def test_a_prompt_s_n_continuations_read_it_once(sampler, monkeypatch, prefill) 
     for prompt, texts in zip(prompts, results, strict=True):
         expected = sampler.generate([prompt] * 4, SampleConfig(length=120, num=4, temperature=0.9, seed=9))
         assert [texts[i] for i in range(4)] == expected
+
+
+def test_the_compiled_read_of_every_step_s_logits_is_the_step_by_step_one(sampler) -> None:
+    """``Generator.read_logits`` (the server's logprobs) against ``Sampler.read_logits``, a ``read`` call a step."""
+    from textgen.generation import Sampler
+
+    ids = sampler.encode_prompts(["the old fox sat on the mat"])[0]
+    start = tuple(s + 0.1 for s in sampler.zero_states(1))  # on top of a state, not only from zero
+    compiled, compiled_states = sampler.read_logits(ids, start)
+    stepped, stepped_states = Sampler.read_logits(sampler, ids, start)
+    assert compiled.shape == (len(ids), sampler.vocab.size)
+    np.testing.assert_allclose(compiled, stepped, atol=1e-5)
+    for a, b in zip(compiled_states, stepped_states, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
