@@ -9,6 +9,7 @@ import threading
 import time
 from collections import defaultdict
 
+import numpy as np
 import pytest
 from helpers import wait_until
 from hypothesis import example, given
@@ -255,7 +256,7 @@ def test_prompts_read_on_arrival_give_the_same_text(sampler, monkeypatch) -> Non
     engine = Engine(sampler, slots=8, max_queue=8, prefill=64)
     engine.start()
     try:
-        short = submit(engine, Job(("The old ",), max_chars=200, n=2, temperature=0.9, seed=4))
+        short = submit(engine, Job(("The old ", "The dog "), max_chars=200, temperature=0.9, seed=4))
         long = submit(engine, Job(("a prompt longer than the prefill " * 4,), max_chars=100, seed=5))
         tiny = submit(engine, Job(("He ",), max_chars=50, seed=6))
         texts = short.wait().texts
@@ -263,13 +264,12 @@ def test_prompts_read_on_arrival_give_the_same_text(sampler, monkeypatch) -> Non
         tiny_text = tiny.wait().texts[0]
     finally:
         engine.close()
-    # The two rows of "The old " read it in a call of their own and drew their first characters in it; every other
-    # call is one of the batch's, of 4 steps.
+    # The two rows of the first request read their prompts in a call of their own and drew their first characters in
+    # it; every other call is one of the batch's, of 4 steps. (A prompt's n rows read it once: another test.)
     newcomers = (2, sampler.encode_prompts(["The old "])[0].size + engine_module.FIRST_CHARS)
     assert fed.count(newcomers) == 1 and all(steps <= 4 for rows, steps in fed if (rows, steps) != newcomers)
-    assert [texts[0], texts[1]] == sampler.generate(
-        ["The old "] * 2, SampleConfig(length=200, num=2, temperature=0.9, seed=4)
-    )
+    for index, prompt in enumerate(["The old ", "The dog "]):
+        assert texts[index] == sampler.generate([prompt], SampleConfig(length=200, temperature=0.9, seed=4))[0]
     assert long_text == sampler.generate(["a prompt longer than the prefill " * 4], SampleConfig(length=100, seed=5))[0]
     assert tiny_text == sampler.generate(["He "], SampleConfig(length=50, seed=6))[0]
 
@@ -309,3 +309,152 @@ def test_two_lanes_share_the_rows(sampler) -> None:
     finally:
         engine.close()
     assert lanes == [0, 0, 1, 1]  # each lane at most half of the rows
+
+
+class PausingLock:
+    """An engine lock's inner lock that, once armed, holds the thread of ``lane`` just after it lets go of the lock
+    with ``busy`` rows busy, until the test says go: the gap in which another lane may claim a row the first freed."""
+
+    def __init__(self, engine: Engine, lane: int, busy: int) -> None:
+        self.engine, self.inner, self.name, self.busy = engine, engine.lock._lock, f"textgen-engine-{lane}", busy
+        self.armed, self.paused, self.go = False, threading.Event(), threading.Event()
+
+    def __enter__(self):
+        return self.inner.__enter__()
+
+    def __exit__(self, *args):
+        released = self.inner.__exit__(*args)
+        here = threading.current_thread().name == self.name
+        if self.armed and here and self.engine.busy_rows == self.busy:
+            self.armed = False
+            self.paused.set()
+            assert self.go.wait(30), "the test never let the lane go on"
+        return released
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_a_row_freed_and_claimed_by_the_other_lane_is_advanced_by_that_lane_alone(sampler) -> None:
+    """Lane 0 frees a cancelled request's row and is held just after; lane 1 claims that row for a newcomer; lane 0
+    goes on. The newcomer's text is still the one `textgen sample` gives: lane 0 did not advance a row it no longer
+    owns (it did, when its round re-read the rows after freeing one)."""
+    engine = Engine(sampler, slots=4, max_queue=4, lanes=2)
+    pausing = PausingLock(engine, lane=0, busy=1)
+    engine.lock._lock = pausing
+    engine.start()
+    try:
+        freed = engine.submit(Job(("a",), max_chars=10**6), Collector(1))  # lane 0, row 0
+        kept = submit(engine, Job(("b",), max_chars=10**6))  # lane 0, row 1 (each lane holds up to 2)
+        wait_until(lambda: kept.events, "the second request got no event")
+        pausing.armed = True
+        engine.cancel(freed)
+        assert pausing.paused.wait(30), "lane 0 did not free the cancelled row"
+        # Two rows do not fit lane 0 beside its one: lane 1 takes them, the first being the row lane 0 just freed.
+        job = Job(("The old ",), max_chars=300, n=2, temperature=0.9, seed=11)
+        newcomer = submit(engine, job)
+        wait_until(lambda: engine.busy_rows == 3, "lane 1 did not claim the freed row")
+        pausing.go.set()
+        texts = newcomer.wait().texts
+        engine.cancel(next(row.ticket for row in engine.rows if row is not None))
+    finally:
+        pausing.go.set()
+        engine.close()
+    expected = sampler.generate(["The old "] * 2, SampleConfig(length=300, num=2, temperature=0.9, seed=11))
+    assert [texts[0], texts[1]] == expected
+
+
+def test_many_short_requests_over_two_lanes_each_get_the_text_textgen_sample_gives(sampler, monkeypatch) -> None:
+    """Rows freed and claimed all the time: 150 requests of 1 to 3 rows, 1 to 40 characters each, some cut by a stop
+    sequence, some read on arrival, over 8 rows in two lanes whose calls are a few steps long (over a thousand calls).
+    Every row's text is the one `textgen sample` gives for its seed."""
+    monkeypatch.setattr(engine_module, "CALL_CHARS", 8)
+    monkeypatch.setattr(engine_module, "MIN_STEPS", 2)
+    monkeypatch.setattr(engine_module, "MAX_STEPS", 8)
+    monkeypatch.setattr(engine_module, "FIRST_CHAR_GOAL", 0.0)  # prompts of 2 to 16 ids read on arrival
+    calls = []
+    generate_steps = sampler.generate_steps
+    monkeypatch.setattr(sampler, "generate_steps", lambda *a: calls.append(1) or generate_steps(*a))
+    words = ["a", "The ", "the old fox ", "sat on the mat and ", "x" * 30]
+    jobs = [
+        Job(
+            (words[i % len(words)],),
+            max_chars=1 + (i * 7) % 40,
+            n=1 + i % 3,
+            temperature=[0.0, 0.7, 1.0][i % 3 if i % 4 else 1],
+            top_k=[0, 5][i % 2],
+            seed=i,
+            stops=("e",) if i % 5 == 0 else (),
+        )
+        for i in range(150)
+    ]
+    engine = Engine(sampler, slots=8, max_queue=len(jobs), prefill=16, lanes=2)
+    engine.start()
+    try:
+        results = [submit(engine, job) for job in jobs]
+        for result in results:
+            result.wait()
+        wait_until(lambda: engine.busy_rows == 0, "rows still busy after every request ended")
+    finally:
+        engine.close()
+    assert len(calls) > 800, len(calls)  # 1,176 in one run
+    for job, result in zip(jobs, results, strict=True):
+        settings = SampleConfig(
+            length=job.max_chars, num=job.n, temperature=job.temperature, top_k=job.top_k, seed=job.seed
+        )
+        whole = sampler.generate(list(job.prompts) * job.n, settings)
+        expected = [text[: text.find("e")] if job.stops and "e" in text else text for text in whole]
+        assert [result.texts[i] for i in range(job.n)] == expected, job
+        stopped = [Finish.stop if job.stops and "e" in text else Finish.length for text in whole]
+        assert [result.finishes[i] for i in range(job.n)] == stopped, job
+
+
+@pytest.mark.parametrize("prefill", [0, 64])
+def test_a_prompt_s_n_continuations_read_it_once(sampler, monkeypatch, prefill) -> None:
+    """n rows of one prompt: its ids are fed once (in the batch's calls, read on arrival, or the rest of it read
+    apart), and each row's text is still the one `textgen sample` gives, which each row reading the prompt gave."""
+    monkeypatch.setattr(engine_module, "CALL_CHARS", 16)
+    monkeypatch.setattr(engine_module, "MIN_STEPS", 4)
+    monkeypatch.setattr(engine_module, "MAX_STEPS", 16)
+    monkeypatch.setattr(engine_module, "FIRST_CHAR_GOAL", 0.0)
+    fed: list[int] = []
+    generate_steps, read = sampler.generate_steps, sampler.read
+
+    def count_generate(logits, states, uniforms, settings, forced=None):
+        fed.append(0 if forced is None else int((forced >= 0).sum()))
+        return generate_steps(logits, states, uniforms, settings, forced)
+
+    def count_read(ids, states):
+        fed.append(ids.size)
+        return read(ids, states)
+
+    monkeypatch.setattr(sampler, "generate_steps", count_generate)
+    monkeypatch.setattr(sampler, "read", count_read)
+    prompts = ("the old fox sat on the mat and the dog ran " * 2, "The old ")
+    jobs = [Job((prompt,), max_chars=120, n=4, temperature=0.9, seed=9) for prompt in prompts]
+    engine = Engine(sampler, slots=8, max_queue=4, prefill=prefill, lanes=1)
+    engine.start()
+    try:
+        results = [submit(engine, job).wait().texts for job in jobs]  # one at a time: each one's ids counted apart
+    finally:
+        engine.close()
+    monkeypatch.setattr(sampler, "generate_steps", generate_steps)
+    monkeypatch.setattr(sampler, "read", read)
+    assert sum(fed) == sum(sampler.encode_prompts(prompts)[i].size for i in range(2))
+    for prompt, texts in zip(prompts, results, strict=True):
+        expected = sampler.generate([prompt] * 4, SampleConfig(length=120, num=4, temperature=0.9, seed=9))
+        assert [texts[i] for i in range(4)] == expected
+
+
+def test_the_compiled_read_of_every_step_s_logits_is_the_step_by_step_one(sampler) -> None:
+    """``Generator.read_logits`` (the server's logprobs) against ``Sampler.read_logits``, a ``read`` call a step."""
+    from textgen.generation import Sampler
+
+    ids = sampler.encode_prompts(["the old fox sat on the mat"])[0]
+    start = tuple(s + 0.1 for s in sampler.zero_states(1))  # on top of a state, not only from zero
+    compiled, compiled_states = sampler.read_logits(ids, start)
+    stepped, stepped_states = Sampler.read_logits(sampler, ids, start)
+    assert compiled.shape == (len(ids), sampler.vocab.size)
+    np.testing.assert_allclose(compiled, stepped, atol=1e-5)
+    for a, b in zip(compiled_states, stepped_states, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)

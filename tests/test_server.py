@@ -91,7 +91,7 @@ def test_the_openai_client_gets_the_text_textgen_sample_gives(served, sampler) -
     assert [c.text for c in answer.choices] == expected
     assert [c.finish_reason for c in answer.choices] == ["length", "length"]
     assert answer.usage is not None
-    assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (8, 240)
+    assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (4, 240)  # the prompt is read once
 
     stream = client.completions.create(
         model=served.model, prompt="The ", max_tokens=1000, seed=5, temperature=0.9, stream=True
@@ -102,6 +102,28 @@ def test_the_openai_client_gets_the_text_textgen_sample_gives(served, sampler) -
     assert streamed == sampler.generate(["The "], SampleConfig(length=1000, temperature=0.9, seed=5))[0]
     assert 1 < len(chunks) < 200, "several characters an event"
     assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_the_openai_client_reads_logprobs_and_echo(served) -> None:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=served.url + "/v1", api_key="unused")
+    text = "the old fox sat on the mat"
+    scored = client.completions.create(model=served.model, prompt=text, max_tokens=0, echo=True, logprobs=0)
+    logprobs = scored.choices[0].logprobs
+    assert scored.choices[0].text == text and logprobs is not None
+    assert logprobs.tokens == list(text) and logprobs.text_offset == list(range(len(text)))
+    assert logprobs.token_logprobs is not None and logprobs.token_logprobs[0] is None
+    assert all(x is not None and x < 0 for x in logprobs.token_logprobs[1:])
+    for prompt in ("", "\u263a"):  # nothing the model knows: it reads a newline, which is not echoed
+        empty = client.completions.create(model=served.model, prompt=prompt, max_tokens=3, echo=True, logprobs=1)
+        choice = empty.choices[0]
+        assert choice.logprobs is not None and choice.text.startswith(prompt) and len(choice.text) == len(prompt) + 3
+        assert choice.logprobs.text_offset == [len(prompt) + i for i in range(3)]
+        assert choice.logprobs.token_logprobs is not None and None not in choice.logprobs.token_logprobs
+    answer = client.completions.create(model=served.model, prompt="the ", max_tokens=20, n=2, best_of=2, logprobs=3)
+    for choice in answer.choices:
+        assert choice.logprobs is not None and "".join(choice.logprobs.tokens or []) == choice.text
 
 
 def test_stop_sequences_are_trimmed_alike_streamed_and_whole(client, served, sampler) -> None:
@@ -116,6 +138,16 @@ def test_stop_sequences_are_trimmed_alike_streamed_and_whole(client, served, sam
     assert streamed[-1] == "[DONE]"
     assert "".join(e["choices"][0]["text"] for e in streamed[:-1]) == answer["choices"][0]["text"]
     assert streamed[-2]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_best_of_equal_to_n_is_n_continuations(client, served, sampler) -> None:
+    fields = {"prompt": "The ", "max_tokens": 50, "seed": 3, "temperature": 0.9, "n": 3}
+    answer = completion(client, served, best_of=3, **fields).json()
+    expected = sampler.generate(["The "] * 3, SampleConfig(length=50, num=3, temperature=0.9, seed=3))
+    assert [c["text"] for c in answer["choices"]] == expected
+    assert completion(client, served, best_of=1, **fields).json()["choices"] == answer["choices"]
+    error = completion(client, served, best_of=2, **fields).json()["error"]
+    assert (error["param"], error["code"]) == ("best_of", "invalid_value")
 
 
 def test_a_streamed_answer_can_end_with_its_usage(client, served) -> None:
@@ -141,8 +173,10 @@ def test_a_streamed_answer_can_end_with_its_usage(client, served) -> None:
         ({"n": 9}, 422, "n"),
         ({"seed": -1}, 422, "seed"),
         ({"stream": "yes"}, 422, "stream"),
-        ({"logprobs": 2}, 422, "logprobs"),
-        ({"echo": True}, 422, "echo"),
+        ({"logprobs": 21}, 422, "logprobs"),
+        ({"logprobs": -1}, 422, "logprobs"),
+        ({"echo": "yes"}, 422, "echo"),
+        ({"logprobs": 20, "max_tokens": 5_000}, 422, "logprobs"),  # over the entries allowed
         ({"colour": "red"}, 422, "colour"),
         ({"model": "gpt-4"}, 404, "model"),
         ({"stop": ["x" * (MAX_STOP_CHARS + 1)]}, 422, "stop"),
@@ -166,9 +200,12 @@ def test_bad_requests_get_a_json_error_naming_the_field(client, served, fields, 
         ({"colour": "red"}, "unknown_parameter", "the fields are model, prompt"),
         ({"temperature": "hot"}, "invalid_type", "must be a number"),
         ({"max_tokens": 0}, "invalid_value", "from 1 to 1,000,000"),
-        ({"logprobs": 0}, "unsupported_parameter", "does not return the characters' log-probabilities"),
+        ({"logprobs": 21}, "invalid_value", "from 0 to 20"),
+        ({"logprobs": 1, "max_tokens": 30_000, "n": 2}, "invalid_value", "60,000 x 2 = 120,000"),
+        ({"max_tokens": 0}, "invalid_value", "0 only with 'echo' true"),
         ({"presence_penalty": 0.5}, "unsupported_parameter", "does not penalise repeats"),
-        ({"best_of": 3}, "unsupported_parameter", "ask for n"),
+        ({"best_of": 3}, "invalid_value", "must be 1 or equal to 'n' (1), got 3: textgen scores no continuation"),
+        ({"best_of": 0}, "invalid_value", "1 or equal to n"),
         ({"n": 9}, "invalid_value", "more than the server's 8 rows"),
     ],
 )
@@ -408,3 +445,66 @@ def test_an_export_answers_to_its_run_s_name_too() -> None:
     check_model("wp", card)
     with pytest.raises(ApiError, match="send 'model' as 'wp-litert-int8'"):
         check_model("gpt-4", card)
+
+
+def test_echoed_prompt_log_probabilities_sum_to_what_textgen_evaluate_scores(client, served, trained_run, tmp_path):
+    """max_tokens 0 with echo scores a text without generating: its characters' log-probabilities, the first null,
+    sum to minus the cross-entropy `textgen evaluate --streams 1` gives the same text."""
+    from textgen.evaluate import evaluate_run
+
+    text = "the quick fox sat on the mat\nand the old dog ran over the river " * 6
+    path = tmp_path / "scored.txt"
+    path.write_text(text, encoding="utf-8")
+    evaluation = evaluate_run(trained_run.run, file=str(path), streams=1)
+    answer = completion(client, served, prompt=text, max_tokens=0, echo=True, logprobs=3).json()
+    choice = answer["choices"][0]
+    assert choice["text"] == text and choice["finish_reason"] == "length"
+    scored = choice["logprobs"]
+    assert scored["tokens"] == list(text) and scored["text_offset"] == list(range(len(text)))
+    assert scored["token_logprobs"][0] is None and scored["top_logprobs"][0] is None
+    assert -sum(scored["token_logprobs"][1:]) == pytest.approx(evaluation.nats_per_char * evaluation.chars, rel=1e-4)
+    assert evaluation.chars == len(text) - 1
+    for chosen, token, top in zip(scored["token_logprobs"][1:], text[1:], scored["top_logprobs"][1:], strict=True):
+        assert len(top) in (3, 4) and top[token] == pytest.approx(chosen)
+        assert max(top.values()) >= chosen
+    assert answer["usage"]["completion_tokens"] == 0
+
+
+def test_logprobs_of_a_continuation_whole_and_streamed_are_those_of_its_text_scored(client, served, sampler) -> None:
+    # "the ": every character in the tiny run's vocabulary (a skipped one keeps its offset but has no token)
+    fields = {"prompt": "the ", "max_tokens": 80, "seed": 2, "temperature": 0.9, "n": 2, "logprobs": 2}
+    whole = completion(client, served, **fields).json()["choices"]
+    expected = sampler.generate(["the "] * 2, SampleConfig(length=80, num=2, temperature=0.9, seed=2))
+    assert [c["text"] for c in whole] == expected  # scoring leaves the text alone
+    for choice in whole:
+        scored = choice["logprobs"]
+        assert "".join(scored["tokens"]) == choice["text"] and scored["text_offset"] == list(range(80))
+        assert all(len(top) in (2, 3) for top in scored["top_logprobs"])
+        # The same characters scored as an echoed text: the continuation's part of it, the same numbers.
+        echoed = completion(client, served, prompt="the " + choice["text"], max_tokens=0, echo=True, logprobs=2)
+        tail = echoed.json()["choices"][0]["logprobs"]["token_logprobs"][4:]
+        assert scored["token_logprobs"] == pytest.approx(tail, abs=1e-4)
+    body = {"model": served.model, "stream": True, "echo": True, **fields}
+    with client.stream("POST", "/v1/completions", json=body) as response:
+        chunks = [e for e in events(response) if e != "[DONE]"]
+    for index, choice in enumerate(whole):
+        parts = [c["choices"][0] for c in chunks if c["choices"][0]["index"] == index]
+        assert "".join(p["text"] for p in parts) == "the " + choice["text"]
+        tokens = [t for p in parts for t in p["logprobs"]["tokens"]]
+        offsets = [o for p in parts for o in p["logprobs"]["text_offset"]]
+        logprobs = [x for p in parts for x in p["logprobs"]["token_logprobs"]]
+        assert tokens == list("the " + choice["text"]) and offsets == list(range(84))
+        assert logprobs[0] is None
+        assert logprobs[4:] == pytest.approx(choice["logprobs"]["token_logprobs"], abs=1e-4)
+
+
+def test_echo_without_logprobs_returns_the_prompt_before_the_text(client, served) -> None:
+    answer = completion(client, served, prompt="ab", max_tokens=5, echo=True).json()["choices"][0]
+    assert answer["text"].startswith("ab") and len(answer["text"]) == 7 and answer["logprobs"] is None
+    streamed_body = {"model": served.model, "prompt": "ab", "max_tokens": 0, "echo": True, "stream": True, "n": 2}
+    with client.stream("POST", "/v1/completions", json=streamed_body) as response:
+        streamed = events(response)
+    assert streamed[-1] == "[DONE]"
+    assert [(e["choices"][0]["text"], e["choices"][0]["finish_reason"]) for e in streamed[:-1]] == [
+        ("ab", "length")
+    ] * 2

@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from textgen.config import (
+    MAX_LOGPROB_ENTRIES,
     MAX_PROMPT_CHARS,
     MAX_PROMPTS,
     MAX_REQUEST_CHARS,
@@ -32,6 +33,8 @@ from textgen.config import (
 )
 from textgen.engine import Engine, Event, Finish, Job
 from textgen.errors import FieldError, shown
+from textgen.generation import Sampler
+from textgen.logprobs import MAX_LOGPROBS, CharScorer, Logprobs
 
 DISCONNECT_CHECK = 0.5  # seconds between checks that a non-streamed request's client is still there
 
@@ -102,7 +105,7 @@ class CompletionRequest(BaseModel):
 
     model: StrictStr
     prompt: StrictStr | Annotated[list[StrictStr], Field(min_length=1, max_length=MAX_PROMPTS)] = ""
-    max_tokens: Annotated[int, Field(strict=True, ge=1, le=MAX_REQUEST_CHARS)] = SampleConfig.length
+    max_tokens: Annotated[int, Field(strict=True, ge=0, le=MAX_REQUEST_CHARS)] = SampleConfig.length  # 0: echo
     temperature: Finite = SampleConfig.temperature
     top_p: Finite = 1.0
     top_k: StrictInt = 0
@@ -112,10 +115,10 @@ class CompletionRequest(BaseModel):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     user: StrictStr | None = None  # recorded by OpenAI for abuse reports; accepted and unused here
-    echo: Literal[False] = False
-    logprobs: None = None
+    echo: StrictBool = False
+    logprobs: Annotated[int, Field(strict=True, ge=0, le=MAX_LOGPROBS)] | None = None
     suffix: None = None
-    best_of: Literal[1] | None = None
+    best_of: Annotated[int, Field(strict=True, ge=1)] | None = None  # 1 or n: checked with n
     presence_penalty: Literal[0] | None = None
     frequency_penalty: Literal[0] | None = None
     logit_bias: Annotated[dict[str, float], Field(max_length=0)] | None = None
@@ -171,9 +174,15 @@ def completion_job(
 ) -> tuple[Job, list[str]]:
     """The engine's job for a checked request, and the warnings its answer carries."""
     check_model(body.model, card)
+    if body.max_tokens == 0 and not body.echo:
+        message = (
+            "The field 'max_tokens' must be from 1 to 1,000,000 (got 0): 0 only with 'echo' true, which scores the "
+            "prompt without generating."
+        )
+        raise ApiError(422, message, "max_tokens", INVALID)
     try:  # the sampling settings' bounds are the CLI's
         settings = SampleConfig(
-            length=body.max_tokens,
+            length=max(1, body.max_tokens),  # 0 with echo: nothing generated
             temperature=float(body.temperature),
             top_k=body.top_k,
             top_p=float(body.top_p),
@@ -183,6 +192,22 @@ def completion_job(
         param = API_FIELDS.get(exc.field, exc.field)
         value = getattr(body, param)
         raise ApiError(422, f"The field '{param}' must be {exc.rule} (got {shown(value)}).", param, INVALID) from None
+    scored = body.logprobs is not None or body.echo
+    if scored and not engine.sampler.concurrent_calls:
+        field_name = "logprobs" if body.logprobs is not None else "echo"
+        message = (
+            f"This server's model runs one call at a time (a LiteRT export), which leaves no room to score "
+            f"characters beside the generation: serve the run or a SavedModel export for '{field_name}', or leave it "
+            f"out."
+        )
+        raise ApiError(422, message, field_name, "unsupported_parameter")
+    if body.best_of not in (None, 1, body.n):
+        message = (
+            f"The field 'best_of' must be 1 or equal to 'n' ({body.n}), got {body.best_of}: textgen scores no "
+            f"continuation to choose among, so it draws exactly the n it returns. Send 'best_of' as {body.n}, or "
+            f"leave it out and choose among n yourself."
+        )
+        raise ApiError(422, message, "best_of", INVALID)
     rows = len(body.prompts) * body.n
     if rows > engine.slots:
         message = (
@@ -197,6 +222,17 @@ def completion_job(
         )
         raise ApiError(422, message, "max_tokens", INVALID)
     prompt_chars = sum(map(len, body.prompts))
+    if body.logprobs is not None:
+        chars = (prompt_chars * body.n if body.echo else 0) + rows * body.max_tokens
+        entries = chars * (1 + body.logprobs)
+        if entries > MAX_LOGPROB_ENTRIES:
+            message = (
+                f"A request's log-probabilities may hold at most {MAX_LOGPROB_ENTRIES:,} entries (characters scored "
+                f"x (1 + logprobs)), and this one asks for {chars:,} x {1 + body.logprobs} = {entries:,} (the "
+                f"prompts x n when echoed, plus max_tokens x n x prompts): send a smaller 'logprobs' or "
+                f"'max_tokens', or shorter prompts."
+            )
+            raise ApiError(422, message, "logprobs", INVALID)
     if prompt_chars > MAX_PROMPT_CHARS:
         message = (
             f"The prompts hold {prompt_chars:,} characters, more than the {MAX_PROMPT_CHARS:,} allowed: send a "
@@ -223,9 +259,17 @@ class Completion:
     """One request's answer as it builds up: streamed as OpenAI's chunks, or whole."""
 
     def __init__(
-        self, body: CompletionRequest, job: Job, card: ModelCard, warnings: list[str], arrived: float, metrics: Metrics
+        self,
+        body: CompletionRequest,
+        job: Job,
+        card: ModelCard,
+        warnings: list[str],
+        arrived: float,
+        metrics: Metrics,
+        sampler: Sampler | None = None,  # needed for logprobs and echo
     ) -> None:
         self.body, self.job, self.warnings, self.arrived, self.metrics = body, job, warnings, arrived, metrics
+        self.sampler = sampler
         self.head = {
             "id": "cmpl-" + secrets.token_hex(12),
             "object": "text_completion",
@@ -237,6 +281,44 @@ class Completion:
         self.pieces: list[list[str]] = [[] for _ in range(job.rows)]  # a whole answer's texts: joined once, at the end
         self.finishes: list[str | None] = [None] * job.rows
         self.first_char: float | None = None
+        # With logprobs or echo: each choice's scorer, its echoed prompt (sent with its first text) and logprobs.
+        self.scorers: list[CharScorer] = []
+        self.echoes = [""] * job.rows
+        self.logprobs = [Logprobs() for _ in range(job.rows)]
+
+    @property
+    def scoring(self) -> bool:
+        return self.body.logprobs is not None or self.body.echo
+
+    def read_prompts(self) -> None:
+        """(A thread's work: it reads text.) Each prompt read once by a scorer, whose state its n choices' scorers
+        copy; with ``echo``, each choice's text starts with its prompt and its log-probabilities."""
+        if self.sampler is None:
+            raise RuntimeError("a completion with logprobs or echo needs the sampler")
+        if self.body.logprobs is None:  # echo alone: the prompts' text, no scores
+            self.echoes = [p for p in self.job.prompts for _ in range(self.job.n)] if self.body.echo else self.echoes
+            return
+        top = self.body.logprobs
+        for prompt, ids in zip(self.job.prompts, self.sampler.encode_prompts(self.job.prompts), strict=True):
+            scorer = CharScorer(self.sampler, top)
+            if self.sampler.encode_prompts([prompt], fallback=False)[0].size:
+                read = scorer.score(prompt)
+            else:  # nothing the model knows: the engine reads its fallback (a newline), which is not echoed
+                scorer.score(self.sampler.vocab.decode(ids))
+                read = Logprobs()
+            scorer.offset = len(prompt) if self.body.echo else 0  # where the continuation starts in the choice's text
+            for _ in range(self.job.n):
+                index = len(self.scorers)
+                self.scorers.append(scorer.copy())
+                if self.body.echo:
+                    self.echoes[index] = prompt
+                    self.logprobs[index] = Logprobs(*(list(part) for part in vars(read).values()))
+
+    def score(self, events: list[Event]) -> list[Logprobs | None]:
+        """(A thread's work.) The log-probabilities of each event's text, in order (None without ``logprobs``)."""
+        if self.body.logprobs is None:
+            return [None] * len(events)
+        return [self.scorers[event.index].score(event.text) for event in events]
 
     def take(self, event: Event) -> None:
         """Record one of the engine's events (a whole answer's ``collect`` keeps its text too)."""
@@ -270,15 +352,45 @@ class Completion:
         return ",".join(sorted({finish or "cancelled" for finish in self.finishes}))
 
     def usage(self) -> dict[str, int]:
-        prompt = sum(len(p) for p in self.job.prompts) * self.job.n
+        prompt = sum(len(p) for p in self.job.prompts)  # each read once, whatever n
         return {"prompt_tokens": prompt, "completion_tokens": self.chars, "total_tokens": prompt + self.chars}
+
+    def score_whole(self) -> None:
+        """(A thread's work.) Each choice's generated text scored, after its echoed prompt."""
+        if self.body.logprobs is not None:
+            for index, pieces in enumerate(self.pieces):
+                self.logprobs[index].extend(self.scorers[index].score("".join(pieces)))
 
     def whole(self) -> dict[str, Any]:
         choices = [
-            {"index": i, "text": "".join(pieces), "logprobs": None, "finish_reason": finish}
+            {
+                "index": i,
+                "text": self.echoes[i] + "".join(pieces),
+                "logprobs": self.logprobs[i].as_json() if self.body.logprobs is not None else None,
+                "finish_reason": finish,
+            }
             for i, (pieces, finish) in enumerate(zip(self.pieces, self.finishes, strict=True))
         ]
         return {**self.head, "choices": choices, "usage": self.usage(), "seed": self.job.seed, **self._warnings()}
+
+    async def echo_only(self) -> dict[str, Any]:
+        """The answer to ``max_tokens`` 0 with ``echo``: each prompt scored, nothing generated."""
+        await asyncio.to_thread(self.read_prompts)
+        self.finishes = [Finish.length.value] * self.job.rows
+        self.end("completed")
+        return self.whole()
+
+    async def echo_stream(self) -> AsyncIterator[bytes]:
+        """``echo_only``'s answer as a stream: a chunk per choice, then the usage if asked, and ``[DONE]``."""
+        whole = await self.echo_only()
+        extra: dict[str, Any] = {"seed": self.job.seed, **self._warnings()}
+        lines = [
+            _sse({**self.head, "choices": [choice], **(extra if i == 0 else {})})
+            for i, choice in enumerate(whole["choices"])
+        ]
+        if self.body.stream_options is not None and self.body.stream_options.include_usage:
+            lines.append(_sse({**self.head, "choices": [], "usage": self.usage()}))
+        yield b"".join([*lines, b"data: [DONE]\n\n"])
 
     def _warnings(self) -> dict[str, list[str]]:
         return {"warnings": self.warnings} if self.warnings else {}
@@ -288,6 +400,8 @@ class Completion:
         ``DISCONNECT_CHECK`` seconds."""
         checked = time.monotonic()
         try:
+            if self.scoring:
+                await asyncio.to_thread(self.read_prompts)
             while self.open_rows:
                 with contextlib.suppress(asyncio.TimeoutError):
                     event = await asyncio.wait_for(events.get(), DISCONNECT_CHECK)
@@ -297,6 +411,8 @@ class Completion:
                     checked = time.monotonic()
                     if await request.is_disconnected():
                         return False
+            if self.scoring:
+                await asyncio.to_thread(self.score_whole)
             return True
         finally:
             self._close(cancel)
@@ -305,19 +421,34 @@ class Completion:
         """Server-sent events in OpenAI's chunk format: one per engine event (several characters), every event
         waiting at once sent in one write, ``data: [DONE]`` last."""
         extra: dict[str, Any] = {"seed": self.job.seed, **self._warnings()}
+        unsent = set(range(self.job.rows)) if self.body.echo else set()  # choices whose echoed prompt is not yet out
         try:
+            if self.scoring:
+                await asyncio.to_thread(self.read_prompts)
             while self.open_rows:
                 batch = [await events.get()]
                 while not events.empty():
                     batch.append(events.get_nowait())
+                scored_batch = self.body.logprobs is not None
+                scores = await asyncio.to_thread(self.score, batch) if scored_batch else [None] * len(batch)
                 lines = []
-                for event in batch:
+                for event, scored in zip(batch, scores, strict=True):
                     self.take(event)
+                    choice = _choice(event)
+                    if event.index in unsent:
+                        unsent.discard(event.index)
+                        echoed = self.logprobs[event.index]
+                        if scored is not None:
+                            echoed.extend(scored)
+                        choice["text"] = self.echoes[event.index] + choice["text"]
+                        scored = echoed if self.body.logprobs is not None else None
+                    if scored is not None:
+                        choice["logprobs"] = scored.as_json()
                     if extra:  # the first event says the seed used, and the warnings
-                        lines.append(_sse({**self.head, "choices": [_choice(event)], **extra}))
+                        lines.append(_sse({**self.head, "choices": [choice], **extra}))
                         extra = {}
                     else:  # the rest differ only in their choice: ~3x cheaper than encoding each whole
-                        lines.append(b"data: " + self.prefix + json.dumps(_choice(event)).encode() + b"]}\n\n")
+                        lines.append(b"data: " + self.prefix + json.dumps(choice).encode() + b"]}\n\n")
                 yield b"".join(lines)
             tail = []
             if self.body.stream_options is not None and self.body.stream_options.include_usage:
@@ -350,7 +481,7 @@ INVALID = "invalid_value"  # the code of a field's value out of its bounds, as O
 RULES = {
     "model": "the served model's name, a string (GET /v1/models)",
     "prompt": f"a string or a list of 1 to {MAX_PROMPTS} strings",
-    "max_tokens": f"an integer from 1 to {MAX_REQUEST_CHARS:,}: the characters to generate",
+    "max_tokens": f"an integer from 1 to {MAX_REQUEST_CHARS:,}: the characters to generate (0 with echo)",
     "temperature": "a number: 0 (the likeliest character) or from 0.001 to 1000",
     "top_p": "a number in (0, 1]",
     "top_k": "an integer: 0 (off) or how many of the likeliest characters to sample among",
@@ -360,14 +491,14 @@ RULES = {
     "stream": "true or false",
     "stream_options": 'an object {"include_usage": true or false}, or null',
     "user": "a string",
+    "best_of": "an integer, 1 or equal to n, or null",
+    "echo": "true or false: true returns the prompt before the continuation (with logprobs, its characters' too)",
+    "logprobs": f"an integer from 0 to {MAX_LOGPROBS} (the likeliest characters returned beside each one), or null",
 }
 
 # Fields of OpenAI's API that a character model cannot honour: what may be sent, and why.
 UNSUPPORTED = {
-    "echo": ("false", "the answer holds the continuation only; put the prompt before it yourself"),
-    "logprobs": ("null", "textgen's compiled sampler does not return the characters' log-probabilities"),
     "suffix": ("null", "a character model writes left to right and cannot aim at a given ending"),
-    "best_of": ("1 or null", "each continuation is drawn once and not scored; ask for n and choose yourself"),
     "presence_penalty": ("0 or null", "textgen does not penalise repeats; temperature, top_k and top_p shape the text"),
     "frequency_penalty": (
         "0 or null",

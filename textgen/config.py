@@ -566,6 +566,10 @@ MAX_PROMPT_CHARS = 1_000_000  # characters of a request's prompts together, what
 MAX_PROMPTS = 64  # prompts in one request (each takes n rows)
 MAX_STOPS = 4  # stop sequences of one request, as OpenAI's API allows
 MAX_STOP_CHARS = 256  # characters of one stop sequence: each row holds back, and checks, up to this many
+# Log-probabilities one request may ask for: characters scored (echoed prompts x n, and the continuations) x (1 +
+# logprobs), each an entry of the answer's JSON, which the event loop encodes: 20,000 characters with 20
+# alternatives each took ~1 s to encode, 100,000 entries take ~0.25 s.
+MAX_LOGPROB_ENTRIES = 100_000
 LOG_FORMATS = ("text", "json")  # textgen serve --log-format: a line per request, for people or for machines
 
 
@@ -611,6 +615,7 @@ class ServeConfig:
             "max_prompt_chars": MAX_PROMPT_CHARS,
             "max_stops": MAX_STOPS,
             "max_stop_chars": MAX_STOP_CHARS,
+            "max_logprob_entries": MAX_LOGPROB_ENTRIES,
         }
 
 

@@ -1,10 +1,12 @@
 """Continuous batching: many requests share one sampler's batched step; no TensorFlow here.
 
-The engine holds ``slots`` rows of LSTM state, advanced by ``lanes`` scheduler threads. Each busy row belongs to
-the lane that admitted it, and each lane repeats a round over its own rows:
+The engine's ``RowTable`` holds ``slots`` rows of LSTM state, advanced by ``lanes`` scheduler threads. Each busy
+row belongs to the lane that admitted it; each round the table hands a lane its rows, and the lane touches no other
+row, nor one it has given back. Each lane repeats a round over its own rows:
 
 * requests that were cancelled or ran out of time leave their rows (or the queue);
-* waiting requests take free rows, their states reset to zero;
+* waiting requests take free rows, their states reset to zero; a prompt's n rows read it once (the first reads it,
+  the others copy its state at its end);
 * newcomers with a prompt of up to ``prefill`` ids read it and draw their first characters in a call of their own,
   at their small batch (a quick first character; the others wait the ~10 ms it takes);
 * every busy row advances in one ``Sampler.generate_steps`` call: a row still reading its prompt is fed its next
@@ -12,7 +14,7 @@ the lane that admitted it, and each lane repeats a round over its own rows:
   only (one request runs at the single-stream speed), and a call is short (``CALL_CHARS`` characters over all
   rows), so that text streams out, newcomers join within tens of milliseconds, and a 100 KB prompt is read a
   call's steps at a time beside the others' streams;
-* rows that have drawn all they were asked for are freed at once; the call's ids go to an emitter thread, which
+* rows that have drawn all they were asked for are given back at once; the call's ids go to the ``Emitter``, which
   turns them into each request's text (cut at its stop sequences) and tells its listener while the next call runs.
   A row whose stop sequence the emitter finds is freed by the round after.
 
@@ -42,6 +44,7 @@ import numpy as np
 
 from textgen.generation import RowSettings, Sampler
 from textgen.npsampling import row_uniforms
+from textgen.vocab import Vocabulary
 
 log = logging.getLogger(__name__)
 
@@ -198,20 +201,44 @@ class Row:
     generated: int = 0  # ids drawn so far (the position of its uniforms)
     scanner: StopScanner = field(default_factory=lambda: StopScanner(()))  # the emitter's alone
     ended: bool = False  # its last event is out (set by the emitter): no more events, and its row is freed
+    # Of a prompt's n rows the first reads it, and the others wait for a copy of its state at the prompt's end:
+    follows: Row | None = None  # the row whose state this one waits for (None once it has it)
+    followers: list[Row] = field(default_factory=list)  # the rows waiting for this one's (emptied as they get it)
+
+
+Held = list[tuple[int, Row]]  # a lane's rows for a round: (slot, row)
 
 
 class Emitter:
-    """A thread that runs the engine's posted work in order: turning a call's ids into text and events, and ending
-    rows. It runs while the scheduler's next call computes (TensorFlow lets go of the GIL), so that the machine is
-    not idle while Python turns ids into events; one thread, in order, so a row's events keep their order."""
+    """The thread that turns the lanes' calls into their requests' events, in order: each row's new ids into text cut
+    at its stop sequences (its ``StopScanner``, the emitter's alone), and the last events of rows and of queued
+    requests. The engine reaches it through ``drawn``, ``end`` and ``end_queued`` only, each queued to run in order
+    (a row's events keep their order) while the lane's next call computes (TensorFlow lets go of the GIL), so that
+    the machine is not idle while Python turns ids into events."""
 
-    def __init__(self) -> None:
+    def __init__(self, vocab: Vocabulary) -> None:
+        self.vocab = vocab
         self.work: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._run, name="textgen-emitter", daemon=True)
         self.thread.start()
 
-    def post(self, work: Callable[[], None]) -> None:
-        self.work.put(work)
+    def drawn(self, rows: list[Row], ids: np.ndarray, reads: np.ndarray, drawn: np.ndarray, last: list[bool]) -> None:
+        """A call's ids (B, steps) for ``rows``: each row read ``reads`` of them and drew the ``drawn`` after those;
+        the rows of ``last`` have drawn all they were asked for."""
+        self.work.put(lambda: self._tell_drawn(rows, ids, reads, drawn, last))
+
+    def end(self, row: Row, reason: Finish) -> None:
+        """A row's last event, after the text already posted (none if it has had its last already)."""
+        self.work.put(lambda: self._end_row(row, reason))
+
+    def end_queued(self, ticket: Ticket, reason: Finish) -> None:
+        """A request that never had rows: every continuation gets its last event."""
+
+        def end() -> None:
+            for index in range(ticket.job.rows):
+                self._tell(ticket, Event(index, "", reason))
+
+        self.work.put(end)
 
     def close(self) -> None:
         """Run what was posted, then stop."""
@@ -225,10 +252,137 @@ class Emitter:
             except Exception:  # one request's failure is its own, not the server's
                 log.exception("emitting a request's events failed")
 
+    def _tell_drawn(
+        self, rows: list[Row], ids: np.ndarray, reads: np.ndarray, drawn: np.ndarray, last: list[bool]
+    ) -> None:
+        for row, row_ids, n, k, is_last in zip(rows, ids, reads, drawn, last, strict=True):
+            if row.ended or not k:
+                continue
+            text, stopped = row.scanner.push(self.vocab.decode(row_ids[n : n + k]))
+            if stopped:
+                self._end_row(row, Finish.stop, text)
+            elif is_last:
+                self._end_row(row, Finish.length, text)
+            elif text:
+                self._tell(row.ticket, Event(row.index, text))
+
+    def _end_row(self, row: Row, reason: Finish, text: str = "") -> None:
+        """A row's last event, its last ``text`` and what its stop scanner held back (nothing after a stop)."""
+        if not row.ended:
+            row.ended = True
+            self._tell(row.ticket, Event(row.index, text + row.scanner.flush(), reason))
+
+    @staticmethod
+    def _tell(ticket: Ticket, event: Event) -> None:
+        if ticket.cancelled:
+            return
+        try:
+            ticket.listener(event)
+        except Exception:  # a listener's failure is its request's problem, not the scheduler's
+            log.exception("a request's listener failed")
+
+
+class RowTable:
+    """The engine's rows: which are free, which lane owns each busy one, their state arrays (logits, LSTM states,
+    strategy, seed), and the one lock over all of it (the engine's queue shares it).
+
+    A lane works on the rows ``hand`` gives it for a round, and on their slots of the state arrays, and on nothing
+    else; it gives a row back through ``release``, and from then on the slot may be claimed by any lane: a lane never
+    looks a slot up again. (Rounds did, after freeing a finished row, and advanced a row the other lane had claimed
+    in between.) A claim writes its slots' arrays under the lock, before any lane is handed them."""
+
+    def __init__(self, sampler: Sampler, slots: int, lanes: int) -> None:
+        self.slots, self.lanes = slots, lanes
+        self.lock = threading.Condition()
+        self.logits = np.zeros([slots, sampler.vocab.size], np.float32)
+        self.states = sampler.zero_states(slots)
+        self.temperature = np.zeros(slots, np.float32)
+        self.top_k = np.zeros(slots, np.int32)
+        self.top_p = np.ones(slots, np.float32)
+        self.seeds = np.zeros(slots, np.uint64)
+        self._rows: list[Row | None] = [None] * slots
+
+    @property
+    def rows(self) -> list[Row | None]:
+        """The rows as they stand, a copy (to look at: a lane works on what ``hand`` gives it)."""
+        return list(self._rows)
+
+    def free(self) -> int:
+        return sum(row is None for row in self._rows)
+
+    def held(self) -> list[int]:
+        """Busy rows of each lane."""
+        held = [0] * self.lanes
+        for row in self._rows:
+            if row is not None:
+                held[row.lane] += 1
+        return held
+
+    def claim(self, ticket: Ticket, lane: int, prompts: list[np.ndarray]) -> None:
+        """Under the lock: give ``ticket`` free rows in ``lane``, n for each of its encoded ``prompts``, their states
+        reset and its strategy set. The first of a prompt's rows reads it; the others follow it (``Row.follows``)."""
+        free = (i for i, row in enumerate(self._rows) if row is None)
+        job = ticket.job
+        for p, prompt in enumerate(prompts):
+            reader: Row | None = None
+            for sample in range(job.n):
+                slot = next(free)
+                for state in self.states:
+                    state[slot] = 0.0
+                self.temperature[slot], self.top_k[slot], self.top_p[slot] = job.temperature, job.top_k, job.top_p
+                self.seeds[slot] = job.seed
+                scanner = StopScanner(job.stops)
+                row = Row(ticket, lane, p * job.n + sample, sample, prompt, scanner=scanner, follows=reader)
+                if reader is None:
+                    reader = row
+                else:
+                    reader.followers.append(row)
+                self._rows[slot] = row
+
+    def hand(self, lane: int, now: float, drain_deadline: float | None) -> tuple[Held, list[tuple[Row, Finish]]]:
+        """Under the lock: ``lane``'s rows for its round, once those that are done are given back: those cancelled
+        or ended (no event due), and those out of time or past the drain's deadline, returned with their reason."""
+        mine: Held = []
+        ended: list[tuple[Row, Finish]] = []
+        for slot, row in enumerate(self._rows):
+            if row is None or row.lane != lane:
+                continue
+            if row.ticket.cancelled or row.ended:
+                pass
+            elif now >= row.ticket.deadline:
+                ended.append((row, Finish.timeout))
+            elif drain_deadline is not None and now >= drain_deadline:
+                ended.append((row, Finish.shutdown))
+            else:
+                mine.append((slot, row))
+                continue
+            self._rows[slot] = None
+            self.lock.notify_all()
+        return mine, ended
+
+    def release(self, lane: int, rows: Held) -> None:
+        """Give back ``lane``'s ``rows`` (takes the lock): their slots are any lane's to claim from now on."""
+        if not rows:
+            return
+        with self.lock:
+            for slot, row in rows:
+                if self._rows[slot] is not row or row.lane != lane:
+                    raise RuntimeError(f"lane {lane} gave back row {slot}, which is not its own")
+                self._rows[slot] = None
+            self.lock.notify_all()
+
+    def settings(self, slots: list[int]) -> RowSettings:
+        return RowSettings(self.temperature[slots], self.top_k[slots], self.top_p[slots])
+
+    def store(self, slots: list[int], logits: np.ndarray, states: tuple[np.ndarray, ...]) -> None:
+        self.logits[slots] = logits
+        for whole, part in zip(self.states, states, strict=True):
+            whole[slots] = part
+
 
 class Engine:
-    """Rows of LSTM state shared by many requests, advanced by ``lanes`` scheduler threads (1 for a sampler whose
-    calls may not overlap)."""
+    """Rows of LSTM state shared by many requests (a ``RowTable``), advanced by ``lanes`` scheduler threads (1 for a
+    sampler whose calls may not overlap); their events are made by one ``Emitter``."""
 
     def __init__(
         self, sampler: Sampler, slots: int = 64, max_queue: int = 256, prefill: int = 0, lanes: int = LANES
@@ -236,15 +390,9 @@ class Engine:
         self.sampler, self.slots, self.max_queue, self.prefill = sampler, slots, max_queue, prefill
         self.lanes = lanes if sampler.concurrent_calls else 1
         self.step_seconds: list[float | None] = [None] * self.lanes  # each lane's recent time per step of its calls
-        self.logits = np.zeros([slots, sampler.vocab.size], np.float32)
-        self.states = sampler.zero_states(slots)
-        self.temperature = np.zeros(slots, np.float32)
-        self.top_k = np.zeros(slots, np.int32)
-        self.top_p = np.ones(slots, np.float32)
-        self.seeds = np.zeros(slots, np.uint64)
-        self.rows: list[Row | None] = [None] * slots
+        self.table = RowTable(sampler, slots, self.lanes)
+        self.lock = self.table.lock  # the queue's too: submit counts the free rows under it
         self.waiting: deque[Ticket] = deque()
-        self.lock = threading.Condition()
         self.drain_deadline: float | None = None
         self.stopping = False
         self.ready = threading.Event()
@@ -260,7 +408,7 @@ class Engine:
     def start(self) -> None:
         """Make a first call of the sampler's steps (any error is raised here), then start scheduling."""
         self._warm_up()
-        self.emitter = Emitter()
+        self.emitter = Emitter(self.sampler.vocab)
         self.ready.set()
         for thread in self.threads:
             thread.start()
@@ -304,8 +452,13 @@ class Engine:
             if thread.is_alive():
                 thread.join(max(0.0, deadline - time.monotonic()))
 
+    @property
+    def rows(self) -> list[Row | None]:
+        """The rows as they stand (a copy)."""
+        return self.table.rows
+
     def free_rows(self) -> int:
-        return sum(row is None for row in self.rows)
+        return self.table.free()
 
     @property
     def busy_rows(self) -> int:
@@ -328,19 +481,22 @@ class Engine:
                 queued += 1
         return queued
 
-    # --- the scheduler's thread ---------------------------------------------------------------
+    # --- the scheduler's threads --------------------------------------------------------------
 
     def _run(self, lane: int) -> None:
         while True:
             with self.lock:
                 stopping = self.stopping
-                self._take_waiting(time.monotonic(), lane)
-                slots = self._lane_slots(lane)
-                if not slots and not stopping:
+                now = time.monotonic()
+                self._take_waiting(now, lane)
+                mine, ended = self.table.hand(lane, now, self.drain_deadline)
+                if not mine and not ended and not stopping:
                     self.lock.wait(IDLE_WAIT)
                     continue
+            for row, reason in ended:
+                self._emit().end(row, reason)
             if stopping:
-                self._end_rows(slots, Finish.shutdown)
+                self._end_rows(lane, mine, Finish.shutdown)
                 with self.lock:
                     self.lanes_running -= 1
                     last = self.lanes_running == 0
@@ -348,19 +504,15 @@ class Engine:
                     self._emit().close()
                 return
             try:
-                self._round(lane, slots, time.monotonic())
+                self._round(lane, mine)
             except Exception:  # one failed call ends the requests it served, not the server
                 log.exception("a sampler call failed")
-                self._end_rows(slots, Finish.error)
-
-    def _lane_slots(self, lane: int) -> list[int]:
-        """The rows ``lane`` advances (under the lock: admissions and frees change them)."""
-        return [slot for slot, row in enumerate(self.rows) if row is not None and row.lane == lane]
+                self._end_rows(lane, mine, Finish.error)
 
     def _warm_up(self) -> None:
-        logits, states = self.logits[:1], self.sampler.zero_states(1)
+        logits, states = self.table.logits[:1], self.sampler.zero_states(1)
         uniforms, forced = row_uniforms(np.zeros(1), np.zeros(1), np.zeros(1), 2), np.full([2, 1], -1, np.int32)
-        self.sampler.generate_steps(logits, states, uniforms, self._settings([0]), forced)  # the call rounds make
+        self.sampler.generate_steps(logits, states, uniforms, self.table.settings([0]), forced)  # as rounds call it
 
     def _take_waiting(self, now: float, lane: int) -> None:
         """Under the lock: drop queued tickets that were cancelled or timed out, end them all when draining, and
@@ -375,13 +527,10 @@ class Engine:
         for ticket in ended:
             self.waiting.remove(ticket)
             reason = Finish.shutdown if draining else Finish.cancelled if ticket.cancelled else Finish.timeout
-            self._end_ticket(ticket, reason)
+            self._emit().end_queued(ticket, reason)
         free = self.free_rows()
         share = -(-self.slots // self.lanes)
-        held = [0] * self.lanes
-        for row in self.rows:
-            if row is not None:
-                held[row.lane] += 1
+        held = self.table.held()
         while self.waiting and self.waiting[0].job.rows <= free:
             rows = self.waiting[0].job.rows
             if next((n for n in range(self.lanes) if held[n] + rows <= max(share, rows)), None) != lane:
@@ -390,77 +539,84 @@ class Engine:
             free -= rows
             held[lane] += rows
             # Rows are claimed now, under the lock, so submit's queue check counts them.
-            self._claim(ticket, lane)
+            self.table.claim(ticket, lane, self.sampler.encode_prompts(ticket.job.prompts))
 
-    def _claim(self, ticket: Ticket, lane: int) -> None:
-        """Give ``ticket`` free rows in ``lane``: states reset, strategy set (under the lock, before the lane's
-        round sees them; no other lane touches them)."""
-        free = (i for i, row in enumerate(self.rows) if row is None)
-        job = ticket.job
-        encoded = self.sampler.encode_prompts(job.prompts)
-        for p, prompt in enumerate(encoded):
-            for sample in range(job.n):
-                slot = next(free)
-                for state in self.states:
-                    state[slot] = 0.0
-                self.temperature[slot], self.top_k[slot], self.top_p[slot] = job.temperature, job.top_k, job.top_p
-                self.seeds[slot] = job.seed
-                scanner = StopScanner(job.stops)
-                self.rows[slot] = Row(ticket, lane, p * job.n + sample, sample, prompt, scanner=scanner)
+    def _round(self, lane: int, mine: Held) -> None:
+        """One round of ``lane`` over the rows the table handed it (``mine``: those it gives back leave the list)."""
+        steps = self._call_steps(len(mine))
+        self._share_prompts(lane, mine, steps)
+        self._start_newcomers(lane, mine)
+        self._advance(lane, mine, steps, timed=True)
 
-    def _round(self, lane: int, slots: list[int], now: float) -> None:
-        """One round of ``lane`` over its rows ``slots``."""
-        for slot in slots:
-            row = self.rows[slot]
-            if row is None:
+    def _slow_in_batch(self, lane: int, length: int, steps: int) -> bool:
+        """Whether the lane's calls of ``steps`` would take longer than ``FIRST_CHAR_GOAL`` to read a prompt of
+        ``length`` ids and draw its first character, at the lane's recent time per step."""
+        step_seconds = self.step_seconds[lane]
+        calls = -(-(length + 1) // steps)  # the call that draws its first character
+        return step_seconds is None or calls * steps * step_seconds > FIRST_CHAR_GOAL
+
+    def _on_arrival(self, lane: int, row: Row, steps: int) -> bool:
+        """Whether ``row``, which has drawn nothing yet, reads its prompt apart from the batch on arrival: one of up to
+        ``prefill`` ids that the batch's calls would be slow to read, and longer than the next call reads."""
+        length = len(row.prompt)
+        return row.generated == 0 and steps <= length <= self.prefill and self._slow_in_batch(lane, length, steps)
+
+    def _share_prompts(self, lane: int, mine: Held, steps: int) -> None:
+        """The n rows of a prompt read it once: its first row reads it, in the batch's calls while the rest is longer
+        than a call, then the rest in a read of its own (a call would draw on past the prompt's end, where its
+        state is wanted), and the rows that follow it take copies of its logits and states. A prompt read on
+        arrival is read so at once. The read costs one batch-1 step per id it has left, at most a call's steps."""
+        slot_of = {id(row): slot for slot, row in mine}
+        for slot, row in mine:
+            left = len(row.prompt) - row.read
+            if not row.followers or (left > steps and not (row.read == 0 and self._on_arrival(lane, row, steps))):
                 continue
-            if row.ticket.cancelled or row.ended:
-                self._free(slot)
-            elif now >= row.ticket.deadline:
-                self._finish(slot, Finish.timeout)
-            elif self.drain_deadline is not None and now >= self.drain_deadline:
-                self._finish(slot, Finish.shutdown)
-        busy = [slot for slot in slots if self.rows[slot] is not None]
-        self._start_newcomers(lane, busy)
-        self._advance(busy, self._call_steps(len(busy)), lane)
+            logits, states = self.table.logits[[slot]], tuple(s[[slot]] for s in self.table.states)
+            for first in range(row.read, len(row.prompt), MAX_STEPS):
+                ids = row.prompt[None, first : first + MAX_STEPS].astype(np.int32)
+                logits, states = self.sampler.read(ids, states)
+            targets = [slot, *(slot_of[id(f)] for f in row.followers)]
+            copies = len(targets)
+            self.table.store(targets, np.repeat(logits, copies, 0), tuple(np.repeat(s, copies, 0) for s in states))
+            for follower in (row, *row.followers):
+                follower.read, follower.follows = len(follower.prompt), None
+            row.followers = []
 
-    def _start_newcomers(self, lane: int, slots: list[int]) -> None:
+    def _start_newcomers(self, lane: int, mine: Held) -> None:
         """Rows that have just arrived with a prompt of at most ``prefill`` ids, which the lane's calls would take
         longer than ``FIRST_CHAR_GOAL`` to read, read it and draw their first characters in a call of their own, at
         their small batch, where a step costs a fraction of one at the full batch: those characters go out while
         the batch's call runs, and the lane's other rows wait for this call. A prompt the batch's next call reads
         whole is left to it: reading it apart would cost a small batch's steps and gain little."""
-        steps = self._call_steps(len(slots))
-        step_seconds = self.step_seconds[lane]
-
-        def slow_in_batch(length: int) -> bool:
-            calls = -(-(length + 1) // steps)  # the call that draws its first character
-            return step_seconds is None or calls * steps * step_seconds > FIRST_CHAR_GOAL
-
-        lengths = {
-            slot: len(row.prompt)
-            for slot in slots
-            if (row := self.rows[slot]) is not None
-            and row.read == 0
-            and row.generated == 0
-            and steps <= len(row.prompt) <= self.prefill
-            and slow_in_batch(len(row.prompt))
-        }
-        if lengths:
-            self._advance(list(lengths), max(lengths.values()) + FIRST_CHARS)
+        steps = self._call_steps(len(mine))
+        newcomers = [
+            (slot, row)
+            for slot, row in mine
+            if row.read in (0, len(row.prompt))  # a prompt's n rows that have just shared its reading, or any row
+            and row.follows is None
+            and not row.followers
+            and self._on_arrival(lane, row, steps)
+        ]
+        if newcomers:
+            longest = max(len(row.prompt) - row.read for _, row in newcomers)
+            done = self._advance(lane, newcomers, longest + FIRST_CHARS)
+            mine[:] = [held for held in mine if held not in done]
 
     def _call_steps(self, rows: int) -> int:
         """Steps per row of a lane's next generate call for ``rows`` rows: ``CALL_CHARS`` over them, within the
         bounds."""
         return max(MIN_STEPS, min(MAX_STEPS, CALL_CHARS // max(1, rows)))
 
-    def _advance(self, slots: list[int], steps: int, timed_lane: int | None = None) -> None:
-        """One generate call of at most ``steps`` for the rows in ``slots``: rows still reading their prompt are fed
-        its next ids (forced), and draw once it ends, in the same call; the rest draw. A lane's batch call
-        (``timed_lane``) updates its time per step."""
-        rows = [r for r in (self.rows[i] for i in slots) if r is not None]
-        if not rows:
-            return
+    def _advance(self, lane: int, mine: Held, steps: int, timed: bool = False) -> Held:
+        """One generate call of at most ``steps`` for ``mine``: rows still reading their prompt are fed its next ids
+        (forced), and draw once it ends, in the same call; the rest draw. Rows that have drawn all they were asked for
+        are given back to the table and leave ``mine`` (returned). A lane's batch call (``timed``) updates its time
+        per step."""
+        waiting = [held for held in mine if held[1].follows is not None]  # for a copy of their prompt's state
+        calling = [held for held in mine if held[1].follows is None]
+        if not calling:
+            return []
+        slots, rows = [slot for slot, _ in calling], [row for _, row in calling]
         left = max(len(r.prompt) - r.read + r.ticket.job.max_chars - r.generated for r in rows)
         steps = min(left, steps)
         forced = np.full([steps, len(rows)], -1, np.int32)
@@ -469,95 +625,42 @@ class Engine:
             forced[:n, b] = row.prompt[row.read : row.read + n]
         # A row's draws after its prompt are at positions generated, generated + 1, ...: as textgen sample's.
         positions = (np.array([r.generated for r in rows], np.int64) - reads).astype(np.uint64)
-        uniforms = row_uniforms(self.seeds[slots], positions, np.array([r.sample for r in rows]), steps)
+        uniforms = row_uniforms(self.table.seeds[slots], positions, np.array([r.sample for r in rows]), steps)
         # Without prompt ids to feed, the plain drawing loop: the forced one's gather and select per step cost 9% at
         # batch 1 and 4% at batch 64 (alternating A/B, 3 x 3 s each).
         started = time.monotonic()
         ids, logits, states = self.sampler.generate_steps(
-            self.logits[slots],
-            tuple(s[slots] for s in self.states),
+            self.table.logits[slots],
+            tuple(s[slots] for s in self.table.states),
             uniforms,
-            self._settings(slots),
+            self.table.settings(slots),
             forced if reads.any() else None,
         )
-        if timed_lane is not None:
-            measured, recent = (time.monotonic() - started) / steps, self.step_seconds[timed_lane]
-            self.step_seconds[timed_lane] = measured if recent is None else 0.8 * recent + 0.2 * measured
-        self._store(slots, logits, states)
+        if timed:
+            measured, recent = (time.monotonic() - started) / steps, self.step_seconds[lane]
+            self.step_seconds[lane] = measured if recent is None else 0.8 * recent + 0.2 * measured
+        self.table.store(slots, logits, states)
         drawn = np.minimum(steps - reads, [r.ticket.job.max_chars - r.generated for r in rows])
         last = []
-        for slot, row, n, k in zip(slots, rows, reads, drawn, strict=True):
+        for row, n, k in zip(rows, reads, drawn, strict=True):
             row.read += int(n)
             row.generated += int(k)
             last.append(row.generated >= row.ticket.job.max_chars)
-            if last[-1]:  # its text is all drawn: the row is free for the next round, the emitter says the rest
-                self._free(slot)
-        self._emit().post(lambda: self._tell_drawn(rows, ids, reads, drawn, last))
+        # Rows whose text is all drawn are given back for the next claim; the emitter says the rest.
+        done = [held for held, is_last in zip(calling, last, strict=True) if is_last]
+        self.table.release(lane, done)
+        mine[:] = waiting + [held for held, is_last in zip(calling, last, strict=True) if not is_last]
+        self._emit().drawn(rows, ids, reads, drawn, last)
+        return done
 
-    def _tell_drawn(
-        self, rows: list[Row], ids: np.ndarray, reads: np.ndarray, drawn: np.ndarray, last: list[bool]
-    ) -> None:
-        """On the emitter: each row's new text, cut at a stop sequence, and its last event when it has one."""
-        for row, row_ids, n, k, is_last in zip(rows, ids, reads, drawn, last, strict=True):
-            if row.ended or not k:
-                continue
-            text, stopped = row.scanner.push(self.sampler.vocab.decode(row_ids[n : n + k]))
-            if stopped:
-                self._end_row(row, Finish.stop, text)
-            elif is_last:
-                self._end_row(row, Finish.length, text)
-            elif text:
-                self._tell(row.ticket, Event(row.index, text))
-
-    def _settings(self, slots: list[int]) -> RowSettings:
-        return RowSettings(self.temperature[slots], self.top_k[slots], self.top_p[slots])
-
-    def _store(self, slots: list[int], logits: np.ndarray, states: tuple[np.ndarray, ...]) -> None:
-        self.logits[slots] = logits
-        for whole, part in zip(self.states, states, strict=True):
-            whole[slots] = part
-
-    def _finish(self, slot: int, reason: Finish) -> None:
-        """Free a row now; the emitter ends its stream after the text already posted."""
-        row = self.rows[slot]
-        self._free(slot)
-        if row is not None:
-            self._emit().post(lambda: self._end_row(row, reason))
-
-    def _end_row(self, row: Row, reason: Finish, text: str = "") -> None:
-        """On the emitter: a row's last event, its last ``text`` and what its stop scanner held back (nothing after a
-        stop); none if it has had its last already."""
-        if not row.ended:
-            row.ended = True
-            self._tell(row.ticket, Event(row.index, text + row.scanner.flush(), reason))
+    def _end_rows(self, lane: int, mine: Held, reason: Finish) -> None:
+        """Give back ``lane``'s rows ``mine`` now; the emitter ends their streams after the text already posted."""
+        self.table.release(lane, mine)
+        for _, row in mine:
+            self._emit().end(row, reason)
+        mine.clear()
 
     def _emit(self) -> Emitter:
         if self.emitter is None:
             raise RuntimeError("the engine has not been started")
         return self.emitter
-
-    def _free(self, slot: int) -> None:
-        with self.lock:  # submit counts the free rows under it
-            self.rows[slot] = None
-            self.lock.notify_all()
-
-    def _end_ticket(self, ticket: Ticket, reason: Finish) -> None:
-        """End a queued ticket: every continuation gets its last event (from the emitter, as every event)."""
-
-        def end() -> None:
-            for index in range(ticket.job.rows):
-                self._tell(ticket, Event(index, "", reason))
-
-        self._emit().post(end)
-
-    def _end_rows(self, slots: list[int], reason: Finish) -> None:
-        for slot in slots:
-            self._finish(slot, reason)
-
-    def _tell(self, ticket: Ticket, event: Event) -> None:
-        if ticket.cancelled:
-            return
-        try:
-            ticket.listener(event)
-        except Exception:  # a listener's failure is its request's problem, not the scheduler's
-            log.exception("a request's listener failed")

@@ -31,6 +31,13 @@ CHARS_PER_CALL = 16384
 States = tuple[np.ndarray, ...]  # (h, c) of every layer, each (B, units) float32
 
 
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Log-probabilities (float64) of every id under ``logits`` (..., V): the one place a sampler turns logits into
+    them (``Sampler.score``, and the server's ``logprobs``)."""
+    shifted = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
 def steps_per_call(batch: int) -> int:
     """Generation or prompt steps per call for ``batch`` sequences."""
     return min(2048, max(256, CHARS_PER_CALL // max(batch, 1)))
@@ -101,6 +108,15 @@ class Sampler(ABC):
         """Draw one id per row for each row of ``uniforms`` (steps, B) from ``logits`` on, with each row's
         ``settings``, feeding each back (B, steps); the logits and states after the last. Where ``forced``
         (steps, B) is not -1, its id is fed (and returned) instead of a drawn one: a prompt read in the call."""
+
+    def read_logits(self, ids: np.ndarray, states: States) -> tuple[np.ndarray, States]:
+        """The logits after each of ``ids`` (T,), one sequence read on top of ``states`` (batch 1): (T, V), and the
+        states after the last. (A step at a time through ``read``; a sampler may compile it.)"""
+        logits = np.zeros([len(ids), self.vocab.size], np.float32)
+        for t in range(len(ids)):
+            step, states = self.read(ids[None, t : t + 1].astype(np.int32), states)
+            logits[t] = step[0]
+        return logits, states
 
     def zero_states(self, batch: int) -> States:
         """All-zero (h, c) for every layer: the state at the start of training's epochs."""
@@ -199,7 +215,5 @@ class Sampler(ABC):
                 if not scored.any():  # padding, to the end of every row
                     break
                 logits, states = self.read(inputs[:, t : t + 1], states)
-                shifted = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
-                log_total = np.log(np.exp(shifted).sum(axis=-1))
-                nats += float(np.sum((log_total - shifted[rows, targets[:, t]])[scored]))
+                nats -= float(np.sum(log_softmax(logits)[rows, targets[:, t]][scored]))
         return nats, layout.scored

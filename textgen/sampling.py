@@ -183,6 +183,9 @@ class Generator(Sampler):
         # suite run's REPL test (an entry found, then gone when popped; TensorFlow 2.21; three reruns passed), and
         # the sampler's one signature needs no dispatch.
         self.feed_concrete = self.feed_function.get_concrete_function()
+        self.logits_concrete = tf.function(
+            self._logits_impl, input_signature=[tf.TensorSpec([None], tf.int32), state_spec], autograph=False
+        ).get_concrete_function()
         self.generate_concrete = self.generate_function.get_concrete_function()
         self.forced_concrete = self.forced_function.get_concrete_function()
 
@@ -230,6 +233,18 @@ class Generator(Sampler):
 
         _, logits, states = tf.while_loop(lambda t, *_: t < steps, body, (tf.constant(0), logits, states))
         return logits, states
+
+    def _logits_impl(self, ids: tf.Tensor, states: tuple[tf.Tensor, ...]) -> tuple[tf.Tensor, tuple[tf.Tensor, ...]]:
+        """The logits after each of ``ids`` (T,), one sequence: (T, V), and the states after the last."""
+        steps = tf.shape(ids)[0]
+
+        def body(t: tf.Tensor, states: tuple, logits: tf.TensorArray) -> tuple:
+            step, states = self.step(ids[t][None], states)
+            return t + 1, states, logits.write(t, step[0])
+
+        carry = (tf.constant(0), states, tf.TensorArray(tf.float32, size=steps))
+        _, states, logits = tf.while_loop(lambda t, *_: t < steps, body, carry)
+        return tf.reshape(logits.stack(), [steps, self.vocab.size]), states
 
     def _draw_impl(
         self,
@@ -282,6 +297,10 @@ class Generator(Sampler):
     def read(self, ids: np.ndarray, states: States) -> tuple[np.ndarray, States]:
         with _tensorflow_errors():
             return _numpy(self.feed_concrete(tf.constant(ids, tf.int32), _tensors(states)))
+
+    def read_logits(self, ids: np.ndarray, states: States) -> tuple[np.ndarray, States]:
+        with _tensorflow_errors():
+            return _numpy(self.logits_concrete(tf.constant(ids, tf.int32), _tensors(states)))
 
     def generate_steps(
         self,

@@ -45,7 +45,7 @@ from textgen.completion import (
     completion_job,
     validation_error,
 )
-from textgen.config import MAX_REQUEST_CHARS, ModelConfig, ServeConfig
+from textgen.config import MAX_LOGPROB_ENTRIES, MAX_REQUEST_CHARS, ModelConfig, ServeConfig
 from textgen.engine import Draining, Engine, Event, QueueFull
 from textgen.errors import ConfigError, shown
 from textgen.plot import loss_svg, read_history
@@ -254,7 +254,7 @@ def _add_model_routes(app: FastAPI, engine: Engine, card: ModelCard, config: Ser
 
     @app.get("/info")
     async def info() -> dict[str, Any]:
-        limits = {"max_tokens": MAX_REQUEST_CHARS, "max_n": engine.slots}
+        limits = {"max_tokens": MAX_REQUEST_CHARS, "max_n": engine.slots, "max_logprob_entries": MAX_LOGPROB_ENTRIES}
         return {**asdict(card), "limits": limits, "auth": config.api_key is not None}
 
     @app.get("/v1/models")
@@ -316,6 +316,12 @@ def _add_completions(app: FastAPI, engine: Engine, card: ModelCard, config: Serv
     async def completions(body: CompletionRequest, request: Request) -> Response:
         arrived = time.monotonic()
         job, warnings = completion_job(body, card, engine, config)
+        if body.max_tokens == 0:  # echo alone: the prompts scored, nothing generated, no rows taken
+            completion = Completion(body, job, card, warnings, arrived, metrics, engine.sampler)
+            request.state.completion = completion
+            if body.stream:
+                return StreamingResponse(completion.echo_stream(), media_type="text/event-stream")
+            return JSONResponse(await completion.echo_only())
         if not dispatchers or dispatchers[0].loop is not asyncio.get_running_loop():
             dispatchers[:] = [Dispatcher(asyncio.get_running_loop())]
         events: asyncio.Queue[Event] = asyncio.Queue()
@@ -332,7 +338,7 @@ def _add_completions(app: FastAPI, engine: Engine, card: ModelCard, config: Serv
             message = "The server is shutting down: send the request to another one, or retry once it is back."
             headers = {"Retry-After": str(RETRY_AFTER), "Connection": "close"}
             raise ApiError(503, message, kind="server_error", headers=headers) from None
-        completion = Completion(body, job, card, warnings, arrived, metrics)
+        completion = Completion(body, job, card, warnings, arrived, metrics, engine.sampler)
         request.state.completion = completion  # for the request's log line
         if body.stream:
             return StreamingResponse(
