@@ -4,7 +4,7 @@ The engine holds ``slots`` rows of LSTM state, advanced by ``lanes`` scheduler t
 the lane that admitted it, and each lane repeats a round over its own rows:
 
 * requests that were cancelled or ran out of time leave their rows (or the queue);
-* waiting requests take free rows, their states reset to zero;
+* waiting requests take free rows, their states set to the sampler's start state (``textgen.startstate``);
 * newcomers with a prompt of up to ``prefill`` ids read it and draw their first characters in a call of their own,
   at their small batch (a quick first character; the others wait the ~10 ms it takes);
 * every busy row advances in one ``Sampler.generate_steps`` call: a row still reading its prompt is fed its next
@@ -237,7 +237,8 @@ class Engine:
         self.lanes = lanes if sampler.concurrent_calls else 1
         self.step_seconds: list[float | None] = [None] * self.lanes  # each lane's recent time per step of its calls
         self.logits = np.zeros([slots, sampler.vocab.size], np.float32)
-        self.states = sampler.zero_states(slots)
+        self.states = sampler.start_states(slots)
+        self.start_state = sampler.start_states(1)  # each new row's state, before its prompt
         self.temperature = np.zeros(slots, np.float32)
         self.top_k = np.zeros(slots, np.int32)
         self.top_p = np.ones(slots, np.float32)
@@ -393,7 +394,7 @@ class Engine:
             self._claim(ticket, lane)
 
     def _claim(self, ticket: Ticket, lane: int) -> None:
-        """Give ``ticket`` free rows in ``lane``: states reset, strategy set (under the lock, before the lane's
+        """Give ``ticket`` free rows in ``lane``: states set to the start state, strategy set (under the lock, before the lane's
         round sees them; no other lane touches them)."""
         free = (i for i, row in enumerate(self.rows) if row is None)
         job = ticket.job
@@ -401,8 +402,8 @@ class Engine:
         for p, prompt in enumerate(encoded):
             for sample in range(job.n):
                 slot = next(free)
-                for state in self.states:
-                    state[slot] = 0.0
+                for state, start in zip(self.states, self.start_state, strict=True):
+                    state[slot] = start[0]
                 self.temperature[slot], self.top_k[slot], self.top_p[slot] = job.temperature, job.top_k, job.top_p
                 self.seeds[slot] = job.seed
                 scanner = StopScanner(job.stops)

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 from textgen.config import RunConfig, SampleConfig
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from textgen.training.step import Trainer
     from textgen.vocab import Vocabulary
 
@@ -21,11 +23,14 @@ SAMPLE_CHARS = 160  # two lines of a book
 SAMPLE_SECONDS = 0.7  # what one costs (see above), held back from a time budget for the run's last one
 
 
-def write_sample(trainer: Trainer, config: RunConfig, vocab: Vocabulary) -> str:
+def write_sample(trainer: Trainer, config: RunConfig, vocab: Vocabulary, train_ids: np.ndarray) -> str:
     """``SAMPLE_CHARS`` characters from an empty prompt at the default temperature, seeded with the run's seed (so
-    successive samples differ only by what the model learned)."""
+    successive samples differ only by what the model learned), read from the start state of these weights that
+    ``textgen sample`` would use (computed from ``train_ids``, the training split)."""
     from textgen.sampling import Generator  # TensorFlow: not for the CLI's rendering, which reads the sizes above
+    from textgen.startstate import compute_start
 
     generator = Generator(config.model, vocab, trainer.model.get_weights())
+    generator.start = compute_start(generator, train_ids)
     settings = SampleConfig(length=SAMPLE_CHARS, seed=config.training.seed)
     return generator.generate([""], settings)[0]
