@@ -24,11 +24,9 @@ import numpy as np
 
 from textgen.checkpoint import Run, check_corpus_unchanged
 from textgen.config import Weights
-from textgen.data import load_splits
 from textgen.errors import TextgenError
 from textgen.files import atomic_path
 from textgen.generation import Sampler, States
-from textgen.idcache import cache_root
 from textgen.vocab import DOCUMENT_BOUNDARY, UNKNOWN_ID, Vocabulary
 from textgen.weightsfile import weights_checksum as checksum_of
 
@@ -142,7 +140,7 @@ def run_start(
         states, saved_for = load_start(path, cfg.layers, cfg.units)
         if checksum is not None and saved_for == checksum:
             return states
-    ids = _train_ids(run, cache_dir)
+    ids = train_ids(run, cache_dir)
     if ids is None:
         return None
     states = compute_start(sampler, ids)
@@ -153,9 +151,12 @@ def run_start(
     return states
 
 
-def _train_ids(run: Run, cache_dir: Path | None) -> np.ndarray | None:
+def train_ids(run: Run, cache_dir: Path | None) -> np.ndarray | None:
     """The training split's ids, from the id cache (encoded into a scratch directory if the cache cannot be
     written); None if the corpus is gone or changed."""
+    from textgen.data import load_splits  # not for an export's sampler (textgen.runtime), which needs no corpus
+    from textgen.idcache import cache_root
+
     try:
         cfg = run.load_config()
         check_corpus_unchanged(run, cfg.data)
