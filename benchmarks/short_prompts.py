@@ -19,8 +19,13 @@ import json
 import string
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from textgen.generation import Sampler
+    from textgen.vocab import Vocabulary
 
 RARE = 1e-5  # a character seen fewer than once in 100,000 is garbage at a sample's start
 PROMPT_CHARS = 20
@@ -34,7 +39,7 @@ def rare_ids(ids: np.ndarray, vocab_size: int) -> np.ndarray:
     return rare
 
 
-def text_prompts(ids: np.ndarray, vocab, count: int, rng: np.random.Generator) -> list[str]:
+def text_prompts(ids: np.ndarray, vocab: Vocabulary, count: int, rng: np.random.Generator) -> list[str]:
     """``count`` prompts of ``PROMPT_CHARS`` characters of ``ids``, each starting at a random word start."""
     space, newline = (int(vocab.encode(c)[0]) for c in " \n")
     starts = np.flatnonzero(np.isin(ids[:-PROMPT_CHARS], [space, newline])) + 1
@@ -42,7 +47,9 @@ def text_prompts(ids: np.ndarray, vocab, count: int, rng: np.random.Generator) -
     return [vocab.decode(ids[s : s + PROMPT_CHARS]) for s in rng.choice(starts, count, replace=False)]
 
 
-def garbage(sampler, prompts: list[str], seeds: int, chars: int, rare: np.ndarray) -> tuple[int, int, str | None]:
+def garbage(
+    sampler: Sampler, prompts: list[str], seeds: int, chars: int, rare: np.ndarray
+) -> tuple[int, int, str | None]:
     """How many of ``prompts`` x ``seeds`` samples hold a rare character in their first ``chars``; of how many;
     the first such sample."""
     from textgen.config import SampleConfig
@@ -61,10 +68,11 @@ def garbage(sampler, prompts: list[str], seeds: int, chars: int, rare: np.ndarra
 def measure(run_dir: Path, seeds: int, chars: int, starts: list[str], weights: str) -> dict:
     from textgen import api
     from textgen.checkpoint import Run
+    from textgen.config import Weights
     from textgen.startstate import train_ids
 
     began = time.monotonic()
-    sampler, _ = api.open_generator(checkpoint_dir=run_dir.parent, run_name=run_dir.name, weights=weights)
+    sampler, _ = api.open_generator(checkpoint_dir=run_dir.parent, run_name=run_dir.name, weights=Weights(weights))
     opened = time.monotonic() - began
     ids = train_ids(Run(run_dir), None)
     if ids is None:
@@ -96,7 +104,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     starts = ["zeros", "saved"] if args.start == "both" else [args.start]
-    print(f"# {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, {args.seeds} seeds, temperature 0.8")
+    print(f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {args.seeds} seeds, temperature 0.8")
     for run_dir in args.run:
         result = measure(run_dir, args.seeds, args.chars, starts, args.weights)
         if args.json:
