@@ -166,5 +166,5 @@ def train_ids(run: Run, cache_dir: Path | None) -> np.ndarray | None:
             return np.array(load_splits(cfg.data, root, run.load_vocab()).train)
         with tempfile.TemporaryDirectory(prefix="textgen-start-") as scratch:
             return np.array(load_splits(cfg.data, Path(scratch), run.load_vocab()).train)
-    except (TextgenError, OSError):
+    except (TextgenError, OSError, ValueError):  # gone, changed, unreadable: prompts are read from zeros instead
         return None
