@@ -74,7 +74,7 @@ def measure(run_dir: Path, seeds: int, chars: int, starts: list[str], weights: s
     began = time.monotonic()
     sampler, _ = api.open_generator(checkpoint_dir=run_dir.parent, run_name=run_dir.name, weights=Weights(weights))
     opened = time.monotonic() - began
-    ids = train_ids(Run(run_dir), None)
+    ids = train_ids(Run(run_dir), None, limit=None)
     if ids is None:
         raise SystemExit(f"{run_dir}: its corpus is gone or changed; the benchmark needs its training split")
     rare = rare_ids(ids, sampler.vocab.size)

@@ -394,8 +394,8 @@ class Engine:
             self._claim(ticket, lane)
 
     def _claim(self, ticket: Ticket, lane: int) -> None:
-        """Give ``ticket`` free rows in ``lane``: states set to the start state, strategy set (under the lock, before the lane's
-        round sees them; no other lane touches them)."""
+        """Give ``ticket`` free rows in ``lane``: states set to the start state, strategy set (under the lock,
+        before the lane's round sees them; no other lane touches them)."""
         free = (i for i, row in enumerate(self.rows) if row is None)
         job = ticket.job
         encoded = self.sampler.encode_prompts(job.prompts)

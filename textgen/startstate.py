@@ -68,7 +68,8 @@ def paragraph_starts(ids: np.ndarray, vocab: Vocabulary, count: int = CANDIDATES
 
 def candidate_states(sampler: Sampler, ids: np.ndarray) -> States:
     """The states (h, c of every layer; a row per candidate) that ``sampler`` reaches just before each paragraph
-    start of ``ids`` (of its first ``SEARCHED`` characters), having read the ``CONTEXT`` characters before it from zeros."""
+    start of ``ids`` (of its first ``SEARCHED`` characters), having read the ``CONTEXT`` characters before it from
+    zeros."""
     ids = ids[:SEARCHED]
     starts = paragraph_starts(ids, sampler.vocab)
     context = min(CONTEXT, int(starts.min()))
@@ -151,9 +152,9 @@ def run_start(
     return states
 
 
-def train_ids(run: Run, cache_dir: Path | None) -> np.ndarray | None:
-    """The training split's ids, from the id cache (encoded into a scratch directory if the cache cannot be
-    written); None if the corpus is gone or changed."""
+def train_ids(run: Run, cache_dir: Path | None, limit: int | None = SEARCHED) -> np.ndarray | None:
+    """The training split's ids (its first ``limit``, in memory), from the id cache (encoded into a scratch
+    directory if the cache cannot be written); None if the corpus is gone or changed."""
     from textgen.data import load_splits  # not for an export's sampler (textgen.runtime), which needs no corpus
     from textgen.idcache import cache_root
 
@@ -163,8 +164,8 @@ def train_ids(run: Run, cache_dir: Path | None) -> np.ndarray | None:
         root = cache_dir or cache_root(run.path.parent)
         existing = root if root.exists() else next((p for p in root.parents if p.exists()), root)
         if os.access(existing, os.W_OK):
-            return np.array(load_splits(cfg.data, root, run.load_vocab()).train)
+            return np.array(load_splits(cfg.data, root, run.load_vocab()).train[:limit])
         with tempfile.TemporaryDirectory(prefix="textgen-start-") as scratch:
-            return np.array(load_splits(cfg.data, Path(scratch), run.load_vocab()).train)
+            return np.array(load_splits(cfg.data, Path(scratch), run.load_vocab()).train[:limit])
     except (TextgenError, OSError, ValueError):  # gone, changed, unreadable: prompts are read from zeros instead
         return None

@@ -116,7 +116,8 @@ def describe_run(cfg: RunConfig) -> list[tuple[str, str]]:
 def describe_samples(every: float) -> str:
     if not every:
         return "none (--sample-every 0)"
-    return f"{SAMPLE_CHARS} characters after each epoch and every {format_seconds(every)} within one (~{SAMPLE_SECONDS:g} s each)"
+    cost = f"~{SAMPLE_SECONDS:g} s each"
+    return f"{SAMPLE_CHARS} characters after each epoch and every {format_seconds(every)} within one ({cost})"
 
 
 def describe_optimizer(training: TrainConfig) -> str:
