@@ -9,6 +9,7 @@ by side. The target: with the start state, the one-letter share no higher than t
 
     PYTHONPATH=. python benchmarks/short_prompts.py --run checkpoints/2600-0 --seeds 4
     PYTHONPATH=. python benchmarks/short_prompts.py --run a --run b --start saved --json
+    PYTHONPATH=. python benchmarks/short_prompts.py --run checkpoints/2600-0 --seeds 20 --ablate   # which state
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from textgen.generation import Sampler
+    from textgen.generation import Sampler, States
     from textgen.vocab import Vocabulary
 
 RARE = 1e-5  # a character seen fewer than once in 100,000 is garbage at a sample's start
@@ -65,6 +66,33 @@ def garbage(
     return bad, len(prompts) * seeds, example
 
 
+def ablate(run_dir: Path, seeds: int, chars: int, weights: str) -> dict[str, tuple[int, int]]:
+    """One-letter prompts' garbage from other starts than the saved one: a blank line read from zeros before the
+    letter, three single paragraph-start candidates, and the candidates' mean itself."""
+    from textgen import api
+    from textgen.checkpoint import Run
+    from textgen.config import Weights
+    from textgen.startstate import candidate_states, train_ids
+
+    sampler, _ = api.open_generator(checkpoint_dir=run_dir.parent, run_name=run_dir.name, weights=Weights(weights))
+    ids = train_ids(Run(run_dir), None, limit=None)
+    if ids is None:
+        raise SystemExit(f"{run_dir}: its corpus is gone or changed; the benchmark needs its training split")
+    rare, letters = rare_ids(ids, sampler.vocab.size), list(string.ascii_uppercase)
+    saved, candidates = sampler.start, candidate_states(sampler, ids)  # it searches the first SEARCHED itself
+    starts: dict[str, States | None] = {
+        f"candidate {row}": tuple(c[row : row + 1] for c in candidates) for row in (0, 17, 40)
+    }
+    starts["the candidates' mean"] = tuple(c.mean(axis=0, keepdims=True) for c in candidates)
+    starts["saved (the candidate nearest the mean)"] = saved
+    sampler.start = None
+    result = {"zeros, a blank line before": garbage(sampler, ["\n\n" + c for c in letters], seeds, chars, rare)[:2]}
+    for name, start in starts.items():
+        sampler.start = start
+        result[name] = garbage(sampler, letters, seeds, chars, rare)[:2]
+    return result
+
+
 def measure(run_dir: Path, seeds: int, chars: int, starts: list[str], weights: str) -> dict:
     from textgen import api
     from textgen.checkpoint import Run
@@ -102,7 +130,13 @@ def main() -> None:
     parser.add_argument("--start", choices=["zeros", "saved", "both"], default="both")
     parser.add_argument("--weights", choices=["best", "last"], default="best")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--ablate", action="store_true", help="one-letter prompts from other start states instead")
     args = parser.parse_args()
+    if args.ablate:
+        for run_dir in args.run:
+            for name, (bad, total) in ablate(run_dir, args.seeds, args.chars, args.weights).items():
+                print(f"{run_dir}  1 letter, {name}: {bad}/{total}")
+        return
     starts = ["zeros", "saved"] if args.start == "both" else [args.start]
     print(f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {args.seeds} seeds, temperature 0.8")
     for run_dir in args.run:
