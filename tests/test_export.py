@@ -12,7 +12,7 @@ import pytest
 from helpers import assert_one_line_error, invoke, run_python, run_textgen, train_tiny_run, write_corpus
 
 from textgen import api
-from textgen.artifact import INFO_FILE, MANIFEST_FILE, Quantize
+from textgen.artifact import INFO_FILE, MANIFEST_FILE, START_FILE, Quantize
 from textgen.checkpoint import Run
 from textgen.config import SampleConfig
 from textgen.generation import RowSettings
@@ -72,7 +72,7 @@ def run_sample(run: Run, *args: str) -> list[str]:
 
 def test_export_writes_the_network_and_textgen_json(exports: dict[str, Path], run: Run) -> None:
     litert, savedmodel = exports["litert"], exports["savedmodel"]
-    assert sorted(p.name for p in litert.iterdir()) == [MANIFEST_FILE, "model.tflite", INFO_FILE]
+    assert sorted(p.name for p in litert.iterdir()) == [MANIFEST_FILE, "model.tflite", START_FILE, INFO_FILE]
     assert (savedmodel / "saved_model.pb").is_file() and (savedmodel / INFO_FILE).is_file()
     info = json.loads((litert / INFO_FILE).read_text(encoding="utf-8"))
     assert info["run"] == "tiny" and info["format"] == "litert" and info["quantize"] == "none"

@@ -28,7 +28,7 @@ from helpers import assert_one_line_error, invoke, subprocess_env, write_corpus
 from tensorflow.lite.python.convert_phase import ConverterError
 
 from textgen import api, export
-from textgen.artifact import INFO_FILE, MANIFEST_FILE, ArtifactInfo, file_digest
+from textgen.artifact import INFO_FILE, MANIFEST_FILE, START_FILE, ArtifactInfo, file_digest
 from textgen.checkpoint import Run
 from textgen.errors import TextgenWarning
 from textgen.runtime import open_artifact
@@ -246,6 +246,8 @@ def test_a_damaged_export_from_before_the_manifest_is_one_line(exports: dict[str
                 "emptied",
                 "cut in half",
             ):
+                continue
+            if (name, damage) == (START_FILE, "deleted"):  # an export from before the manifest had none: zeros
                 continue
             make_legacy(target)
             line = assert_one_line_error(sample(target))

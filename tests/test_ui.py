@@ -287,7 +287,7 @@ def test_the_start_up_summary_is_a_readable_block() -> None:
         "or after 3 epochs without a better validation loss"
     )
     assert lines["saves"] == "a resume point at each epoch end and every 5m00s within one"
-    assert lines["samples"] == "160 characters after each epoch and every 5m00s within one (~0.7 s each)"
+    assert lines["samples"] == "160 characters after each epoch and every 5m00s within one (~0.9 s each)"
     # Given a budget and no --epochs, the budget ends the run: no default epoch cap.
     budget_only = dict(ui.describe_run(RunConfig(data, model, TrainConfig.of(time_budget=600.0, sample_every=0), CPU)))
     assert budget_only["stops"].startswith("after 10m00s (the time budget, start-up and validation included), or after")

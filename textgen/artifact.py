@@ -27,8 +27,10 @@ INFO_FILE = "textgen.json"
 MANIFEST_FILE = "manifest.json"
 LITERT_FILE = "model.tflite"
 SAVED_MODEL_FILE = "saved_model.pb"
+START_FILE = "start.npz"  # the state prompts are read from (textgen.startstate), from version 3
 # 2: with a manifest. An export of version 1, made before the manifest existed, still loads (with a warning).
-ARTIFACT_VERSION = 2
+# 3: with the start state. An export of version 2 or 1 has none: its prompts are read from zeros.
+ARTIFACT_VERSION = 3
 STEP_SIGNATURE = "step"  # the next-token step, in both formats
 
 
@@ -125,7 +127,7 @@ class ArtifactInfo:
         # An export of version 1, from before the manifest, has none (textgen.runtime says so once it loads); a
         # version edited down is checked all the same.
         if version >= 2 or (path / MANIFEST_FILE).exists():
-            check_files(path, [INFO_FILE, NETWORK_FILES[info.format]])
+            check_files(path, [INFO_FILE, NETWORK_FILES[info.format], *([START_FILE] if version >= 3 else [])])
         return info
 
 

@@ -5,8 +5,8 @@ row belongs to the lane that admitted it; each round the table hands a lane its 
 row, nor one it has given back. Each lane repeats a round over its own rows:
 
 * requests that were cancelled or ran out of time leave their rows (or the queue);
-* waiting requests take free rows, their states reset to zero; a prompt's n rows read it once (the first reads it,
-  the others copy its state at its end);
+* waiting requests take free rows, their states set to the start state (``textgen.startstate``); a prompt's n rows
+  read it once (the first reads it, the others copy its state at its end);
 * newcomers with a prompt of up to ``prefill`` ids read it and draw their first characters in a call of their own,
   at their small batch (a quick first character; the others wait the ~10 ms it takes);
 * every busy row advances in one ``Sampler.generate_steps`` call: a row still reading its prompt is fed its next
@@ -295,7 +295,8 @@ class RowTable:
         self.slots, self.lanes = slots, lanes
         self.lock = threading.Condition()
         self.logits = np.zeros([slots, sampler.vocab.size], np.float32)
-        self.states = sampler.zero_states(slots)
+        self.states = sampler.start_states(slots)
+        self.start = sampler.start_states(1)  # each new row's state, before its prompt (``textgen.startstate``)
         self.temperature = np.zeros(slots, np.float32)
         self.top_k = np.zeros(slots, np.int32)
         self.top_p = np.ones(slots, np.float32)
@@ -320,15 +321,15 @@ class RowTable:
 
     def claim(self, ticket: Ticket, lane: int, prompts: list[np.ndarray]) -> None:
         """Under the lock: give ``ticket`` free rows in ``lane``, n for each of its encoded ``prompts``, their states
-        reset and its strategy set. The first of a prompt's rows reads it; the others follow it (``Row.follows``)."""
+        set to the start state and its strategy set. The first of a prompt's rows reads it; the others follow it (``Row.follows``)."""
         free = (i for i, row in enumerate(self._rows) if row is None)
         job = ticket.job
         for p, prompt in enumerate(prompts):
             reader: Row | None = None
             for sample in range(job.n):
                 slot = next(free)
-                for state in self.states:
-                    state[slot] = 0.0
+                for state, start in zip(self.states, self.start, strict=True):
+                    state[slot] = start[0]
                 self.temperature[slot], self.top_k[slot], self.top_p[slot] = job.temperature, job.top_k, job.top_p
                 self.seeds[slot] = job.seed
                 scanner = StopScanner(job.stops)

@@ -8,7 +8,9 @@ artifact computes what ``textgen sample`` computes. The SavedModel holds three s
   (0 = off), ``top_p`` (1 = off), ``seed`` -> ``ids`` (B, length): the whole loop in the graph;
 * ``vocabulary``: -> ``chars`` (V,) strings, the character of each id (id 0, the unknown one, is U+FFFD);
 
-and, for ``textgen sample --model``, the sampler's compiled ``feed`` and ``generate_chunk`` functions.
+and, for ``textgen sample --model``, the sampler's compiled ``feed`` and ``generate_chunk`` functions. Both
+formats carry ``start.npz``, the state every prompt is read from (``textgen.startstate``; arrays ``state_0``,
+``state_1``, ... in the order of the step's ``h_0``, ``c_0``, ...), which ``generate`` starts from too.
 The LiteRT file holds the ``step`` signature (LiteRT converts a step with explicit states, not a Keras LSTM
 loop), with ``--quantize float16`` (half-size weights) or ``int8`` (dynamic-range: int8 weights, float
 activations).
@@ -41,6 +43,7 @@ from tensorflow.lite.python.convert_phase import ConverterError
 from textgen.artifact import (
     INFO_FILE,
     LITERT_FILE,
+    START_FILE,
     STEP_SIGNATURE,
     ArtifactInfo,
     ExportFormat,
@@ -59,6 +62,7 @@ from textgen.model import build_model
 from textgen.results import ExportResult
 from textgen.sampling import RECURRENT_BLOCKS, Generator
 from textgen.signals import stop_signals
+from textgen.startstate import save_start
 from textgen.vocab import UNKNOWN_CHAR, Vocabulary
 
 
@@ -143,6 +147,8 @@ def _write(generator: Generator, info: ArtifactInfo, directory: Path, check_stop
         check_stop()
         (directory / LITERT_FILE).write_bytes(litert_bytes(str(step), info.quantize))
         shutil.rmtree(step)
+    start = generator.start_states(1)  # zeros for a run whose start state could not be computed
+    save_start(directory / START_FILE, start, "")  # the manifest checks it; no weights file to belong to
     (directory / INFO_FILE).write_text(info.to_json(), encoding="utf-8")
     write_manifest(directory)
 
@@ -190,11 +196,12 @@ def export_module(generator: Generator) -> tuple[tf.Module, dict[str, tf.types.e
         # with TensorFlow's own message instead of this one (it did so once in CI).
         with tf.control_dependencies(checks):
             prompt, length = tf.identity(prompt), tf.identity(length)
-        zeros = tf.zeros([tf.shape(prompt)[0], cfg.units])
-        logits, states = generator.feed_function(prompt, tuple(zeros for _ in names))
+        # Every prompt is read from the start state, as textgen sample reads it (textgen.startstate).
+        batch = tf.shape(prompt)[:1]
+        starts = tuple(tf.repeat(tf.constant(s, tf.float32), batch, axis=0) for s in generator.start_states(1))
+        logits, states = generator.feed_function(prompt, starts)
         # The graph's own seeded stream (textgen's uniforms are made in NumPy, outside the graph).
         draws = tf.random.stateless_uniform(tf.stack([length, tf.shape(prompt)[0]]), tf.stack([seed, 0]))
-        batch = tf.shape(prompt)[:1]
         ids, _, _ = generator.generate_function(
             logits, states, draws, tf.fill(batch, temperature), tf.fill(batch, top_k), tf.fill(batch, top_p)
         )

@@ -89,8 +89,10 @@ class Sampler(ABC):
 
     concurrent_calls = False  # whether two threads may call generate_steps at once (a server's lanes)
 
-    def __init__(self, cfg: ModelConfig, vocab: Vocabulary) -> None:
+    def __init__(self, cfg: ModelConfig, vocab: Vocabulary, start: States | None = None) -> None:
         self.cfg, self.vocab = cfg, vocab
+        # The state every prompt is read from (a row per array; ``textgen.startstate``), None for zeros.
+        self.start = start
 
     @abstractmethod
     def read(self, ids: np.ndarray, states: States) -> tuple[np.ndarray, States]:
@@ -122,6 +124,13 @@ class Sampler(ABC):
         """All-zero (h, c) for every layer: the state at the start of training's epochs."""
         return tuple(np.zeros([batch, self.cfg.units], np.float32) for _ in range(2 * self.cfg.layers))
 
+    def start_states(self, batch: int) -> States:
+        """The state ``batch`` prompts are read from: the start state (``textgen.startstate``), a paragraph's start
+        the model knows, or zeros for a sampler without one (scoring always reads from zeros, as training does)."""
+        if self.start is None:
+            return self.zero_states(batch)
+        return tuple(np.repeat(s, batch, axis=0) for s in self.start)
+
     def encode_prompts(self, prompts: Sequence[str], fallback: bool = True) -> list[np.ndarray]:
         """Each prompt's ids, without characters outside the vocabulary (``Vocabulary.unknown_chars`` names them).
 
@@ -137,9 +146,9 @@ class Sampler(ABC):
         return [newline if fallback and not ids.size else ids for ids in encoded]
 
     def feed(self, encoded: Sequence[np.ndarray], state: GenerationState | None = None) -> GenerationState:
-        """Read one encoded prompt per sequence, on top of ``state`` (or from zero states): where generation starts.
-        An empty prompt on a ``state`` goes on from it."""
-        logits, states = (state.logits, state.states) if state is not None else (None, self.zero_states(1))
+        """Read one encoded prompt per sequence, on top of ``state`` (or from the start state): where generation
+        starts. An empty prompt on a ``state`` goes on from it."""
+        logits, states = (state.logits, state.states) if state is not None else (None, self.start_states(1))
         batch = len(encoded)
         if states[0].shape[0] == 1 and all(np.array_equal(ids, encoded[0]) for ids in encoded):
             # One prompt from one state: read it once, then copy the result to every row.

@@ -11,6 +11,7 @@ from textgen.artifact import (
     INFO_FILE,
     MANIFEST_FILE,
     NETWORK_FILES,
+    START_FILE,
     STEP_SIGNATURE,
     ArtifactInfo,
     ExportFormat,
@@ -19,10 +20,11 @@ from textgen.artifact import (
 )
 from textgen.corpus import read_corpus, resolve_corpus, resolve_encoding
 from textgen.errors import ConfigError, TextgenWarning, one_line
-from textgen.generation import Sampler
+from textgen.generation import Sampler, States
 from textgen.layout import scoring_layout
 from textgen.litert import LiteRTGenerator
 from textgen.results import Evaluation
+from textgen.startstate import load_start
 from textgen.vocab import UNKNOWN_ID
 
 
@@ -37,6 +39,7 @@ def open_artifact(path: Path, inference: bool = True) -> tuple[Sampler, Artifact
     if not network.is_file():  # an export from before the manifest has only this check
         raise ConfigError(f"{path} has no {network.name}, which its {INFO_FILE} describes; export the run again")
     sampler = _open_network(network, info, inference)
+    sampler.start = _start(path, info)
     if not (path / MANIFEST_FILE).exists():  # an export from before the manifest (ArtifactInfo.read checks the rest)
         warnings.warn(
             f"{path} has no {MANIFEST_FILE} (it was exported before textgen checked its exports), so its files "
@@ -45,6 +48,18 @@ def open_artifact(path: Path, inference: bool = True) -> tuple[Sampler, Artifact
             stacklevel=2,
         )
     return sampler, info
+
+
+def _start(path: Path, info: ArtifactInfo) -> States | None:
+    """The start state an export carries (``textgen.startstate``); None, for zeros, in an export from before it
+    did (``ArtifactInfo.read`` has required it of one since)."""
+    start = path / START_FILE
+    if not start.exists():
+        return None
+    try:
+        return load_start(start, info.model.layers, info.model.units)[0]
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{start} is damaged ({one_line(exc)}); export the run again") from None
 
 
 def _open_network(network: Path, info: ArtifactInfo, inference: bool) -> Sampler:

@@ -32,6 +32,7 @@ from textgen.generation import RowSettings, Sampler, States
 from textgen.lstm import layer_norm, lstm_cell, run_unrolled
 from textgen.model import LAYER_NORM_WEIGHTS, build_model
 from textgen.npsampling import NEG_INF
+from textgen.startstate import run_start, weights_checksum
 from textgen.vocab import UNKNOWN_ID, Vocabulary
 
 # Column blocks of each recurrent kernel (see _lstm_cell): 4 blocks took batch-64 sampling of
@@ -193,11 +194,16 @@ class Generator(Sampler):
     def from_run(
         cls, run: Run, which: Weights = Weights.best, recurrent_blocks: int | None = None, input_table: bool = True
     ) -> Generator:
-        """Load a run's config, vocabulary and ``best`` or ``last`` weights; no corpus needed."""
+        """Load a run's config, vocabulary and ``best`` or ``last`` weights, and the start state its prompts are read
+        from (``textgen.startstate``: saved beside the weights, or computed from the training split; zeros if the
+        corpus is gone too)."""
         cfg, vocab = run.load_config().model, run.load_vocab()
         model = build_model(cfg, batch_size=1, stateful=False)
+        checksum = weights_checksum(run, which)  # before loading: a trainer may replace the file meanwhile
         run.load_weights(model, which)
-        return cls(cfg, vocab, model.get_weights(), recurrent_blocks or RECURRENT_BLOCKS, input_table)
+        generator = cls(cfg, vocab, model.get_weights(), recurrent_blocks or RECURRENT_BLOCKS, input_table)
+        generator.start = run_start(run, which, generator, checksum)
+        return generator
 
     # The next-token function -----------------------------------------------------------
 

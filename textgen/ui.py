@@ -40,7 +40,7 @@ from textgen.results import (
     lstm_shape,
 )
 from textgen.runs import made_from
-from textgen.training.preview import SAMPLE_CHARS
+from textgen.training.preview import SAMPLE_CHARS, SAMPLE_SECONDS
 from textgen.vocab import for_display
 
 if TYPE_CHECKING:
@@ -117,7 +117,8 @@ def describe_run(cfg: RunConfig) -> list[tuple[str, str]]:
 def describe_samples(every: float) -> str:
     if not every:
         return "none (--sample-every 0)"
-    return f"{SAMPLE_CHARS} characters after each epoch and every {format_seconds(every)} within one (~0.7 s each)"
+    cost = f"~{SAMPLE_SECONDS:g} s each"
+    return f"{SAMPLE_CHARS} characters after each epoch and every {format_seconds(every)} within one ({cost})"
 
 
 def describe_optimizer(training: TrainConfig) -> str:

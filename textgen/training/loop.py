@@ -250,7 +250,7 @@ class _Session:
 
     def write_sample(self) -> str:
         self.sampled_at = self.clock.agreed
-        return write_sample(self.trainer, self.plan.config, self.plan.splits.vocab)
+        return write_sample(self.trainer, self.plan.config, self.plan.splits.vocab, self.plan.splits.train)
 
     def validate_mid_epoch(self) -> StopReason | None:
         """Validate if the judge asks, put the training streams' states back, and let the judge end the run; a stop
