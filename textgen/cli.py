@@ -22,7 +22,6 @@ from textgen.artifact import ExportFormat, Quantize
 from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR
 from textgen.cliapp import TextgenCommand, TextgenGroup, console, err_console, errors
 from textgen.cliopts import (
-    ENCODING_HELP,
     CheckpointDirOption,
     JsonOption,
     LastOption,
@@ -320,24 +319,17 @@ def sample(
     run: RunOption = None,
     checkpoint_dir: CheckpointDirOption = DEFAULT_CHECKPOINT_DIR,
     last: LastOption = False,
-    prime: Annotated[str, typer.Option(help="Text to start from; the model reads it first")] = "",
-    length: Annotated[int, typer.Option(help="Characters to generate per sample")] = SAMPLING.length,
-    num: Annotated[int, typer.Option(help="Number of samples, generated together as one batch")] = SAMPLING.num,
+    prime: o.Prime = "",
+    length: o.SampleLength = SAMPLING.length,
+    num: o.Num = SAMPLING.num,
     temp: TempOption = SAMPLING.temperature,
     top_k: TopKOption = SAMPLING.top_k,
     top_p: TopPOption = SAMPLING.top_p,
     seed: SeedOption = None,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per sample, with the settings used")] = False,
+    as_json: o.SampleJson = False,
     model: ModelOption = None,
     prime_file: o.PrimeFileOption = None,
-    adapt: Annotated[
-        bool,
-        typer.Option(
-            "--adapt",
-            help="With --prime-file: adapt the weights to the document as it is read (dynamic evaluation, with the "
-            "run's dynamic.json settings), then continue it; the run is not changed",
-        ),
-    ] = False,
+    adapt: o.Adapt = False,
 ) -> None:
     """Generate text from a trained run (the latest by default) or an exported model."""
     with errors():
@@ -351,10 +343,8 @@ def sample(
             checkpoint_dir=checkpoint_dir, run_name=run, weights=Weights.last if last else Weights.best, model=model,
             adapt_to=document if adapt else None,
         )  # fmt: skip
-        if document is None:
-            ui.show_sampling(console, err_console, sampler, source, prime, settings, as_json)
-        else:
-            ui.show_sampling(console, err_console, sampler, source, document, settings, as_json, prime_file=prime_file)
+        prompt = prime if document is None else document
+        ui.show_sampling(console, err_console, sampler, source, prompt, settings, as_json, prime_file=prime_file)
 
 
 REPL_EXAMPLES = """
@@ -372,7 +362,7 @@ def repl(
     run: RunOption = None,
     checkpoint_dir: CheckpointDirOption = DEFAULT_CHECKPOINT_DIR,
     last: LastOption = False,
-    length: Annotated[int, typer.Option(help="Characters to generate per answer")] = 300,
+    length: o.ReplLength = 300,
     temp: TempOption = SAMPLING.temperature,
     top_k: TopKOption = SAMPLING.top_k,
     top_p: TopPOption = SAMPLING.top_p,
@@ -454,75 +444,45 @@ EVALUATE_EXAMPLES = """
 
 @command(epilog=EVALUATE_EXAMPLES)
 def evaluate(
-    file: Annotated[
-        str | None, typer.Argument(help="Score this text file instead of a split", show_default=False)
-    ] = None,
+    file: o.EvaluateFile = None,
     run: RunOption = None,
     checkpoint_dir: CheckpointDirOption = DEFAULT_CHECKPOINT_DIR,
-    split: Annotated[Split, typer.Option(help="Held-out split of the run's corpus")] = Split.test,
+    split: o.SplitOption = Split.test,
     last: LastOption = False,
-    encoding: Annotated[str, typer.Option(help=ENCODING_HELP + " (for FILE)")] = "auto",
-    streams: Annotated[
-        int | None,
-        typer.Option(
-            help="Read the text as this many parallel streams, each starting cold (fewer read it a little better; "
-            "docs/how-it-trains.md#evaluation); compare runs at one value",
-            show_default="the run's batch size",
-        ),
-    ] = None,
+    encoding: o.EvaluateEncoding = "auto",
+    streams: o.Streams = None,
     as_json: JsonOption = False,
     model: ModelOption = None,
-    dynamic: Annotated[
-        bool,
-        typer.Option(
-            "--dynamic",
-            help="Also score with dynamic evaluation: the text read as one stream, the weights adapting to each "
-            "segment once it is scored (never saved); the settings are tuned on the validation split the first "
-            "time (minutes) and kept in the run's dynamic.json",
-        ),
-    ] = False,
-    retune: Annotated[bool, typer.Option("--retune", help="With --dynamic: tune its settings again")] = False,
+    dynamic: o.Dynamic = False,
+    retune: o.Retune = False,
 ) -> None:
     """Cross-entropy of a run (or an exported model) on held-out text: nats/char, bits/char and perplexity."""
     with errors():
         if retune and not dynamic:
             raise ConfigError("--retune tunes --dynamic's settings: add --dynamic")
-        if dynamic:
-            _evaluate_dynamic(file, run, checkpoint_dir, split, last, encoding, streams, as_json, model, retune)
+        weights = Weights.last if last else Weights.best
+        if dynamic:  # a run's weights, read as one stream
+            if model is not None or streams is not None:
+                raise ConfigError(
+                    f"--dynamic adapts a run's weights as one stream: drop {'--model' if model else '--streams'}"
+                )
+            adapted = api.evaluate_dynamic(
+                checkpoint_dir=checkpoint_dir, run_name=run, split=split, file=file, weights=weights,
+                encoding=encoding, retune=retune,
+            )  # fmt: skip
+            ui.show_dynamic_evaluation(console, err_console, adapted, as_json)
             return
         result = api.evaluate(
             checkpoint_dir=checkpoint_dir,
             run_name=run,
             split=split,
             file=file,
-            weights=Weights.last if last else Weights.best,
+            weights=weights,
             encoding=encoding,
             model=model,
             streams=streams,
         )
         ui.show_evaluation(console, err_console, result, as_json)
-
-
-def _evaluate_dynamic(
-    file: str | None,
-    run: str | None,
-    checkpoint_dir: Path,
-    split: Split,
-    last: bool,
-    encoding: str,
-    streams: int | None,
-    as_json: bool,
-    model: Path | None,
-    retune: bool,
-) -> None:
-    """``textgen evaluate --dynamic``: a run's weights only, read as one stream."""
-    if model is not None or streams is not None:
-        raise ConfigError(f"--dynamic adapts a run's weights as one stream: drop {'--model' if model else '--streams'}")
-    result = api.evaluate_dynamic(
-        checkpoint_dir=checkpoint_dir, run_name=run, split=split, file=file,
-        weights=Weights.last if last else Weights.best, encoding=encoding, retune=retune,
-    )  # fmt: skip
-    ui.show_dynamic_evaluation(console, err_console, result, as_json)
 
 
 EXPORT_EXAMPLES = """

@@ -28,6 +28,7 @@ from textgen.config import (
     LRSchedule,
     ModelConfig,
     Optimizer,
+    Split,
     Strategy,
     TrainConfig,
     Weights,
@@ -455,3 +456,38 @@ Prefill = Annotated[
     ),
 ]
 LogFormat = Annotated[str, own("The request log on stderr: text (a line each) or json (a JSON object a line)")]
+# sample, repl, evaluate
+Prime = Annotated[str, own("Text to start from; the model reads it first")]
+SampleLength = Annotated[int, own("Characters to generate per sample")]
+Num = Annotated[int, own("Number of samples, generated together as one batch")]
+SampleJson = Annotated[bool, option("json", "One JSON object per sample, with the settings used")]
+Adapt = Annotated[
+    bool,
+    own(
+        "With --prime-file: adapt the weights to the document as it is read (dynamic evaluation, with the run's "
+        "dynamic.json settings), then continue it; the run is not changed",
+        "--adapt",
+    ),
+]
+ReplLength = Annotated[int, own("Characters to generate per answer")]
+EvaluateFile = Annotated[str | None, typer.Argument(help="Score this text file instead of a split", show_default=False)]
+SplitOption = Annotated[Split, own("Held-out split of the run's corpus")]
+EvaluateEncoding = Annotated[str, option("encoding", ENCODING_HELP + " (for FILE)", panel=None)]
+Streams = Annotated[
+    int | None,
+    own(
+        "Read the text as this many parallel streams, each starting cold (fewer read it a little better; "
+        "docs/how-it-trains.md#evaluation); compare runs at one value",
+        shown="the run's batch size",
+    ),
+]
+Dynamic = Annotated[
+    bool,
+    own(
+        "Also score with dynamic evaluation: the text read as one stream, the weights adapting to each segment "
+        "once it is scored (never saved); the settings are tuned on the validation split the first time "
+        "(minutes) and kept in the run's dynamic.json",
+        "--dynamic",
+    ),
+]
+Retune = Annotated[bool, own("With --dynamic: tune its settings again", "--retune")]

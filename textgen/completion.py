@@ -180,18 +180,7 @@ def completion_job(
             "prompt without generating."
         )
         raise ApiError(422, message, "max_tokens", INVALID)
-    try:  # the sampling settings' bounds are the CLI's
-        settings = SampleConfig(
-            length=max(1, body.max_tokens),  # 0 with echo: nothing generated
-            temperature=float(body.temperature),
-            top_k=body.top_k,
-            top_p=float(body.top_p),
-            seed=body.seed,
-        ).seeded()
-    except FieldError as exc:
-        param = API_FIELDS.get(exc.field, exc.field)
-        value = getattr(body, param)
-        raise ApiError(422, f"The field '{param}' must be {exc.rule} (got {shown(value)}).", param, INVALID) from None
+    settings = sample_settings(body)
     scored = body.logprobs is not None or body.echo
     if scored and not engine.sampler.concurrent_calls:
         field_name = "logprobs" if body.logprobs is not None else "echo"
@@ -208,6 +197,42 @@ def completion_job(
             f"leave it out and choose among n yourself."
         )
         raise ApiError(422, message, "best_of", INVALID)
+    check_size(body, engine)
+    vocab = engine.sampler.vocab
+    warnings = [note for note in (vocab.unknown_note(p) for p in body.prompts) if note]
+    job = Job(
+        body.prompts,
+        body.max_tokens,
+        body.n,
+        settings.temperature,
+        settings.top_k,
+        settings.top_p,
+        settings.seed or 0,
+        body.stops,
+        config.request_timeout,
+    )
+    return job, warnings
+
+
+def sample_settings(body: CompletionRequest) -> SampleConfig:
+    """The request's sampling settings, within the CLI's bounds (a 422 naming the API's field otherwise)."""
+    try:  # the sampling settings' bounds are the CLI's
+        return SampleConfig(
+            length=max(1, body.max_tokens),  # 0 with echo: nothing generated
+            temperature=float(body.temperature),
+            top_k=body.top_k,
+            top_p=float(body.top_p),
+            seed=body.seed,
+        ).seeded()
+    except FieldError as exc:
+        param = API_FIELDS.get(exc.field, exc.field)
+        value = getattr(body, param)
+        raise ApiError(422, f"The field '{param}' must be {exc.rule} (got {shown(value)}).", param, INVALID) from None
+
+
+def check_size(body: CompletionRequest, engine: Engine) -> None:
+    """A 422 for a request bigger than the server takes: rows, a whole answer's characters, log-probability
+    entries, prompt characters."""
     rows = len(body.prompts) * body.n
     if rows > engine.slots:
         message = (
@@ -239,20 +264,6 @@ def completion_job(
             f"shorter 'prompt'."
         )
         raise ApiError(422, message, "prompt", INVALID)
-    vocab = engine.sampler.vocab
-    warnings = [note for note in (vocab.unknown_note(p) for p in body.prompts) if note]
-    job = Job(
-        body.prompts,
-        body.max_tokens,
-        body.n,
-        settings.temperature,
-        settings.top_k,
-        settings.top_p,
-        settings.seed or 0,
-        body.stops,
-        config.request_timeout,
-    )
-    return job, warnings
 
 
 class Completion:
