@@ -16,8 +16,10 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from textgen import engine as engine_module
+from textgen import promptcache
 from textgen.config import MAX_STOP_CHARS, SampleConfig
 from textgen.engine import Draining, Engine, Event, Finish, Job, QueueFull, StopScanner
+from textgen.promptcache import PromptCache
 
 
 @pytest.fixture(scope="module")
@@ -458,3 +460,63 @@ def test_the_compiled_read_of_every_step_s_logits_is_the_step_by_step_one(sample
     np.testing.assert_allclose(compiled, stepped, atol=1e-5)
     for a, b in zip(compiled_states, stepped_states, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def cached_engine(sampler, entries: int = 64, lanes: int = 1) -> Engine:
+    engine = Engine(sampler, slots=8, max_queue=8, lanes=lanes, cache=PromptCache(entries))
+    engine.start()
+    assert engine.ready.wait(60)
+    return engine
+
+
+def run_job(engine: Engine, job: Job) -> tuple[dict[int, str], int]:
+    """Each continuation's text, and the prompt characters its rows started past (from the cache)."""
+    collector = Collector(job.rows)
+    ticket = engine.submit(job, collector)
+    return collector.wait().texts, ticket.cached
+
+
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_a_cached_start_gives_the_text_an_uncached_one_gives(sampler, monkeypatch, lanes) -> None:
+    """Checkpoints every 100 characters: a 350-character prompt is read in the batch's calls (ended at 100 and 200,
+    kept) and its rest apart (300 and its end, kept). The same prompt again starts at its end, one extending it
+    there, one sharing 250 characters of it at 200; each gives `textgen sample`'s text, with n 1 or 2, as with
+    the cache off."""
+    monkeypatch.setattr(promptcache, "EVERY", 100)
+    prompt = ("the quick brown fox jumps over the lazy dog " * 9)[:350]
+    assert len(sampler.encode_prompts([prompt])[0]) == 350  # every character known
+    jobs = [
+        (Job((prompt,), max_chars=60, seed=3), 0),
+        (Job((prompt,), max_chars=60, seed=3), 350),
+        (Job((prompt + " and then",), max_chars=60, n=2, temperature=1.0, seed=4), 350),
+        (Job((prompt[:250] + "xyz",), max_chars=60, seed=5), 200),
+    ]
+    engine, plain = cached_engine(sampler, lanes=lanes), cached_engine(sampler, entries=0, lanes=lanes)
+    try:
+        for job, cached in jobs:
+            texts, started_past = run_job(engine, job)
+            assert started_past == cached
+            config = SampleConfig(length=60, num=job.n, temperature=job.temperature, seed=job.seed)
+            expected = sampler.generate(list(job.prompts) * job.n, config)
+            assert [texts[i] for i in range(job.n)] == expected
+            assert run_job(plain, job) == (texts, 0)
+        assert (engine.cache.hits, engine.cache.characters) == (3, 900)
+        assert len(plain.cache) == 0 and plain.cache.hits == 0
+    finally:
+        engine.close()
+        plain.close()
+
+
+def test_the_cache_keeps_its_bound_in_entries(sampler, monkeypatch) -> None:
+    monkeypatch.setattr(promptcache, "EVERY", 16)
+    engine = cached_engine(sampler, entries=5)
+    try:
+        for word in ("one", "two", "six", "ten"):  # 4 checkpoints each: 16, 32, 48 and 54
+            run_job(engine, Job((f"prompt number {word} " * 3,), max_chars=5))
+        assert len(engine.cache) == 5
+        last = engine.cache.longest(sampler.encode_prompts(["prompt number ten " * 3])[0])
+        assert last is not None and last.length == 54 and engine.cache.bytes == 5 * last.nbytes
+        assert engine.cache.longest(sampler.encode_prompts(["prompt number six " * 3])[0]) is not None  # its end
+        assert engine.cache.longest(sampler.encode_prompts(["prompt number two " * 3])[0]) is None
+    finally:
+        engine.close()

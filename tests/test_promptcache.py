@@ -18,7 +18,7 @@ def ids(text: str) -> np.ndarray:
 
 
 @pytest.fixture(autouse=True)
-def every_4(monkeypatch) -> None:
+def every_4(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(promptcache, "EVERY", 4)
 
 
@@ -76,3 +76,18 @@ def test_size_0_keeps_nothing() -> None:
     cache = PromptCache(0)
     cache.put(ids("abcd"), *state(1.0))
     assert not cache.enabled and len(cache) == 0 and cache.longest(ids("abcd")) is None and cache.hits == 0
+
+
+def test_a_prompt_extending_an_earlier_one_starts_at_its_end() -> None:
+    cache = PromptCache(8)
+    cache.put(ids("abcdefg"), *state(7.0))  # past the checkpoint at 4
+    cache.put(ids("abcdefx"), *state(8.0))  # the same length past the same checkpoint
+    found = cache.longest(ids("abcdefgh and on"))
+    assert found is not None and found.length == 7 and found.logits[0] == 7.0
+    assert cache.longest(ids("abcdefy")) is None
+    cache.put(ids("abcd"), *state(4.0))
+    assert cache.longest(ids("abcdefy")).length == 4  # type: ignore[union-attr]
+    for word in ("11111", "22222", "33333", "44444", "55555", "66666", "77777"):
+        cache.put(ids(word), *state(1.0))  # "abcdefx" and "abcdefg" leave, the least recently used
+    assert len(cache) == 8 and cache.longest(ids("abcdefgh")).length == 4  # type: ignore[union-attr]
+    assert cache._ends.keys() == {v for v in cache._bases.values()}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,20 +27,35 @@ def checkpoints(length: int) -> list[int]:
     return [*marks, length] if length else marks
 
 
+Chain = list[hashlib.blake2b]  # a prompt's digests so far at 0, EVERY, 2 x EVERY, ... ids
+
+
+def chain(ids: np.ndarray) -> Chain:
+    """The running digest of ``ids`` at each multiple of ``EVERY`` up to its length (0 included)."""
+    data = np.ascontiguousarray(ids, np.int32)
+    links = [hashlib.blake2b(digest_size=16)]
+    for start in range(0, len(data) - EVERY + 1, EVERY):
+        link = links[-1].copy()
+        link.update(data[start : start + EVERY].tobytes())
+        links.append(link)
+    return links
+
+
+def key(ids: np.ndarray, links: Chain, length: int) -> tuple[int, bytes]:
+    """The key of ``ids``'s first ``length`` ids: the chain's digest at the multiple of ``EVERY`` below, on
+    which the ids after it are hashed."""
+    base = length // EVERY
+    if base * EVERY == length:
+        return length, links[base].digest()
+    branch = links[base].copy()
+    branch.update(np.ascontiguousarray(ids[base * EVERY : length], np.int32).tobytes())
+    return length, branch.digest()
+
+
 def prefix_keys(ids: np.ndarray) -> list[tuple[int, bytes]]:
     """(length, digest) for each of ``ids``'s checkpoints, shortest first."""
-    data = np.ascontiguousarray(ids, np.int32)
-    chain, keys, start = hashlib.blake2b(digest_size=16), [], 0
-    for end in checkpoints(len(data)):
-        if end - start == EVERY:  # a whole stretch: the chain goes on from it
-            chain.update(data[start:end].tobytes())
-            keys.append((end, chain.digest()))
-            start = end
-        else:  # the prompt's end, within a stretch: a branch off the chain
-            tail = chain.copy()
-            tail.update(data[start:end].tobytes())
-            keys.append((end, tail.digest()))
-    return keys
+    links = chain(ids)
+    return [key(ids, links, length) for length in checkpoints(len(ids))]
 
 
 @dataclass(frozen=True)
@@ -64,6 +79,10 @@ class PromptCache:
         self.max_entries, self.max_bytes = entries, max_bytes
         self.lock = threading.Lock()
         self._entries: OrderedDict[tuple[int, bytes], Entry] = OrderedDict()
+        # Under each multiple of EVERY's chain digest, the lengths of entries that end past it (before the next):
+        # where a longer prompt looks for an earlier prompt's end.
+        self._ends: dict[bytes, Counter[int]] = {}  # (entries of that length: their tails may differ)
+        self._bases: dict[tuple[int, bytes], bytes] = {}
         self.bytes = 0
         self.hits = 0  # lookups that found a prefix
         self.characters = 0  # prompt characters those hits did not read again
@@ -76,15 +95,21 @@ class PromptCache:
         return len(self._entries)
 
     def longest(self, ids: np.ndarray) -> Entry | None:
-        """The entry for the longest of ``ids``'s checkpoints held (counted as a hit), or None."""
+        """The entry for the longest prefix of ``ids`` held (counted as a hit), or None: one at a multiple of
+        ``EVERY``, or the whole of an earlier prompt that ``ids`` extends."""
         if not self.enabled or not len(ids):
             return None
-        keys = prefix_keys(ids)
+        links = chain(ids)
         with self.lock:
-            for key in reversed(keys):
-                entry = self._entries.get(key)
+            candidates = list(range(EVERY, len(ids) + 1, EVERY))
+            for link in links:  # earlier prompts' ends past each multiple of EVERY
+                candidates.extend(n for n in self._ends.get(link.digest(), ()) if n <= len(ids))
+            if len(ids) % EVERY:
+                candidates.append(len(ids))
+            for length in sorted(set(candidates), reverse=True):
+                entry = self._entries.get(found := key(ids, links, length))
                 if entry is not None:
-                    self._entries.move_to_end(key)
+                    self._entries.move_to_end(found)
                     self.hits += 1
                     self.characters += entry.length
                     return entry
@@ -92,20 +117,33 @@ class PromptCache:
 
     def put(self, ids: np.ndarray, logits: np.ndarray, states: tuple[np.ndarray, ...]) -> None:
         """Keep the state of one row (``logits`` [vocab], ``states`` without the batch axis, copied here) after
-        reading all of ``ids``, which ends at one of its checkpoints."""
+        reading all of ``ids``."""
         if not self.enabled or not len(ids):
             return
-        length, digest = prefix_keys(ids)[-1]
-        key = (length, digest)
-        entry = Entry(length, np.array(logits, copy=True), tuple(np.array(s, copy=True) for s in states))
+        links = chain(ids)
+        found = key(ids, links, len(ids))
+        entry = Entry(len(ids), np.array(logits, copy=True), tuple(np.array(s, copy=True) for s in states))
         if entry.nbytes > self.max_bytes:
             return
+        base = links[len(ids) // EVERY].digest()
         with self.lock:
-            old = self._entries.pop(key, None)
-            if old is not None:
-                self.bytes -= old.nbytes
-            self._entries[key] = entry
+            self._drop(found)
+            self._entries[found] = entry
+            self._bases[found] = base
+            self._ends.setdefault(base, Counter())[len(ids)] += 1
             self.bytes += entry.nbytes
             while len(self._entries) > self.max_entries or self.bytes > self.max_bytes:
-                _, evicted = self._entries.popitem(last=False)
-                self.bytes -= evicted.nbytes
+                self._drop(next(iter(self._entries)))
+
+    def _drop(self, found: tuple[int, bytes]) -> None:
+        entry = self._entries.pop(found, None)
+        if entry is None:
+            return
+        self.bytes -= entry.nbytes
+        base = self._bases.pop(found)
+        lengths = self._ends[base]
+        lengths[found[0]] -= 1
+        if not lengths[found[0]]:
+            del lengths[found[0]]
+            if not lengths:
+                del self._ends[base]
