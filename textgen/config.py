@@ -617,6 +617,7 @@ class ServeConfig:
             "max_stops": MAX_STOPS,
             "max_stop_chars": MAX_STOP_CHARS,
             "max_logprob_entries": MAX_LOGPROB_ENTRIES,
+            "prompt_cache_entries": self.prompt_cache,
         }
 
 
