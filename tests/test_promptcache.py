@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from textgen import promptcache
-from textgen.promptcache import PromptCache, checkpoints, prefix_keys
+from textgen.promptcache import PromptCache, chain, checkpoints, prefix_keys
 
 
 def state(value: float, size: int = 8) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
@@ -91,3 +91,16 @@ def test_a_prompt_extending_an_earlier_one_starts_at_its_end() -> None:
         cache.put(ids(word), *state(1.0))  # "abcdefx" and "abcdefg" leave, the least recently used
     assert len(cache) == 8 and cache.longest(ids("abcdefgh")).length == 4  # type: ignore[union-attr]
     assert cache._ends.keys() == {v for v in cache._bases.values()}
+
+
+def test_a_prompt_s_chain_made_once_gives_the_keys_its_prefixes_have() -> None:
+    prompt = ids("abcdefghijk")
+    links = chain(prompt)
+    cache = PromptCache(8)
+    for end in (4, 8, 11):
+        cache.put(prompt[:end], *state(float(end)), links=links)
+    other = PromptCache(8)
+    for end in (4, 8, 11):
+        other.put(prompt[:end], *state(float(end)))
+    assert list(cache._entries) == list(other._entries)
+    assert cache.longest(ids("abcdefghijk and on"), chain(ids("abcdefghijk and on"))).length == 11  # type: ignore[union-attr]

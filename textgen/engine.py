@@ -207,6 +207,7 @@ class Row:
     # Of a prompt's n rows the first reads it, and the others wait for a copy of its state at the prompt's end:
     follows: Row | None = None  # the row whose state this one waits for (None once it has it)
     followers: list[Row] = field(default_factory=list)  # the rows waiting for this one's (emptied as they get it)
+    links: promptcache.Chain | None = None  # with the prompt cache on, its reader's prompt's digests (for its keys)
 
 
 Held = list[tuple[int, Row]]  # a lane's rows for a round: (slot, row)
@@ -342,7 +343,8 @@ class RowTable:
                 row = Row(ticket, lane, p * job.n + sample, sample, prompt, scanner=scanner, follows=reader)
                 if reader is None:
                     reader = row
-                    if (entry := self.cache.longest(prompt)) is not None:
+                    row.links = promptcache.chain(prompt) if self.cache.enabled else None
+                    if (entry := self.cache.longest(prompt, row.links)) is not None:
                         for state, cached in zip(self.states, entry.states, strict=True):
                             state[slot] = cached
                         self.logits[slot] = entry.logits
@@ -605,7 +607,7 @@ class Engine:
                 end = min(len(row.prompt), (first // promptcache.EVERY + 1) * promptcache.EVERY)  # the next checkpoint
                 logits, states = self.sampler.read(row.prompt[None, first:end].astype(np.int32), states)
                 if caching:
-                    self.cache.put(row.prompt[:end], logits[0], tuple(s[0] for s in states))
+                    self.cache.put(row.prompt[:end], logits[0], tuple(s[0] for s in states), row.links)
                 first = end
             targets = [slot, *(slot_of[id(f)] for f in row.followers)]
             copies = len(targets)
@@ -688,7 +690,9 @@ class Engine:
         for b, (row, n, k) in enumerate(zip(rows, reads, drawn, strict=True)):
             row.read += int(n)
             if self.cache.enabled and n and row.read % promptcache.EVERY == 0 and row.read < len(row.prompt):
-                self.cache.put(row.prompt[: row.read], np.asarray(logits[b]), tuple(np.asarray(s[b]) for s in states))
+                self.cache.put(
+                    row.prompt[: row.read], np.asarray(logits[b]), tuple(np.asarray(s[b]) for s in states), row.links
+                )
             row.generated += int(k)
             last.append(row.generated >= row.ticket.job.max_chars)
         # Rows whose text is all drawn are given back for the next claim; the emitter says the rest.

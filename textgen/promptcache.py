@@ -94,12 +94,12 @@ class PromptCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def longest(self, ids: np.ndarray) -> Entry | None:
+    def longest(self, ids: np.ndarray, links: Chain | None = None) -> Entry | None:
         """The entry for the longest prefix of ``ids`` held (counted as a hit), or None: one at a multiple of
-        ``EVERY``, or the whole of an earlier prompt that ``ids`` extends."""
+        ``EVERY``, or the whole of an earlier prompt that ``ids`` extends. ``links``: ``chain(ids)``, if made."""
         if not self.enabled or not len(ids):
             return None
-        links = chain(ids)
+        links = chain(ids) if links is None else links
         with self.lock:
             candidates = list(range(EVERY, len(ids) + 1, EVERY))
             for link in links:  # earlier prompts' ends past each multiple of EVERY
@@ -115,12 +115,15 @@ class PromptCache:
                     return entry
         return None
 
-    def put(self, ids: np.ndarray, logits: np.ndarray, states: tuple[np.ndarray, ...]) -> None:
+    def put(
+        self, ids: np.ndarray, logits: np.ndarray, states: tuple[np.ndarray, ...], links: Chain | None = None
+    ) -> None:
         """Keep the state of one row (``logits`` [vocab], ``states`` without the batch axis, copied here) after
-        reading all of ``ids``."""
+        reading all of ``ids``. ``links``: the chain of ``ids`` or of a prompt it starts, if made (a prompt's
+        states kept at each of its checkpoints then cost no pass over it each)."""
         if not self.enabled or not len(ids):
             return
-        links = chain(ids)
+        links = chain(ids) if links is None else links
         found = key(ids, links, len(ids))
         entry = Entry(len(ids), np.array(logits, copy=True), tuple(np.array(s, copy=True) for s in states))
         if entry.nbytes > self.max_bytes:
