@@ -104,3 +104,12 @@ def test_a_prompt_s_chain_made_once_gives_the_keys_its_prefixes_have() -> None:
         other.put(prompt[:end], *state(float(end)))
     assert list(cache._entries) == list(other._entries)
     assert cache.longest(ids("abcdefghijk and on"), chain(ids("abcdefghijk and on"))).length == 11  # type: ignore[union-attr]
+
+
+def test_serve_s_prompt_cache_is_0_or_more_entries() -> None:
+    from textgen.config import ServeConfig
+    from textgen.errors import FieldError
+
+    assert ServeConfig().prompt_cache == promptcache.ENTRIES and ServeConfig(prompt_cache=0).prompt_cache == 0
+    with pytest.raises(FieldError, match="--prompt-cache must be 0 or more"):
+        ServeConfig(prompt_cache=-1)
