@@ -458,8 +458,8 @@ Prefill = Annotated[
 PromptCache = Annotated[
     int,
     own(
-        "Keep the state reached after each prompt (and every 256 characters of a long one), at most N of them and "
-        "256 MB, so that a prompt starting with one starts there and reads only the rest (0: keep none)"
+        "Keep the state reached every 256 characters of a prompt and at the end of one of 256 or more, at most N "
+        "states and 256 MB, so that a prompt starting with one starts there and reads only the rest (0: keep none)"
     ),
 ]
 LogFormat = Annotated[str, own("The request log on stderr: text (a line each) or json (a JSON object a line)")]

@@ -589,13 +589,17 @@ class Engine:
         state is wanted), and the rows that follow it take copies of its logits and states. A prompt read on
         arrival is read so at once. The read costs one batch-1 step per id it has left, at most a call's steps.
 
-        With the prompt cache on, every prompt's rest is read so (a row of its own too), in reads that end at its
-        checkpoints, and the state at each is kept in the cache: at the prompt's end it is wanted before any draw."""
+        With the prompt cache on, the rest of every prompt of ``promptcache.EVERY`` ids or more is read so (a row of
+        its own too), in reads that end at its checkpoints, and the state at each is kept in the cache: at the
+        prompt's end it is wanted before any draw. A shorter prompt is read in the batch's calls and not kept: it
+        costs at most a call's steps to read again, shared with the batch, against a batch-1 read of its own.
+        (A prompt's n rows share their read apart anyway, and keep its state.)"""
         slot_of = {id(row): slot for slot, row in mine}
         caching = self.cache.enabled
         for slot, row in mine:
             left = len(row.prompt) - row.read
-            if row.follows is not None or not (row.followers or (caching and row.generated == 0)):
+            keep = caching and row.generated == 0 and len(row.prompt) >= promptcache.EVERY
+            if row.follows is not None or not (row.followers or keep):
                 continue
             if (left > steps and not (row.read == 0 and self._on_arrival(lane, row, steps))) or not (
                 left or row.followers
