@@ -550,3 +550,19 @@ def test_prompt_cache_0_keeps_no_states(trained_run, sampler) -> None:
             metrics = client.get("/metrics").text
             assert metric(metrics, "textgen_prompt_cache_hits_total") == 0
             assert metric(metrics, "textgen_prompt_cache_entries") == 0
+
+
+def test_the_openai_client_reads_cached_tokens(served, sampler) -> None:
+    """Two prompts sharing a 600-character preamble: the second starts at its last multiple of 256 (512)."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=served.url + "/v1", api_key="unused")
+    preamble = ("qz a preamble that many questions share and the cache keeps " * 10)[:600]
+    answers = [
+        client.completions.create(model=served.model, prompt=preamble + question, max_tokens=30, seed=2)
+        for question in ("what is one", "what is two")
+    ]
+    cached = [a.usage.prompt_tokens_details.cached_tokens for a in answers]  # type: ignore[union-attr]
+    assert cached == [0, 512]
+    expected = sampler.generate([preamble + "what is two"], SampleConfig(length=30, seed=2))
+    assert answers[1].choices[0].text == expected[0]
