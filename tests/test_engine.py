@@ -484,10 +484,10 @@ def run_job(engine: Engine, job: Job) -> tuple[dict[int, str], int]:
 
 @pytest.mark.parametrize("lanes", [1, 2])
 def test_a_cached_start_gives_the_text_an_uncached_one_gives(sampler, monkeypatch, lanes) -> None:
-    """Checkpoints every 100 characters: a 350-character prompt is read in the batch's calls (ended at 100 and 200,
-    kept) and its rest apart (300 and its end, kept). The same prompt again starts at its end, one extending it
-    there, one sharing 250 characters of it at 200; each gives `textgen sample`'s text, with n 1 or 2, as with
-    the cache off."""
+    """Checkpoints every 100 characters: a 350-character prompt is read in the batch's call (ended at 100,
+    kept) and its rest apart (200, 300 and its end, kept). The same prompt again starts at its end, one extending it
+    there, one sharing 250 characters of it at 200, one sharing 150 at 100; each gives `textgen sample`'s text, with
+    n 1 or 2, as with the cache off."""
     monkeypatch.setattr(promptcache, "EVERY", 100)
     prompt = ("the quick brown fox jumps over the lazy dog " * 9)[:350]
     assert len(sampler.encode_prompts([prompt])[0]) == 350  # every character known
@@ -496,6 +496,7 @@ def test_a_cached_start_gives_the_text_an_uncached_one_gives(sampler, monkeypatc
         (Job((prompt,), max_chars=60, seed=3), 350),
         (Job((prompt + " and then",), max_chars=60, n=2, temperature=1.0, seed=4), 350),
         (Job((prompt[:250] + "xyz",), max_chars=60, seed=5), 200),
+        (Job((prompt[:150] + "xyz",), max_chars=60, seed=6), 100),  # kept from the batch's call
     ]
     engine, plain = cached_engine(sampler, lanes=lanes), cached_engine(sampler, entries=0, lanes=lanes)
     try:
@@ -506,7 +507,7 @@ def test_a_cached_start_gives_the_text_an_uncached_one_gives(sampler, monkeypatc
             expected = sampler.generate(list(job.prompts) * job.n, config)
             assert [texts[i] for i in range(job.n)] == expected
             assert run_job(plain, job) == (texts, 0)
-        assert (engine.cache.hits, engine.cache.characters) == (3, 900)
+        assert (engine.cache.hits, engine.cache.characters) == (4, 1000)
         assert len(plain.cache) == 0 and plain.cache.hits == 0
     finally:
         engine.close()

@@ -647,8 +647,8 @@ class Engine:
         passed: after one call so ended a row reads up to its checkpoints); ``steps`` otherwise."""
         if not self.cache.enabled:
             return steps
-        ends = [(r.read // promptcache.EVERY + 1) * promptcache.EVERY - r.read for r in rows if r.read < len(r.prompt)]
-        near = [d for d in ends if MIN_STEPS // 2 <= d < steps]
+        marks = [((r.read // promptcache.EVERY + 1) * promptcache.EVERY, r) for r in rows]
+        near = [mark - r.read for mark, r in marks if mark < len(r.prompt) and MIN_STEPS // 2 <= mark - r.read < steps]
         return min(near, default=steps)
 
     def _call_steps(self, rows: int) -> int:
