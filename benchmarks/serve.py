@@ -16,7 +16,12 @@ timed in this process just before and just after the load with the server idle (
 It also reports the cores the server and the clients (this process) kept busy during each load. Last, 100 clients
 open streams and leave after their first chunk: how long until every row is free.
 
+With ``--shared-prefix N`` every prompt is one N-character stretch of the corpus, the same for all, plus 20 fresh
+characters, and the loads are driven twice: against a server started with the flags given (its prompt cache on) and
+against one started with ``--prompt-cache=0`` as well, one after the other in the same run.
+
     python benchmarks/serve.py --run wp --checkpoint-dir checkpoints --seconds 20
+    python benchmarks/serve.py --run wp --checkpoint-dir checkpoints --seconds 20 --clients 64 --shared-prefix 2000
 """
 
 from __future__ import annotations
@@ -41,6 +46,9 @@ from typing import Any
 PROMPTS = (10, 100, 1000)
 OUTPUTS = (50, 300, 1000)
 MIX = {"prompts": PROMPTS, "outputs": OUTPUTS}  # what clients pick from (--prompts, --outputs)
+# --shared-prefix N: every prompt is these N characters of the corpus plus FRESH characters picked at random
+SHARED = {"prefix": ""}
+FRESH = 20
 
 
 @dataclass
@@ -137,8 +145,14 @@ async def client(connection: Connection, model: str, corpus: str, load: Load, en
     await asyncio.sleep(rng.random())
     while time.monotonic() < end:
         prompt_chars, out_chars = rng.choice(MIX["prompts"]), rng.choice(MIX["outputs"])
-        start = rng.randrange(len(corpus) - prompt_chars)
-        body = {"model": model, "prompt": corpus[start : start + prompt_chars], "max_tokens": out_chars, "stream": True}
+        if SHARED["prefix"]:
+            start = rng.randrange(len(corpus) - FRESH)
+            prompt = SHARED["prefix"] + corpus[start : start + FRESH]
+            prompt_chars = len(prompt)
+        else:
+            start = rng.randrange(len(corpus) - prompt_chars)
+            prompt = corpus[start : start + prompt_chars]
+        body = {"model": model, "prompt": prompt, "max_tokens": out_chars, "stream": True}
         sent = time.monotonic()
         whole = False
         try:
@@ -281,13 +295,43 @@ def main() -> None:
         default="keep-alive",
         help="keep each client's connection open between its requests (as OpenAI's client does), or not",
     )
+    parser.add_argument(
+        "--shared-prefix",
+        type=int,
+        default=0,
+        metavar="N",
+        help=f"every prompt one shared N-character prefix plus {FRESH} fresh characters; served with the prompt "
+        "cache and with --prompt-cache=0",
+    )
     args = parser.parse_args()
 
     corpus = args.corpus.read_text(encoding="utf-8-sig")[:2_000_000]
     MIX.update(prompts=tuple(args.prompts), outputs=tuple(args.outputs))
+    SHARED["prefix"] = corpus[10_000 : 10_000 + args.shared_prefix]
     sampler = open_sampler(args.run, args.checkpoint_dir)
+    servers = [("flags given", args.serve_flags)]
+    if args.shared_prefix:
+        servers.append(("--prompt-cache=0", [*args.serve_flags, "--prompt-cache=0"]))
+    reports: list[dict[str, Any]] = []
+    for name, flags in servers:
+        results, freed, exit_code = measure(args, sampler, corpus, flags)
+        reports.append({"server": name, "loads": results, "leave_early_100_freed_s": freed, "exit_code": exit_code})
+    if args.json:
+        print(json.dumps(reports[0] if len(reports) == 1 else {"servers": reports}))
+        return
+    for report in reports:
+        if len(reports) > 1:
+            print(f"\nServer: {report['server']}\n")
+        print_report(report["loads"], report["leave_early_100_freed_s"], report["exit_code"])
+
+
+def measure(
+    args: argparse.Namespace, sampler: Any, corpus: str, flags: list[str]
+) -> tuple[list[dict[str, Any]], float, int]:
+    """Each load of ``args.clients`` against a server started with ``flags``; how long 100 clients leaving early
+    took to free their rows; the server's exit code after SIGTERM."""
     offline_seconds = min(args.seconds / 4, 5.0)
-    proc, url = start_server(args.run, args.checkpoint_dir, args.serve_flags)
+    proc, url = start_server(args.run, args.checkpoint_dir, flags)
     host, port = url.removeprefix("http://").split(":")
     results = []
     try:
@@ -342,10 +386,10 @@ def main() -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         exit_code = proc.wait(30)
-    report = {"loads": results, "leave_early_100_freed_s": freed, "exit_code": exit_code}
-    if args.json:
-        print(json.dumps(report))
-        return
+    return results, freed, exit_code
+
+
+def print_report(results: list[dict[str, Any]], freed: float, exit_code: int) -> None:
     print(
         "| clients | total chars/s (prompts read + generated) | vs offline | generated chars/s | vs offline | "
         "offline chars/s before / after (batch) | completed | first char p50/p95/p99 ms | p95, 100-char prompts | "

@@ -16,8 +16,10 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from textgen import engine as engine_module
+from textgen import promptcache
 from textgen.config import MAX_STOP_CHARS, SampleConfig
 from textgen.engine import Draining, Engine, Event, Finish, Job, QueueFull, StopScanner
+from textgen.promptcache import PromptCache
 
 
 @pytest.fixture(scope="module")
@@ -364,10 +366,15 @@ def test_a_row_freed_and_claimed_by_the_other_lane_is_advanced_by_that_lane_alon
     assert [texts[0], texts[1]] == expected
 
 
-def test_many_short_requests_over_two_lanes_each_get_the_text_textgen_sample_gives(sampler, monkeypatch) -> None:
+@pytest.mark.parametrize("cached", [0, 12])
+def test_many_short_requests_over_two_lanes_each_get_the_text_textgen_sample_gives(
+    sampler, monkeypatch, cached
+) -> None:
     """Rows freed and claimed all the time: 150 requests of 1 to 3 rows, 1 to 40 characters each, some cut by a stop
     sequence, some read on arrival, over 8 rows in two lanes whose calls are a few steps long (over a thousand calls).
-    Every row's text is the one `textgen sample` gives for its seed."""
+    Every row's text is the one `textgen sample` gives for its seed. With a prompt cache of 12 entries, checkpoints
+    every 4 characters: most prompts start from a cached state, and entries leave all the time."""
+    monkeypatch.setattr(promptcache, "EVERY", 4)
     monkeypatch.setattr(engine_module, "CALL_CHARS", 8)
     monkeypatch.setattr(engine_module, "MIN_STEPS", 2)
     monkeypatch.setattr(engine_module, "MAX_STEPS", 8)
@@ -388,7 +395,7 @@ def test_many_short_requests_over_two_lanes_each_get_the_text_textgen_sample_giv
         )
         for i in range(150)
     ]
-    engine = Engine(sampler, slots=8, max_queue=len(jobs), prefill=16, lanes=2)
+    engine = Engine(sampler, slots=8, max_queue=len(jobs), prefill=16, lanes=2, cache=PromptCache(cached))
     engine.start()
     try:
         results = [submit(engine, job) for job in jobs]
@@ -397,7 +404,8 @@ def test_many_short_requests_over_two_lanes_each_get_the_text_textgen_sample_giv
         wait_until(lambda: engine.busy_rows == 0, "rows still busy after every request ended")
     finally:
         engine.close()
-    assert len(calls) > 800, len(calls)  # 1,176 in one run
+    assert len(calls) > (600 if cached else 800), len(calls)  # 1,176 in one run (787 with the cache: reads apart)
+    assert engine.cache.hits > (100 if cached else -1) and len(engine.cache) <= cached
     for job, result in zip(jobs, results, strict=True):
         settings = SampleConfig(
             length=job.max_chars, num=job.n, temperature=job.temperature, top_k=job.top_k, seed=job.seed
@@ -458,3 +466,64 @@ def test_the_compiled_read_of_every_step_s_logits_is_the_step_by_step_one(sample
     np.testing.assert_allclose(compiled, stepped, atol=1e-5)
     for a, b in zip(compiled_states, stepped_states, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def cached_engine(sampler, entries: int = 64, lanes: int = 1) -> Engine:
+    engine = Engine(sampler, slots=8, max_queue=8, lanes=lanes, cache=PromptCache(entries))
+    engine.start()
+    assert engine.ready.wait(60)
+    return engine
+
+
+def run_job(engine: Engine, job: Job) -> tuple[dict[int, str], int]:
+    """Each continuation's text, and the prompt characters its rows started past (from the cache)."""
+    collector = Collector(job.rows)
+    ticket = engine.submit(job, collector)
+    return collector.wait().texts, ticket.cached
+
+
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_a_cached_start_gives_the_text_an_uncached_one_gives(sampler, monkeypatch, lanes) -> None:
+    """Checkpoints every 100 characters: a 350-character prompt is read in the batch's call (ended at 100,
+    kept) and its rest apart (200, 300 and its end, kept). The same prompt again starts at its end, one extending it
+    there, one sharing 250 characters of it at 200, one sharing 150 at 100; each gives `textgen sample`'s text, with
+    n 1 or 2, as with the cache off."""
+    monkeypatch.setattr(promptcache, "EVERY", 100)
+    prompt = ("the quick brown fox jumps over the lazy dog " * 9)[:350]
+    assert len(sampler.encode_prompts([prompt])[0]) == 350  # every character known
+    jobs = [
+        (Job((prompt,), max_chars=60, seed=3), 0),
+        (Job((prompt,), max_chars=60, seed=3), 350),
+        (Job((prompt + " and then",), max_chars=60, n=2, temperature=1.0, seed=4), 350),
+        (Job((prompt[:250] + "xyz",), max_chars=60, seed=5), 200),
+        (Job((prompt[:150] + "xyz",), max_chars=60, seed=6), 100),  # kept from the batch's call
+    ]
+    engine, plain = cached_engine(sampler, lanes=lanes), cached_engine(sampler, entries=0, lanes=lanes)
+    try:
+        for job, cached in jobs:
+            texts, started_past = run_job(engine, job)
+            assert started_past == cached
+            config = SampleConfig(length=60, num=job.n, temperature=job.temperature, seed=job.seed)
+            expected = sampler.generate(list(job.prompts) * job.n, config)
+            assert [texts[i] for i in range(job.n)] == expected
+            assert run_job(plain, job) == (texts, 0)
+        assert (engine.cache.hits, engine.cache.characters) == (4, 1000)
+        assert len(plain.cache) == 0 and plain.cache.hits == 0
+    finally:
+        engine.close()
+        plain.close()
+
+
+def test_the_cache_keeps_its_bound_in_entries(sampler, monkeypatch) -> None:
+    monkeypatch.setattr(promptcache, "EVERY", 16)
+    engine = cached_engine(sampler, entries=5)
+    try:
+        for word in ("one", "two", "six", "ten"):  # 4 checkpoints each: 16, 32, 48 and 54
+            run_job(engine, Job((f"prompt number {word} " * 3,), max_chars=5))
+        assert len(engine.cache) == 5
+        last = engine.cache.longest(sampler.encode_prompts(["prompt number ten " * 3])[0])
+        assert last is not None and last.length == 54 and engine.cache.bytes == 5 * last.nbytes
+        assert engine.cache.longest(sampler.encode_prompts(["prompt number six " * 3])[0]) is not None  # its end
+        assert engine.cache.longest(sampler.encode_prompts(["prompt number two " * 3])[0]) is None
+    finally:
+        engine.close()

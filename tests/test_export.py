@@ -365,11 +365,12 @@ def test_an_export_is_served_with_the_text_its_sampler_gives(exports: dict[str, 
 
     from textgen.config import SampleConfig, ServeConfig
     from textgen.engine import Engine
+    from textgen.promptcache import PromptCache
     from textgen.runtime import open_artifact
     from textgen.server import card_of_export, create_app
 
     sampler, info = open_artifact(exports[name])
-    engine = Engine(sampler, slots=4, max_queue=4)
+    engine = Engine(sampler, slots=4, max_queue=4, cache=PromptCache(16))
     assert engine.lanes == (1 if name == "litert" else 2)  # LiteRT's interpreter runs one call at a time
     engine.start()
     card = card_of_export(exports[name].name, info)
@@ -377,9 +378,15 @@ def test_an_export_is_served_with_the_text_its_sampler_gives(exports: dict[str, 
     try:
         with TestClient(create_app(engine, card, ServeConfig())) as client:
             answer = client.post("/v1/completions", json=body).json()
+            long = {**body, "prompt": ("old fox sat on the mat the " * 12)[:300], "n": 1}  # kept: 256 and 300
+            again = [client.post("/v1/completions", json=long).json() for _ in "ab"]
             assert client.get("/info").json()["source"] == info.format
             assert client.get("/runs").status_code == 404  # an export has no checkpoint directory
     finally:
         engine.close()
     expected = sampler.generate([PROMPT] * 2, SampleConfig(length=80, num=2, seed=3, top_k=5))
     assert [c["text"] for c in answer["choices"]] == expected
+    # From the prompt cache's state, the text read from the start gave (and the sampler gives).
+    assert [a["usage"]["prompt_tokens_details"]["cached_tokens"] for a in again] == [0, 300]
+    expected = sampler.generate([long["prompt"]], SampleConfig(length=80, seed=3, top_k=5))
+    assert [a["choices"][0]["text"] for a in again] == expected * 2

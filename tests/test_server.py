@@ -20,6 +20,7 @@ from helpers import wait_until
 from textgen import completion as completion_module
 from textgen.config import MAX_STOP_CHARS, MAX_WHOLE_CHARS, SampleConfig, ServeConfig
 from textgen.engine import Engine, Job
+from textgen.promptcache import PromptCache
 from textgen.server import LogLines, card_of_run, create_app, listen
 
 
@@ -41,7 +42,7 @@ def start_server(trained_run, sampler, config: ServeConfig) -> Iterator[Served]:
     """The app on a loopback port, uvicorn in a thread of this process."""
     from textgen.runs import run_summary
 
-    engine = Engine(sampler, config.slots, config.max_queue)
+    engine = Engine(sampler, config.slots, config.max_queue, cache=PromptCache(config.prompt_cache))
     engine.start()
     card = card_of_run(run_summary(trained_run.run), sampler.cfg, sampler.vocab.size)
     app = create_app(engine, card, config, trained_run.checkpoint_dir)
@@ -155,7 +156,13 @@ def test_a_streamed_answer_can_end_with_its_usage(client, served) -> None:
     with client.stream("POST", "/v1/completions", json={**body, "stream_options": {"include_usage": True}}) as r:
         streamed = events(r)
     assert streamed[-2]["choices"] == []
-    assert streamed[-2]["usage"] == {"prompt_tokens": 2, "completion_tokens": 30, "total_tokens": 32}
+    usage = streamed[-2]["usage"]
+    assert {k: usage[k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")} == {
+        "prompt_tokens": 2,
+        "completion_tokens": 30,
+        "total_tokens": 32,
+    }
+    assert 0 <= usage["prompt_tokens_details"]["cached_tokens"] <= 2  # earlier tests may have sent "a" or "ab"
 
 
 @pytest.mark.parametrize(
@@ -508,3 +515,54 @@ def test_echo_without_logprobs_returns_the_prompt_before_the_text(client, served
     assert [(e["choices"][0]["text"], e["choices"][0]["finish_reason"]) for e in streamed[:-1]] == [
         ("ab", "length")
     ] * 2
+
+
+def metric(text: str, name: str) -> float:
+    return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name + " ")))
+
+
+def test_a_prompt_read_before_starts_from_its_cached_state(client, served, sampler) -> None:
+    """The second time a prompt comes, its rows start at its end (OpenAI's ``cached_tokens`` says so, and the
+    metrics count it), with the text `textgen sample` gives; a prompt extending it starts there too."""
+    prompt = ("qz prompt the cache keeps for the next one " * 8)[:300]  # no earlier test sent "q"
+    before = client.get("/metrics").text
+    answers = [
+        completion(client, served, prompt=text, max_tokens=40, seed=9).json()
+        for text in (prompt, prompt, prompt + " and on")
+    ]
+    cached = [a["usage"]["prompt_tokens_details"]["cached_tokens"] for a in answers]
+    assert cached == [0, 300, 300]
+    for answer, text in zip(answers, (prompt, prompt, prompt + " and on"), strict=True):
+        assert answer["choices"][0]["text"] == sampler.generate([text], SampleConfig(length=40, seed=9))[0]
+    after = client.get("/metrics").text
+    assert metric(after, "textgen_prompt_cache_hits_total") - metric(before, "textgen_prompt_cache_hits_total") == 2
+    characters = "textgen_prompt_cache_characters_total"
+    assert metric(after, characters) - metric(before, characters) == 600
+    assert metric(after, "textgen_prompt_cache_entries") >= 3  # 256, 300 and 307 characters in
+    assert metric(after, "textgen_prompt_cache_bytes") > 0
+
+
+def test_prompt_cache_0_keeps_no_states(trained_run, sampler) -> None:
+    for served in start_server(trained_run, sampler, ServeConfig(slots=2, max_queue=2, prompt_cache=0)):
+        with httpx.Client(base_url=served.url, timeout=30) as client:
+            answers = [completion(client, served, prompt="the same prompt", max_tokens=10).json() for _ in "ab"]
+            assert [a["usage"]["prompt_tokens_details"]["cached_tokens"] for a in answers] == [0, 0]
+            metrics = client.get("/metrics").text
+            assert metric(metrics, "textgen_prompt_cache_hits_total") == 0
+            assert metric(metrics, "textgen_prompt_cache_entries") == 0
+
+
+def test_the_openai_client_reads_cached_tokens(served, sampler) -> None:
+    """Two prompts sharing a 600-character preamble: the second starts at its last multiple of 256 (512)."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=served.url + "/v1", api_key="unused")
+    preamble = ("qz a preamble that many questions share and the cache keeps " * 10)[:600]
+    answers = [
+        client.completions.create(model=served.model, prompt=preamble + question, max_tokens=30, seed=2)
+        for question in ("what is one", "what is two")
+    ]
+    cached = [a.usage.prompt_tokens_details.cached_tokens for a in answers]  # type: ignore[union-attr]
+    assert cached == [0, 512]
+    expected = sampler.generate([preamble + "what is two"], SampleConfig(length=30, seed=2))
+    assert answers[1].choices[0].text == expected[0]

@@ -169,6 +169,7 @@ def serve(
     SIGTERM or Ctrl-C drains the server; ``on_ready`` hears its address once the model answers (with
     ``--log-format json``, a start-up record on stderr says it instead)."""
     from textgen.engine import Engine
+    from textgen.promptcache import PromptCache
     from textgen.server import card_of_export, card_of_run, configure_logs, create_app, listen, log_start, run
 
     sock = listen(config.host, config.port)
@@ -185,7 +186,7 @@ def serve(
             from textgen.runs import run_summary
 
             card = card_of_run(run_summary(find_run(checkpoint_dir, source.name)), sampler.cfg, sampler.vocab.size)
-        engine = Engine(sampler, config.slots, config.max_queue, config.prefill)
+        engine = Engine(sampler, config.slots, config.max_queue, config.prefill, cache=PromptCache(config.prompt_cache))
         engine.start()
         try:
             app = create_app(engine, card, config, None if model is not None else checkpoint_dir)

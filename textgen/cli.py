@@ -415,11 +415,12 @@ def serve(
     drain: o.Drain = SERVING.drain_seconds,
     prefill: o.Prefill = SERVING.prefill,
     log_format: o.LogFormat = SERVING.log_format,
+    prompt_cache: o.PromptCache = SERVING.prompt_cache,
 ) -> None:
     """Serve a run (or an export) to many clients at once: an OpenAI-compatible API and a page to try it."""
     with errors():
         config = ServeConfig(
-            host, port, slots, max_queue, api_key, max_body, request_timeout, drain, prefill, log_format
+            host, port, slots, max_queue, api_key, max_body, request_timeout, drain, prefill, log_format, prompt_cache
         )
         api.serve(
             config,

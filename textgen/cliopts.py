@@ -455,6 +455,13 @@ Prefill = Annotated[
         "every prompt in the batch)"
     ),
 ]
+PromptCache = Annotated[
+    int,
+    own(
+        "Keep the state reached every 256 characters of a prompt and at the end of one of 256 or more, at most N "
+        "states and 256 MB, so that a prompt starting with one starts there and reads only the rest (0: keep none)"
+    ),
+]
 LogFormat = Annotated[str, own("The request log on stderr: text (a line each) or json (a JSON object a line)")]
 # sample, repl, evaluate
 Prime = Annotated[str, own("Text to start from; the model reads it first")]

@@ -11,13 +11,14 @@ import json
 import secrets
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 import prometheus_client as prom
 from fastapi import Request
 from fastapi.responses import JSONResponse
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from textgen.config import (
@@ -31,7 +32,7 @@ from textgen.config import (
     SampleConfig,
     ServeConfig,
 )
-from textgen.engine import Engine, Event, Finish, Job
+from textgen.engine import Engine, Event, Finish, Job, Ticket
 from textgen.errors import FieldError, shown
 from textgen.generation import Sampler
 from textgen.logprobs import MAX_LOGPROBS, CharScorer, Logprobs
@@ -159,6 +160,28 @@ class Metrics:
             buckets=DURATION_BUCKETS,
             registry=self.registry,
         )
+        self.registry.register(_PromptCacheCollector(engine))
+
+
+class _PromptCacheCollector(prom.registry.Collector):
+    """The prompt cache's figures, read from the cache when scraped: hits and the characters they spared the model,
+    and its size."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[prom.Metric]:
+        cache = self.engine.cache
+        yield CounterMetricFamily(
+            "textgen_prompt_cache_hits", "Prompts that started from a cached prefix's state", value=cache.hits
+        )
+        yield CounterMetricFamily(
+            "textgen_prompt_cache_characters",
+            "Prompt characters not read again: started past from the prompt cache",
+            value=cache.characters,
+        )
+        yield GaugeMetricFamily("textgen_prompt_cache_entries", "Prompt states held in the cache", value=len(cache))
+        yield GaugeMetricFamily("textgen_prompt_cache_bytes", "Bytes of the prompt states held", value=cache.bytes)
 
 
 def check_model(name: str, card: ModelCard) -> None:
@@ -281,6 +304,7 @@ class Completion:
     ) -> None:
         self.body, self.job, self.warnings, self.arrived, self.metrics = body, job, warnings, arrived, metrics
         self.sampler = sampler
+        self.ticket: Ticket | None = None  # the engine's, once submitted (its prompt cache hits)
         self.head = {
             "id": "cmpl-" + secrets.token_hex(12),
             "object": "text_completion",
@@ -362,9 +386,15 @@ class Completion:
         """Its rows' finish reasons, each once ("cancelled" for a row its client left): for the log."""
         return ",".join(sorted({finish or "cancelled" for finish in self.finishes}))
 
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> dict[str, Any]:
         prompt = sum(len(p) for p in self.job.prompts)  # each read once, whatever n
-        return {"prompt_tokens": prompt, "completion_tokens": self.chars, "total_tokens": prompt + self.chars}
+        cached = self.ticket.cached if self.ticket is not None else 0  # started past, from the prompt cache
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": self.chars,
+            "total_tokens": prompt + self.chars,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
 
     def score_whole(self) -> None:
         """(A thread's work.) Each choice's generated text scored, after its echoed prompt."""

@@ -587,12 +587,13 @@ class ServeConfig:
     drain_seconds: float = 3.0  # on SIGTERM or Ctrl-C, how long running streams may go on before they are ended
     prefill: int = 128  # prompts up to this many characters may be read on arrival, first characters drawn, apart
     log_format: str = "text"  # one of LOG_FORMATS
+    prompt_cache: int = 4096  # prompt states kept (textgen.promptcache; 0: none)
 
     def __post_init__(self) -> None:
         _require(isinstance(self.port, int) and 0 <= self.port <= 65535, "port", "in 0..65535", self.port)
         _positive_int(self, "slots", "max_body")
         _require(self.slots <= MAX_SAMPLES, "slots", f"at most {MAX_SAMPLES:,}", self.slots)
-        for name in ("max_queue", "prefill"):
+        for name in ("max_queue", "prefill", "prompt_cache"):
             value = getattr(self, name)
             _require(isinstance(value, int) and value >= 0, name, "0 or more", value)
         _require(self.api_key is None or bool(self.api_key.strip()), "api_key", "a non-empty key", "")
@@ -616,6 +617,7 @@ class ServeConfig:
             "max_stops": MAX_STOPS,
             "max_stop_chars": MAX_STOP_CHARS,
             "max_logprob_entries": MAX_LOGPROB_ENTRIES,
+            "prompt_cache_entries": self.prompt_cache,
         }
 
 

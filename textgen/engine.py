@@ -42,8 +42,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from textgen import promptcache
 from textgen.generation import RowSettings, Sampler
 from textgen.npsampling import row_uniforms
+from textgen.promptcache import PromptCache
 from textgen.vocab import Vocabulary
 
 log = logging.getLogger(__name__)
@@ -182,6 +184,7 @@ class Ticket:
     listener: Listener
     submitted: float = field(default_factory=time.monotonic)
     cancelled: bool = False
+    cached: int = 0  # prompt characters its rows started past, from the prompt cache (set when it is claimed)
 
     @property
     def deadline(self) -> float:
@@ -204,6 +207,7 @@ class Row:
     # Of a prompt's n rows the first reads it, and the others wait for a copy of its state at the prompt's end:
     follows: Row | None = None  # the row whose state this one waits for (None once it has it)
     followers: list[Row] = field(default_factory=list)  # the rows waiting for this one's (emptied as they get it)
+    links: promptcache.Chain | None = None  # with the prompt cache on, its reader's prompt's digests (for its keys)
 
 
 Held = list[tuple[int, Row]]  # a lane's rows for a round: (slot, row)
@@ -291,8 +295,9 @@ class RowTable:
     looks a slot up again. (Rounds did, after freeing a finished row, and advanced a row the other lane had claimed
     in between.) A claim writes its slots' arrays under the lock, before any lane is handed them."""
 
-    def __init__(self, sampler: Sampler, slots: int, lanes: int) -> None:
+    def __init__(self, sampler: Sampler, slots: int, lanes: int, cache: PromptCache | None = None) -> None:
         self.slots, self.lanes = slots, lanes
+        self.cache = cache if cache is not None else PromptCache(0)
         self.lock = threading.Condition()
         self.logits = np.zeros([slots, sampler.vocab.size], np.float32)
         self.states = sampler.start_states(slots)
@@ -321,7 +326,9 @@ class RowTable:
 
     def claim(self, ticket: Ticket, lane: int, prompts: list[np.ndarray]) -> None:
         """Under the lock: give ``ticket`` free rows in ``lane``, n for each of its encoded ``prompts``, their states
-        set to the start state and its strategy set. The first of a prompt's rows reads it; the others follow it (``Row.follows``)."""
+        set to the start state and its strategy set. The first of a prompt's rows reads it; the others follow it
+        (``Row.follows``). A reader whose prompt starts with a prefix the prompt cache holds starts from its state,
+        its ``read`` at the prefix's length."""
         free = (i for i, row in enumerate(self._rows) if row is None)
         job = ticket.job
         for p, prompt in enumerate(prompts):
@@ -336,6 +343,13 @@ class RowTable:
                 row = Row(ticket, lane, p * job.n + sample, sample, prompt, scanner=scanner, follows=reader)
                 if reader is None:
                     reader = row
+                    row.links = promptcache.chain(prompt) if self.cache.enabled else None
+                    if (entry := self.cache.longest(prompt, row.links)) is not None:
+                        for state, cached in zip(self.states, entry.states, strict=True):
+                            state[slot] = cached
+                        self.logits[slot] = entry.logits
+                        row.read = entry.length
+                        ticket.cached += entry.length
                 else:
                     reader.followers.append(row)
                 self._rows[slot] = row
@@ -386,12 +400,19 @@ class Engine:
     sampler whose calls may not overlap); their events are made by one ``Emitter``."""
 
     def __init__(
-        self, sampler: Sampler, slots: int = 64, max_queue: int = 256, prefill: int = 0, lanes: int = LANES
+        self,
+        sampler: Sampler,
+        slots: int = 64,
+        max_queue: int = 256,
+        prefill: int = 0,
+        lanes: int = LANES,
+        cache: PromptCache | None = None,
     ) -> None:
         self.sampler, self.slots, self.max_queue, self.prefill = sampler, slots, max_queue, prefill
         self.lanes = lanes if sampler.concurrent_calls else 1
         self.step_seconds: list[float | None] = [None] * self.lanes  # each lane's recent time per step of its calls
-        self.table = RowTable(sampler, slots, self.lanes)
+        self.cache = cache if cache is not None else PromptCache(0)  # off unless given one
+        self.table = RowTable(sampler, slots, self.lanes, self.cache)
         self.lock = self.table.lock  # the queue's too: submit counts the free rows under it
         self.waiting: deque[Ticket] = deque()
         self.drain_deadline: float | None = None
@@ -566,18 +587,35 @@ class Engine:
         """The n rows of a prompt read it once: its first row reads it, in the batch's calls while the rest is longer
         than a call, then the rest in a read of its own (a call would draw on past the prompt's end, where its
         state is wanted), and the rows that follow it take copies of its logits and states. A prompt read on
-        arrival is read so at once. The read costs one batch-1 step per id it has left, at most a call's steps."""
+        arrival is read so at once. The read costs one batch-1 step per id it has left, at most a call's steps.
+
+        With the prompt cache on, the rest of every prompt of ``promptcache.EVERY`` ids or more is read so (a row of
+        its own too), in reads that end at its checkpoints, and the state at each is kept in the cache: at the
+        prompt's end it is wanted before any draw. A shorter prompt is read in the batch's calls and not kept: it
+        costs at most a call's steps to read again, shared with the batch, against a batch-1 read of its own.
+        (A prompt's n rows share their read apart anyway, and keep its state.)"""
         slot_of = {id(row): slot for slot, row in mine}
+        caching = self.cache.enabled
         for slot, row in mine:
             left = len(row.prompt) - row.read
-            if not row.followers or (left > steps and not (row.read == 0 and self._on_arrival(lane, row, steps))):
+            keep = caching and row.generated == 0 and len(row.prompt) >= promptcache.EVERY
+            if row.follows is not None or not (row.followers or keep):
+                continue
+            if (left > steps and not (row.read == 0 and self._on_arrival(lane, row, steps))) or not (
+                left or row.followers
+            ):
                 continue
             logits, states = self.table.logits[[slot]], tuple(s[[slot]] for s in self.table.states)
-            for first in range(row.read, len(row.prompt), MAX_STEPS):
-                ids = row.prompt[None, first : first + MAX_STEPS].astype(np.int32)
-                logits, states = self.sampler.read(ids, states)
+            first = row.read
+            while first < len(row.prompt):
+                end = min(len(row.prompt), (first // promptcache.EVERY + 1) * promptcache.EVERY)  # the next checkpoint
+                logits, states = self.sampler.read(row.prompt[None, first:end].astype(np.int32), states)
+                if caching:
+                    self.cache.put(row.prompt[:end], logits[0], tuple(s[0] for s in states), row.links)
+                first = end
             targets = [slot, *(slot_of[id(f)] for f in row.followers)]
             copies = len(targets)
+            logits, states = np.asarray(logits), tuple(np.asarray(s) for s in states)
             self.table.store(targets, np.repeat(logits, copies, 0), tuple(np.repeat(s, copies, 0) for s in states))
             for follower in (row, *row.followers):
                 follower.read, follower.follows = len(follower.prompt), None
@@ -603,6 +641,16 @@ class Engine:
             done = self._advance(lane, newcomers, longest + FIRST_CHARS)
             mine[:] = [held for held in mine if held not in done]
 
+    def _to_checkpoint(self, rows: list[Row], steps: int) -> int:
+        """With the prompt cache on, the steps that end the call at the next checkpoint of a row that reads a long
+        prompt in it (so that its state there is kept), when that is at least half ``MIN_STEPS`` away (else it is
+        passed: after one call so ended a row reads up to its checkpoints); ``steps`` otherwise."""
+        if not self.cache.enabled:
+            return steps
+        marks = [((r.read // promptcache.EVERY + 1) * promptcache.EVERY, r) for r in rows]
+        near = [mark - r.read for mark, r in marks if mark < len(r.prompt) and MIN_STEPS // 2 <= mark - r.read < steps]
+        return min(near, default=steps)
+
     def _call_steps(self, rows: int) -> int:
         """Steps per row of a lane's next generate call for ``rows`` rows: ``CALL_CHARS`` over them, within the
         bounds."""
@@ -619,7 +667,7 @@ class Engine:
             return []
         slots, rows = [slot for slot, _ in calling], [row for _, row in calling]
         left = max(len(r.prompt) - r.read + r.ticket.job.max_chars - r.generated for r in rows)
-        steps = min(left, steps)
+        steps = min(left, steps, self._to_checkpoint(rows, steps))
         forced = np.full([steps, len(rows)], -1, np.int32)
         reads = np.array([min(steps, len(r.prompt) - r.read) for r in rows])
         for b, (row, n) in enumerate(zip(rows, reads, strict=True)):
@@ -643,8 +691,12 @@ class Engine:
         self.table.store(slots, logits, states)
         drawn = np.minimum(steps - reads, [r.ticket.job.max_chars - r.generated for r in rows])
         last = []
-        for row, n, k in zip(rows, reads, drawn, strict=True):
+        for b, (row, n, k) in enumerate(zip(rows, reads, drawn, strict=True)):
             row.read += int(n)
+            if self.cache.enabled and n and row.read % promptcache.EVERY == 0 and row.read < len(row.prompt):
+                self.cache.put(
+                    row.prompt[: row.read], np.asarray(logits[b]), tuple(np.asarray(s[b]) for s in states), row.links
+                )
             row.generated += int(k)
             last.append(row.generated >= row.ticket.job.max_chars)
         # Rows whose text is all drawn are given back for the next claim; the emitter says the rest.

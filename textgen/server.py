@@ -339,6 +339,7 @@ def _add_completions(app: FastAPI, engine: Engine, card: ModelCard, config: Serv
             headers = {"Retry-After": str(RETRY_AFTER), "Connection": "close"}
             raise ApiError(503, message, kind="server_error", headers=headers) from None
         completion = Completion(body, job, card, warnings, arrived, metrics, engine.sampler)
+        completion.ticket = ticket
         request.state.completion = completion  # for the request's log line
         if body.stream:
             return StreamingResponse(

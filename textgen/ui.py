@@ -417,6 +417,8 @@ def show_serving(console: Console, url: str, source: ModelSource, config: ServeC
     console.print(f"  page     {url}/")
     console.print(f"  API      {url}/v1/completions (OpenAI completions; max_tokens counts characters)")
     console.print(f"  metrics  {url}/metrics")
+    cache = f"{config.prompt_cache:,} prompt states kept" if config.prompt_cache else "no prompt states kept"
+    console.print(f"  cache    {cache} (--prompt-cache)")
     limit = config.limits()
     console.print(
         f"  limits   {limit['max_body_bytes']:,}-byte bodies, {limit['request_timeout_s']:g} s a request, "
