@@ -29,10 +29,8 @@ import tensorflow as tf
 from textgen.checkpoint import Run, checkpoint_dir_flag
 from textgen.commands import command
 from textgen.config import DeviceProfile, DynamicConfig, Split, Weights
-from textgen.corpus import read_corpus, resolve_corpus, resolve_encoding
-from textgen.data import write_id_file
 from textgen.errors import CheckpointError, ConfigError, one_line
-from textgen.evaluate import split_ids
+from textgen.evaluate import split_ids, text_ids
 from textgen.files import atomic_path, atomic_write_text, read_json_object
 from textgen.layout import MASKED, StreamLayout
 from textgen.model import build_model, reset_states
@@ -247,19 +245,6 @@ def tune(evaluator: DynamicEvaluator, ids: np.ndarray, segment_len: int) -> list
     min(TUNE_DECAYS, key=lambda d: trial(DynamicConfig(eta, d, segment_len)))
     evaluator.restore()
     return sorted((Trial(s, n) for s, n in tried.items()), key=lambda t: t.nats_per_char)
-
-
-def text_ids(
-    run: Run, split: Split, file: str | None, encoding: str, cache_dir: Path | None, scratch: Path
-) -> tuple[np.ndarray, str]:
-    """The ids of a text ``file`` (written to an id file in ``scratch``, as ``score`` reads them) or of the run's
-    ``split``, and what they are, for messages."""
-    cfg, vocab = run.load_config(), run.load_vocab()
-    if file is not None:
-        path = resolve_corpus(file)
-        text = read_corpus(path, cfg.data.strip_boilerplate, resolve_encoding(path, encoding))
-        return write_id_file(vocab.encode_compact(text), scratch / "ids"), file
-    return split_ids(run, split, scratch, cache_dir), f"{split} split of {cfg.data.corpus_name}"
 
 
 def evaluate_dynamic(

@@ -45,21 +45,28 @@ def evaluate_run(
     """
     if split not in SPLITS:  # held-out text only (split_ids also reads the training split, for textgen.dynamic)
         raise ConfigError(f"--split must be one of {', '.join(SPLITS)} (got {split!r})")
-    cfg, vocab = run.load_config(), run.load_vocab()
+    cfg = run.load_config()
     with tempfile.TemporaryDirectory(prefix="textgen-evaluate-") as scratch:
-        ids: np.ndarray
-        if file is not None:
-            path = resolve_corpus(file)
-            text = read_corpus(path, cfg.data.strip_boilerplate, resolve_encoding(path, encoding))
-            ids, source = write_id_file(vocab.encode_compact(text), Path(scratch) / "ids"), file
-        else:
-            ids, source = split_ids(run, split, Path(scratch), cache_dir), f"{split} split of {cfg.data.corpus_name}"
+        ids, source = text_ids(run, split, file, encoding, cache_dir, Path(scratch))
         layout = scoring_layout(len(ids), streams or cfg.data.batch_size, cfg.data.seq_len, source)
         model = build_model(cfg.model, layout.streams, cfg.profile.precision)
         run.load_weights(model, weights)
         nats, chars = score(compile_eval_step(model, cfg.profile), model, ids, layout)
         unknown = layout.count_in_targets(ids, UNKNOWN_ID)
     return Evaluation(run.name, source, nats / chars, chars, unknown, layout.streams, layout.seq_len)
+
+
+def text_ids(
+    run: Run, split: Split, file: str | None, encoding: str, cache_dir: Path | None, scratch: Path
+) -> tuple[np.ndarray, str]:
+    """The ids of a text ``file`` (written to an id file in ``scratch``, as ``score`` reads them) or of the run's
+    ``split``, and what they are, for messages."""
+    cfg, vocab = run.load_config(), run.load_vocab()
+    if file is not None:
+        path = resolve_corpus(file)
+        text = read_corpus(path, cfg.data.strip_boilerplate, resolve_encoding(path, encoding))
+        return write_id_file(vocab.encode_compact(text), scratch / "ids"), file
+    return split_ids(run, split, scratch, cache_dir), f"{split} split of {cfg.data.corpus_name}"
 
 
 def split_ids(run: Run, split: str, scratch: Path, cache_dir: Path | None = None) -> np.ndarray:
