@@ -78,7 +78,7 @@ def _called(monkeypatch: pytest.MonkeyPatch, hint: str) -> tuple[str, dict[str, 
                 calls.append((_name, vars(args[0]) if _name == "train" else kwargs)) or (None, None)
             ),
         )
-    for shown in ("textgen.ui.show_train_result", "textgen.ui.show_sampling", "textgen.tuneview.show_study"):
+    for shown in ("textgen.trainview.show_train_result", "textgen.ui.show_sampling", "textgen.tuneview.show_study"):
         monkeypatch.setattr(shown, lambda *args, **kwargs: None)
     words = shlex.split(hint)
     assert words[0] == "textgen"

@@ -14,7 +14,7 @@ from textgen.checkpoint import Run
 from textgen.device import CPU
 from textgen.runs import run_summary
 from textgen.settings import DataSettings, ModelSettings
-from textgen.ui import TrainingDisplay
+from textgen.trainview import TrainingDisplay
 
 
 def _plan(corpus: str | None, checkpoints: Path, run_name: str | None = None, resume: bool = False):

@@ -643,7 +643,7 @@ def test_a_run_cut_in_its_first_epoch_is_counted_alike_everywhere(
     history.csv all count 0 epochs and the batches trained (the chart once said "1 epoch" under "0 epochs")."""
     from rich.console import Console
 
-    from textgen.ui import show_train_result
+    from textgen.trainview import show_train_result
 
     clock = BatchClock(monkeypatch, 1 / 64)  # before the plan, which starts by it
     plan = new_plan(tmp_path, tiny_corpus, time_budget=8 / 64, sample_every=0.0)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from textgen import tuneview, ui
+from textgen import trainview, tuneview, ui
 from textgen.results import (
     EpochLog,
     RunSummary,
@@ -79,7 +79,9 @@ def test_train_and_runs_show_a_stop_reason_with_the_same_label(tmp_path: Path, r
     (tmp_path / "r" / "loss_curve.txt").write_text("chart\n")
     out = io.StringIO()
     console = Console(file=out, width=200)
-    ui.show_train_result(console, TrainResult("r", tmp_path / "r", 3, 1.5, reason, 12.0, 900.0, 30), as_json=False)
+    trainview.show_train_result(
+        console, TrainResult("r", tmp_path / "r", 3, 1.5, reason, 12.0, 900.0, 30), as_json=False
+    )
     assert f"done ({reason.label}) after 3 epochs" in out.getvalue()
     summary = RunSummary("r", "c.txt", "1x32", 3, 0, 30, 2.1, 60.0, reason, "cpu", {})
     ui.show_runs(console, [summary], tmp_path, as_json=False)
@@ -127,7 +129,7 @@ def test_a_finished_run_is_told_every_flag_it_needs_to_train_further(
     (tmp_path / "r" / "loss_curve.txt").write_text("chart\n")
     out = io.StringIO()
     result = TrainResult("r", tmp_path / "r", epochs, 1.5, reason, 12.0, 900.0, 30)
-    ui.show_train_result(Console(file=out, width=300), result, as_json=False)
+    trainview.show_train_result(Console(file=out, width=300), result, as_json=False)
     words, flags = flags.split(" * ")
     command = f"textgen train --resume --run r --checkpoint-dir {tmp_path}"
     assert out.getvalue().rstrip().endswith(f"{words} {command}{' ' + flags if flags else ''}")
@@ -206,7 +208,7 @@ def test_the_running_trials_chars_per_second_leaves_out_a_mid_epoch_validation(m
     from textgen.cli import console
 
     now = [100.0]
-    monkeypatch.setattr(ui.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(trainview.time, "monotonic", lambda: now[0])
     recipe = {"units": 64, "layers": 1, "embedding_dim": 16, "dropout": 0.1, "optimizer": "adam", "lr": 0.002}
     display = tuneview.TuneDisplay(console)
     line = display.trial_begin(TrialSummary(0, TrialStatus.RUNNING, recipe, None, 0.0, "t0"), budget=600.0)
@@ -231,7 +233,7 @@ def test_the_running_trials_chars_per_second_leaves_out_a_mid_epoch_validation(m
 
 def test_the_live_bar_shows_no_numbers_before_the_first_batch() -> None:
     """Not "loss nan (nan bpc)": the rate and the loss appear with the epoch's first batch."""
-    display = ui.TrainingDisplay(Console(file=io.StringIO(), force_terminal=True, width=200))
+    display = trainview.TrainingDisplay(Console(file=io.StringIO(), force_terminal=True, width=200))
     display.epochs, display.steps, display.chars_per_step = 3, 10, 6400
     display.epoch_begin(0, 0)
 
@@ -249,7 +251,7 @@ def test_the_live_bar_shows_no_numbers_before_the_first_batch() -> None:
 def test_the_live_bar_fits_the_terminal_and_its_eta_ends_with_the_budget(width: int) -> None:
     """In 80 columns nothing is cut to "…" (the bar and the elapsed time are left out below 130); an epoch the
     budget ends early shows the run's time left, not the whole epoch's."""
-    display = ui.TrainingDisplay(Console(file=io.StringIO(), force_terminal=True, width=width))
+    display = trainview.TrainingDisplay(Console(file=io.StringIO(), force_terminal=True, width=width))
     display.epochs, display.steps, display.chars_per_step, display.budget = None, 400, 6400, 300.5
     display.epoch_begin(0, 0)
     display.started = display.epoch_started = display.epoch_started - 100.0  # 100 batches in 100 s
@@ -259,7 +261,7 @@ def test_the_live_bar_fits_the_terminal_and_its_eta_ends_with_the_budget(width: 
     frame = out.getvalue()
     assert "…" not in frame and len(frame.splitlines()) == 1, frame
     assert "100/400" in frame and "6,400 chars/s  loss 2.000" in frame
-    assert ("━" in frame) == (width >= ui.TrainingDisplay.WIDE)
+    assert ("━" in frame) == (width >= trainview.TrainingDisplay.WIDE)
     assert "eta 3m20s" in frame and "run" not in frame  # 300 batches left (5m00s), but 200 s of the budget
 
 
@@ -269,12 +271,12 @@ def test_the_start_up_summary_is_a_readable_block() -> None:
     from textgen.device import CPU
 
     data, model = DataConfig(corpus="c.txt"), ModelConfig(vocab_size=100)
-    lines = dict(ui.describe_run(RunConfig(data, model, TrainConfig(time_budget=600.0), CPU)))
+    lines = dict(trainview.describe_run(RunConfig(data, model, TrainConfig(time_budget=600.0), CPU)))
     assert list(lines) == ["model", "batches", "optimizer", "stops", "saves", "samples"]
     # 100 x 64 embedding + 4 x 512 x (64 + 512 + 1) LSTM + (512 + 1) x 100 output
     assert lines["model"] == "1 × 512 LSTM, embedding 64, dropout 0.1 (1,239,396 parameters)"
     regularized = dataclasses.replace(model, weight_drop=0.25, locked_output_dropout=0.2)
-    assert dict(ui.describe_run(RunConfig(data, regularized, TrainConfig(), CPU)))["model"] == (
+    assert dict(trainview.describe_run(RunConfig(data, regularized, TrainConfig(), CPU)))["model"] == (
         "1 × 512 LSTM, embedding 64, dropout 0.1 on the inputs, 0.2 locked on the output, weight-drop 0.25 "
         "(1,239,396 parameters)"
     )
@@ -289,12 +291,14 @@ def test_the_start_up_summary_is_a_readable_block() -> None:
     assert lines["saves"] == "a resume point at each epoch end and every 5m00s within one"
     assert lines["samples"] == "160 characters after each epoch and every 5m00s within one (~0.9 s each)"
     # Given a budget and no --epochs, the budget ends the run: no default epoch cap.
-    budget_only = dict(ui.describe_run(RunConfig(data, model, TrainConfig.of(time_budget=600.0, sample_every=0), CPU)))
+    budget_only = dict(
+        trainview.describe_run(RunConfig(data, model, TrainConfig.of(time_budget=600.0, sample_every=0), CPU))
+    )
     assert budget_only["stops"].startswith("after 10m00s (the time budget, start-up and validation included), or after")
     assert budget_only["samples"] == "none (--sample-every 0)"
 
     training = TrainConfig.of(optimizer="sgd", lr_schedule="plateau", accumulate=2, epochs=1)
-    pruned = dict(ui.describe_run(RunConfig(data, model, training, CPU, prune=PruneConfig(source="r"))))
+    pruned = dict(trainview.describe_run(RunConfig(data, model, training, CPU, prune=PruneConfig(source="r"))))
     assert pruned["optimizer"].startswith("sgd, momentum 0.9, learning rate 0.1 x 0.5 whenever validation stalls")
     assert pruned["batches"].endswith(", 2 batches per update")
     assert pruned["stops"] == "after 1 epoch"  # a pruned run does not stop early
@@ -302,12 +306,12 @@ def test_the_start_up_summary_is_a_readable_block() -> None:
 
 def piped_display(
     monkeypatch: pytest.MonkeyPatch, as_json: bool = False
-) -> tuple[ui.TrainingDisplay, io.StringIO, list]:
+) -> tuple[trainview.TrainingDisplay, io.StringIO, list]:
     """A display writing to a pipe (not a terminal), on a fake clock: 30 epochs of 100 batches of 6,400 chars."""
     now = [0.0]
-    monkeypatch.setattr(ui, "time", type("FakeTime", (), {"monotonic": staticmethod(lambda: now[0])}))
+    monkeypatch.setattr(trainview, "time", type("FakeTime", (), {"monotonic": staticmethod(lambda: now[0])}))
     out = io.StringIO()
-    display = ui.TrainingDisplay(Console(file=out, width=100), as_json=as_json)
+    display = trainview.TrainingDisplay(Console(file=out, width=100), as_json=as_json)
     display.epochs, display.steps, display.chars_per_step = 30, 100, 6400
     return display, out, now
 

@@ -16,7 +16,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from textgen import api, commands, tuneview, ui
+from textgen import api, commands, trainview, tuneview, ui
 from textgen import cliopts as o
 from textgen.artifact import ExportFormat, Quantize
 from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR
@@ -191,8 +191,8 @@ def train(
             from_study=from_study,
             init_from=o.init_settings(init_from, last, freeze),
         )
-        result = api.train(request, ui.TrainingDisplay(console, as_json=as_json))
-        ui.show_train_result(console, result, as_json)
+        result = api.train(request, trainview.TrainingDisplay(console, as_json=as_json))
+        trainview.show_train_result(console, result, as_json)
 
 
 DISTILL_EXAMPLES = """
@@ -299,8 +299,8 @@ def _train_from_run(
             distill=derived_from if isinstance(derived_from, DistillSettings) else None,
             prune=derived_from if isinstance(derived_from, PruneSettings) else None,
         )
-        result = api.train(request, ui.TrainingDisplay(console, as_json=as_json))
-        ui.show_train_result(console, result, as_json)
+        result = api.train(request, trainview.TrainingDisplay(console, as_json=as_json))
+        trainview.show_train_result(console, result, as_json)
 
 
 SAMPLE_EXAMPLES = """

@@ -18,7 +18,8 @@ from textgen.checkpoint import checkpoint_dir_flag
 from textgen.commands import command
 from textgen.durations import format_seconds
 from textgen.results import EpochLog, StudyResult, StudyStop, TrialStatus, TrialSummary, bits, lstm_shape
-from textgen.ui import chars_per_second, json_line
+from textgen.trainview import chars_per_second
+from textgen.ui import json_line
 
 if TYPE_CHECKING:
     from textgen.training.plan import TrainPlan
