@@ -34,6 +34,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp
 
 from textgen.artifact import ArtifactInfo
+from textgen.checkpoint import Run
 from textgen.completion import (
     ApiError,
     Completion,
@@ -48,7 +49,7 @@ from textgen.completion import (
 from textgen.config import MAX_LOGPROB_ENTRIES, MAX_REQUEST_CHARS, ModelConfig, ServeConfig
 from textgen.engine import Draining, Engine, Event, QueueFull
 from textgen.errors import ConfigError, shown
-from textgen.plot import loss_svg, read_history
+from textgen.plot import loss_svg, read_batch_losses, read_history
 from textgen.results import RunSummary
 from textgen.runs import run_summaries
 
@@ -285,11 +286,9 @@ def _add_run_routes(app: FastAPI, card: ModelCard, checkpoint_dir: Path | None) 
         for s in summaries:
             if s.problem:
                 continue
-            curve = (
-                f"/runs/{quote(s.run, safe='')}/loss.svg"
-                if (checkpoint_dir / s.run / "history.csv").is_file()
-                else None
-            )
+            run = Run(checkpoint_dir / s.run)
+            drawn = run.history_path.is_file() or run.batch_losses_path.is_file()
+            curve = f"/runs/{quote(s.run, safe='')}/loss.svg" if drawn else None
             nats = None if s.best_val_bpc is None else s.best_val_bpc * math.log(2)
             listed.append(
                 {
@@ -309,11 +308,12 @@ def _add_run_routes(app: FastAPI, card: ModelCard, checkpoint_dir: Path | None) 
         if checkpoint_dir is None:
             raise ApiError(404, "This server serves an export: there are no runs.")
         known = {s.run for s in await asyncio.to_thread(run_summaries, checkpoint_dir) if not s.problem}
-        history = checkpoint_dir / name / "history.csv"
-        if name not in known or not history.is_file():  # only a listed run's file: the name is never a path
+        run = Run(checkpoint_dir / name)  # only a listed run's files: the name is never a path
+        if name not in known or not (run.history_path.is_file() or run.batch_losses_path.is_file()):
             raise ApiError(404, f"There is no run {shown(name)} with a loss history here: GET /runs lists them.")
-        svg = loss_svg(await asyncio.to_thread(read_history, history), title=name)
-        return Response(svg, media_type="image/svg+xml")
+        history = await asyncio.to_thread(read_history, run.history_path)
+        batches = await asyncio.to_thread(read_batch_losses, run.batch_losses_path)
+        return Response(loss_svg(history, title=name, batches=batches), media_type="image/svg+xml")
 
 
 def _add_completions(app: FastAPI, engine: Engine, card: ModelCard, config: ServeConfig, metrics: Metrics) -> None:
