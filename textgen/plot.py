@@ -93,16 +93,17 @@ def loss_svg(
     (``read_batch_losses``: a point an epoch would be a dot or two). ``title`` (the run's name) is shown as text."""
     epochs = _epochs(history)
     by_batch = bool(batches) and len(epochs) <= TABLE_UPTO
-    points = {key: list(zip(epochs, history.get(key, []), strict=False)) for key in MARKS}
+    points: dict[str, list[tuple[float, float]]] = {
+        key: list(zip(epochs, history.get(key, []), strict=False)) for key in MARKS
+    }
     if by_batch:
         points["bpc"] = list(batches or [])
     series = {key: p for key, p in points.items() if p}
     values = [v for p in series.values() for _, v in p if math.isfinite(v)]
+    first, last = (epochs[0], epochs[-1]) if epochs else (1, 1)
+    x0, x1 = (first, last) if last > first else (first - 0.5, last + 0.5)  # one epoch: in the middle
     if by_batch:  # from the start of training
-        x0, x1 = 0.0, max(x for p in series.values() for x, _ in p)
-    else:
-        first, last = (epochs[0], epochs[-1]) if epochs else (1, 1)
-        x0, x1 = (first, last) if last > first else (first - 0.5, last + 0.5)  # one epoch: in the middle
+        x0, x1 = 0, max(x for p in series.values() for x, _ in p)
     y_ticks = _value_ticks(values)
     frame = _Frame(64, width - 16, 72, height - 48, x0, x1, y_ticks[0], y_ticks[-1])
     heading = f"{title}: bits per character" if title else "bits per character"
