@@ -393,6 +393,7 @@ def test_the_runs_view_marks_the_served_run_and_a_fine_tune_s_base(trained_run, 
     from starlette.testclient import TestClient
 
     from textgen.config import InitConfig, Weights
+    from textgen.plot import BATCH_LABEL
     from textgen.runs import run_summary
 
     checkpoint_dir = tmp_path / "checkpoints"
@@ -400,10 +401,12 @@ def test_the_runs_view_marks_the_served_run_and_a_fine_tune_s_base(trained_run, 
     cfg = tuned.load_config()
     init = InitConfig(str(base.path), base.name, Weights.best, "-", 0.9, "tiny.txt", cfg.model)
     tuned.save_config(replace(cfg, init_from=init))
+    tuned.history_path.unlink()  # as in its first epoch: its training loss by batch is its curve
     card = card_of_run(run_summary(tuned), sampler.cfg, sampler.vocab.size)
     with TestClient(create_app(Engine(sampler, slots=1, max_queue=0), card, ServeConfig(), checkpoint_dir)) as client:
         runs = {r["name"]: r for r in client.get("/runs").json()["runs"]}
         info, page = client.get("/info").json(), client.get("/").text
+        assert BATCH_LABEL in client.get(runs["tuned"]["curve"]).text
     assert runs["tuned"]["served"] is True and runs["tiny"]["served"] is False
     assert runs["tuned"]["made_from"] == "fine-tuned from tiny, 0 new characters" and runs["tiny"]["made_from"] is None
     assert info["training"]["made_from"] == runs["tuned"]["made_from"]
