@@ -25,7 +25,7 @@ from helpers import assert_one_line_error, invoke, subprocess_env, wait_until
 from textgen.config import MAX_PROMPT_CHARS, MAX_STOP_CHARS, MAX_WHOLE_CHARS
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Browser
+    from playwright.sync_api import Browser, Route
 
 
 @dataclass
@@ -210,6 +210,7 @@ def test_the_page_shows_the_prompt_and_seed_continues_copies_sends_set_fields_an
         page.goto(server.url + "/", wait_until="domcontentloaded")
         figures = page.text_content("#model-info") or ""
         assert "tiny" in figures and "4 epochs" in figures and "loading" not in figures  # no request to wait for
+        page.screenshot(path=tmp_path / "page-first-paint.png")
 
         def answered(button: str) -> str:
             page.click(button)
@@ -254,17 +255,30 @@ def test_the_page_shows_the_prompt_and_seed_continues_copies_sends_set_fields_an
         assert sent[-1] == {"model": "tiny", "prompt": "the fox ", "max_tokens": 40, **defaults}
         page.screenshot(path=tmp_path / "page-playground.png", full_page=True)
 
+        def with_a_fine_tune(route: Route) -> None:  # a fine-tune of the run, listed after it
+            runs = route.fetch().json()["runs"]
+            tuned = {
+                **runs[0],
+                "name": "tiny-tuned",
+                "served": False,
+                "made_from": "fine-tuned from tiny, 2 new characters",
+            }
+            route.fulfill(json={"runs": [*runs, tuned]})
+
+        page.route(server.url + "/runs", with_a_fine_tune)
         page.click("#tab-runs")
         page.wait_for_function(
-            "(imgs => imgs.length && imgs.every(i => i.complete && i.naturalWidth))"
+            "(imgs => imgs.length === 2 && imgs.every(i => i.complete && i.naturalWidth))"
             "([...document.querySelectorAll('#run-list img')])"
         )
         served = page.locator("#run-list .card.served")
         assert served.count() == 1 and "tinyserving" in (served.locator("h3").text_content() or "")
         assert served.get_attribute("aria-current") == "true"
-        assert (page.locator("#run-list img").bounding_box() or {})["width"] == 640  # its axes read at their size
+        tuned_card = page.locator("#run-list .card").nth(1)
+        assert tuned_card.locator(".made-from").text_content() == "fine-tuned from tiny, 2 new characters"
+        assert (page.locator("#run-list img").first.bounding_box() or {})["width"] == 640  # its axes read at their size
         page.screenshot(path=tmp_path / "page-runs.png", full_page=True)
-        page.click("#run-list .curve")
+        page.locator("#run-list .curve").first.click()
         assert page.locator("#curve-dialog").is_visible()
         assert (page.locator("#curve-dialog img").bounding_box() or {})["width"] > 900
         page.screenshot(path=tmp_path / "page-curve.png")
