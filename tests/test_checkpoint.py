@@ -93,6 +93,21 @@ def test_run_files_get_the_permissions_of_ordinary_files(tmp_path: Path, trained
             assert stat.S_IMODE(path.stat().st_mode) == expected, path.name
 
 
+def test_a_resumed_run_keeps_the_batch_losses_up_to_where_it_starts(tmp_path: Path) -> None:
+    run = Run(tmp_path / "run")
+    run.path.mkdir()
+    for epoch, batch in [(0, 5), (0, 10), (1, 5), (1, 10)]:
+        run.add_batch_loss(epoch, batch, 10, 2.0)
+    with open(run.batch_losses_path, "a") as fh:
+        fh.write("2,5,1")  # a row a kill cut short
+    run.keep_batch_losses(1, 7)  # resumed in the second epoch, from its 8th batch
+    assert (
+        run.batch_losses_path.read_text() == "epoch,batch,steps,bpc\n0,5,10,2.00000\n0,10,10,2.00000\n1,5,10,2.00000\n"
+    )
+    run.keep_batch_losses(0, 0)  # trained anew
+    assert run.batch_losses_path.read_text() == "epoch,batch,steps,bpc\n"
+
+
 # --- reloading a trained run -------------------------------------------------------
 
 

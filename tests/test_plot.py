@@ -6,7 +6,7 @@ import math
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from textgen.plot import loss_chart, loss_svg, read_history, write_loss_charts
+from textgen.plot import BATCH_LABEL, loss_chart, loss_svg, read_batch_losses, read_history, write_loss_charts
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -87,7 +87,8 @@ def test_no_history(tmp_path: Path) -> None:
     assert loss_chart({}) == "no epochs yet\n"
     assert read_history(Path("/nonexistent/history.csv")) == {}
     (tmp_path / "history.csv").write_text("epoch,bpc,val_bpc\n")  # a run stopped before its first epoch's end
-    write_loss_charts(tmp_path / "history.csv", tmp_path / "loss_curve.txt", tmp_path / "loss_curve.svg")
+    charts = (tmp_path / "loss_curve.txt", tmp_path / "loss_curve.svg")
+    write_loss_charts(tmp_path / "history.csv", tmp_path / "batch_losses.csv", *charts)
     assert (tmp_path / "loss_curve.txt").read_text() == "no epochs yet\n"
     svg = ET.fromstring(loss_svg({}))
     assert "no epochs yet" in "".join(svg.itertext()) and not list(svg.iter(f"{SVG}polyline"))
@@ -106,6 +107,22 @@ def test_svg_has_both_series_with_a_point_per_epoch() -> None:
     assert len(list(one.iter(f"{SVG}circle"))) == 2  # one epoch: a dot per series, not an invisible line
 
 
+def test_a_run_of_few_epochs_draws_its_training_loss_by_batch(tmp_path: Path) -> None:
+    batches = [(i / 50, 3.5 - i / 50) for i in range(1, 51)]  # one epoch of 50 points
+    root = ET.fromstring(loss_svg(history(1), batches=batches))
+    assert svg_points(ET.tostring(root, encoding="unicode")) == {"bpc": 50, "val_bpc": 1}
+    labels = [t.text for t in root.iter(f"{SVG}text")]
+    assert BATCH_LABEL in labels and [t for t in labels if t and t[0] in "01"] == ["0", "0.2", "0.4", "0.6", "0.8", "1"]
+    assert svg_points(loss_svg(history(4), batches=batches)) == {"bpc": 4, "val_bpc": 4}  # more epochs: one an epoch
+    early = ET.fromstring(loss_svg({}, batches=batches[:10]))  # the first epoch under way
+    assert svg_points(ET.tostring(early, encoding="unicode")) == {"bpc": 10, "val_bpc": 0}
+    assert "no epochs yet" in "".join(early.itertext())
+    path = tmp_path / "batch_losses.csv"
+    path.write_text("epoch,batch,steps,bpc\n1,10,20,2.5\n0,20,20,3.0\n1,1")  # a row being written last
+    assert read_batch_losses(path) == [(1.0, 3.0), (1.5, 2.5)]
+    assert read_batch_losses(tmp_path / "none.csv") == []
+
+
 def test_svg_text_is_escaped() -> None:
     title = "<b>war & peace</b> 'x' \"y\"\x01"
     root = ET.fromstring(loss_svg(history(3), title=title))
@@ -118,7 +135,7 @@ def test_write_loss_charts_writes_both_files_from_history_csv(tmp_path: Path) ->
     run = tmp_path / "my-run"
     run.mkdir()
     (run / "history.csv").write_text("epoch,bpc,val_bpc,seconds\n0,3.5,3.0,60\n1,2.5,,120\n")
-    write_loss_charts(run / "history.csv", run / "loss_curve.txt", run / "loss_curve.svg")
+    write_loss_charts(run / "history.csv", run / "batch_losses.csv", run / "loss_curve.txt", run / "loss_curve.svg")
     assert (run / "loss_curve.txt").read_text().splitlines()[2].split() == ["2", "2.500", "nan", "2m00s"]
     root = ET.parse(run / "loss_curve.svg").getroot()
     assert "my-run: bits per character" in "".join(root.itertext())
@@ -131,3 +148,7 @@ def test_trained_run_has_a_loss_curve(trained_run) -> None:
     curve = trained_run.run.loss_curve_path.read_text(encoding="utf-8")
     assert curve == loss_chart(history)
     assert f"{len(history['val_bpc'])} epochs in " in curve
+    rows = trained_run.run.batch_losses_path.read_text().splitlines()[1:]
+    ends = [(int(e), int(b)) for e, b, steps, _ in (row.split(",") for row in rows) if b == steps]
+    assert ends == [(epoch, trained_run.steps_per_epoch) for epoch in range(3)]  # the first 3 of its 4 epochs
+    assert len(rows) <= 3 * 100 + 3

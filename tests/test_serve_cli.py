@@ -4,6 +4,7 @@ Chromium driven by Playwright), SIGTERM draining running streams, a port in use.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -15,12 +16,16 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
 from helpers import assert_one_line_error, invoke, subprocess_env, wait_until
 
 from textgen.config import MAX_PROMPT_CHARS, MAX_STOP_CHARS, MAX_WHOLE_CHARS
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser, Route
 
 
 @dataclass
@@ -146,21 +151,29 @@ def test_an_api_key_and_max_body_through_the_command(started) -> None:
     assert "Traceback" not in out + log
 
 
-def test_the_page_streams_text_and_stop_frees_the_row(started) -> None:
-    server = started(TEXTGEN_API_KEY="page-key")  # the page works with a key: it asks for it, and sends it
-    assert small_request(server.url).status_code == 401
+@contextlib.contextmanager
+def chromium() -> Iterator[Browser]:
+    """Headless Chromium, driven by Playwright."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError as exc:
         pytest.fail(f"the browser test needs Playwright ({exc}); install the dev extra")
-    chromium = shutil.which("chromium")
-    if chromium is None:
+    executable = shutil.which("chromium")
+    if executable is None:
         pytest.fail("the browser test needs Chromium: apt-get install chromium (.ci/run installs it)")
     with sync_playwright() as playwright:
         try:
-            browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+            browser = playwright.chromium.launch(executable_path=executable, args=["--no-sandbox"])
         except Exception as exc:
-            pytest.fail(f"Chromium ({chromium}) did not start: {exc}")
+            pytest.fail(f"Chromium ({executable}) did not start: {exc}")
+        yield browser
+        browser.close()
+
+
+def test_the_page_streams_text_and_stop_frees_the_row(started) -> None:
+    server = started(TEXTGEN_API_KEY="page-key")  # the page works with a key: it asks for it, and sends it
+    assert small_request(server.url).status_code == 401
+    with chromium() as browser:
         page = browser.new_page()
         page.goto(server.url + "/")
         page.wait_for_function("document.querySelector('#model-info').textContent.includes('tiny')")
@@ -177,7 +190,116 @@ def test_the_page_streams_text_and_stop_frees_the_row(started) -> None:
         assert "stopped" in (page.text_content("#status") or "")
         page.click("#tab-runs")
         page.wait_for_selector("#run-list img")
-        browser.close()
+
+
+def test_the_page_shows_the_prompt_and_seed_continues_copies_sends_set_fields_and_shows_the_runs(
+    started, tmp_path
+) -> None:
+    """The playground as a user drives it (screenshots kept in ``tmp_path``): the model's figures there at once, the
+    prompt shaded before its continuation, the seed used and Same again, Continue, Copy; the penalties and logit_bias
+    sent only when set, a bad bias said by the field, a refusal said as any error and gone at the next request. The
+    Runs tab: the served run marked, its curve drawn at its size and enlarged on a click. An export's page: its run
+    and quantization."""
+    server = started()
+    with chromium() as browser:
+        context = browser.new_context(viewport={"width": 1100, "height": 900})
+        context.grant_permissions(["clipboard-read", "clipboard-write"], origin=server.url)
+        page = context.new_page()
+        sent: list[dict] = []
+        page.on("request", lambda r: sent.append(r.post_data_json) if r.url.endswith("/v1/completions") else None)
+        page.goto(server.url + "/", wait_until="domcontentloaded")
+        figures = page.text_content("#model-info") or ""
+        assert "tiny" in figures and "4 epochs" in figures and "loading" not in figures  # no request to wait for
+        page.screenshot(path=tmp_path / "page-first-paint.png")
+
+        def answered(button: str) -> str:
+            page.click(button)
+            page.wait_for_selector("#generate:enabled")
+            return page.text_content("#status") or ""
+
+        page.fill("#prompt", "the fox ")
+        page.fill("#length", "40")
+        assert answered("#generate").startswith("done: length")
+        text = page.text_content("#output") or ""
+        assert page.text_content("#output .prompt") == "the fox " and text.startswith("the fox ") and len(text) == 48
+        defaults = {"temperature": 0.8, "top_k": 0, "top_p": 1, "stream": True}
+        assert sent == [{"model": "tiny", "prompt": "the fox ", "max_tokens": 40, **defaults}]  # nothing unset sent
+        seed = int(re.fullmatch(r"seed (\d+)", page.text_content("#seed-used") or "")[1])  # type: ignore[index]
+        assert answered("#again").startswith("done") and page.text_content("#output") == text
+        assert sent[-1] == {**sent[0], "seed": seed}
+        assert answered("#continue").startswith("done")
+        assert (page.text_content("#output") or "").startswith(text) and len(page.text_content("#output") or "") == 88
+        assert sent[-1]["prompt"] == text and page.text_content("#output .prompt") == "the fox "
+        page.click("#copy")
+        page.wait_for_function("document.querySelector('#status').textContent.startsWith('copied')")
+        assert page.evaluate("navigator.clipboard.readText()") == page.text_content("#output")
+
+        page.fill("#logit_bias", "e=-100, xy=5")
+        page.click("#generate")
+        assert page.text_content("#sampling-error") == 'logit_bias: "xy" is not one character'
+        assert page.get_attribute("#logit_bias", "aria-invalid") == "true" and len(sent) == 3  # nothing sent
+        page.fill("#logit_bias", "e=-100, x=5")
+        page.fill("#frequency_penalty", "0.5")
+        answered("#generate")  # today's server refuses them; one that has them answers
+        assert {k: sent[-1].get(k) for k in ("frequency_penalty", "presence_penalty", "logit_bias")} == {
+            "frequency_penalty": 0.5,
+            "presence_penalty": None,
+            "logit_bias": {"e": -100, "x": 5},
+        }
+        assert page.text_content("#sampling-error") == "" and page.get_attribute("#logit_bias", "aria-invalid") is None
+        page.fill("#presence_penalty", "3")  # out of [-2, 2]: any server refuses it
+        assert "presence_penalty" in answered("#generate") and page.get_attribute("#status", "class") == "error"
+        for field in ("#frequency_penalty", "#presence_penalty", "#logit_bias"):
+            page.fill(field, "")
+        assert answered("#generate").startswith("done") and page.get_attribute("#status", "class") == ""
+        assert sent[-1] == {"model": "tiny", "prompt": "the fox ", "max_tokens": 40, **defaults}
+        page.screenshot(path=tmp_path / "page-playground.png", full_page=True)
+
+        def with_a_fine_tune(route: Route) -> None:  # a fine-tune of the run, listed after it
+            runs = route.fetch().json()["runs"]
+            tuned = {
+                **runs[0],
+                "name": "tiny-tuned",
+                "served": False,
+                "made_from": "fine-tuned from tiny, 2 new characters",
+            }
+            route.fulfill(json={"runs": [*runs, tuned]})
+
+        page.route(server.url + "/runs", with_a_fine_tune)
+        page.click("#tab-runs")
+        page.wait_for_function(
+            "(imgs => imgs.length === 2 && imgs.every(i => i.complete && i.naturalWidth))"
+            "([...document.querySelectorAll('#run-list img')])"
+        )
+        served = page.locator("#run-list .card.served")
+        assert served.count() == 1 and "tinyserving" in (served.locator("h3").text_content() or "")
+        assert served.get_attribute("aria-current") == "true"
+        tuned_card = page.locator("#run-list .card").nth(1)
+        assert tuned_card.locator(".made-from").text_content() == "fine-tuned from tiny, 2 new characters"
+        assert (page.locator("#run-list img").first.bounding_box() or {})["width"] == 640  # its axes read at their size
+        page.screenshot(path=tmp_path / "page-runs.png", full_page=True)
+        page.locator("#run-list .curve").first.click()
+        assert page.locator("#curve-dialog").is_visible()
+        assert (page.locator("#curve-dialog img").bounding_box() or {})["width"] > 900
+        page.screenshot(path=tmp_path / "page-curve.png")
+        page.keyboard.press("Escape")
+        assert not page.locator("#curve-dialog").is_visible()
+
+        # The page of an export (the same page, with the export's /info; no runs to list).
+        info = httpx.get(server.url + "/info", timeout=5).json()
+        exported = {**info, "model": "tiny-litert-int8", "source": "litert"}
+        exported["training"] = {"run": "tiny", "weights": "best", "quantize": "int8"}
+        served_page = httpx.get(server.url + "/", timeout=5).text
+        html = re.sub(r'(id="info-json">).*?(</script>)', lambda m: m[1] + json.dumps(exported) + m[2], served_page)
+        page = context.new_page()
+        page.route(server.url + "/", lambda route: route.fulfill(body=html, content_type="text/html"))
+        page.route(server.url + "/runs", lambda route: route.fulfill(status=404, json={"error": {}}))
+        page.goto(server.url + "/")
+        figures = page.text_content("#model-info") or ""
+        assert "exported fromrun tiny (best weights)" in figures and "quantizationint8" in figures
+        page.wait_for_selector("#tab-runs", state="hidden")
+        page.screenshot(path=tmp_path / "page-export.png", full_page=True)
+    print(f"screenshots of the page: {tmp_path}/page-*.png")
 
 
 def test_a_port_in_use_is_one_line(trained_run, tmp_path) -> None:

@@ -385,6 +385,39 @@ def test_the_page_and_the_runs_view(client, served) -> None:
     assert client.get("/runs/..%2F..%2Fetc/loss.svg").status_code == 404
 
 
+def test_the_runs_view_marks_the_served_run_and_a_fine_tune_s_base(trained_run, sampler, tmp_path) -> None:
+    """/runs says which run is served and what a fine-tune was made from; the page carries /info's answer (a name
+    with "</script>" in it cannot end its script element)."""
+    from dataclasses import replace
+
+    from starlette.testclient import TestClient
+
+    from textgen.config import InitConfig, Weights
+    from textgen.plot import BATCH_LABEL
+    from textgen.runs import run_summary
+
+    checkpoint_dir = tmp_path / "checkpoints"
+    base, tuned = trained_run.copy_to(checkpoint_dir), trained_run.copy_to(checkpoint_dir, "tuned")
+    cfg = tuned.load_config()
+    init = InitConfig(str(base.path), base.name, Weights.best, "-", 0.9, "tiny.txt", cfg.model)
+    tuned.save_config(replace(cfg, init_from=init))
+    tuned.history_path.unlink()  # as in its first epoch: its training loss by batch is its curve
+    card = card_of_run(run_summary(tuned), sampler.cfg, sampler.vocab.size)
+    with TestClient(create_app(Engine(sampler, slots=1, max_queue=0), card, ServeConfig(), checkpoint_dir)) as client:
+        runs = {r["name"]: r for r in client.get("/runs").json()["runs"]}
+        info, page = client.get("/info").json(), client.get("/").text
+        assert BATCH_LABEL in client.get(runs["tuned"]["curve"]).text
+    assert runs["tuned"]["served"] is True and runs["tiny"]["served"] is False
+    assert runs["tuned"]["made_from"] == "fine-tuned from tiny, 0 new characters" and runs["tiny"]["made_from"] is None
+    assert info["training"]["made_from"] == runs["tuned"]["made_from"]
+    assert json.loads(page.split('id="info-json">')[1].split("</script>")[0]) == info
+
+    odd = replace(card, model="x</script><b>")
+    with TestClient(create_app(Engine(sampler, slots=1, max_queue=0), odd, ServeConfig())) as client:
+        page = client.get("/").text
+    assert json.loads(page.split('id="info-json">')[1].split("</script>")[0])["model"] == "x</script><b>"
+
+
 def test_requests_beyond_the_rows_and_the_queue_get_429(trained_run, sampler) -> None:
     from starlette.testclient import TestClient
 

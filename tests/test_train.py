@@ -85,6 +85,7 @@ def test_run_directory_contents(trained_run) -> None:
         "best.weights.h5",
         "state.json",
         "history.csv",
+        "batch_losses.csv",
         "loss_curve.txt",
         "loss_curve.svg",
         "tensorboard",

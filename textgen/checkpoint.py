@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 VOCAB_BYTES = 8 * 2**20  # all of Unicode, 4 bytes a character
 # state.json holds the history, ~340 bytes an epoch: 64 MB is some 190,000 epochs.
 STATE_BYTES = 64 * 2**20
+BATCH_LOSSES_HEADER = "epoch,batch,steps,bpc\n"
 CALLBACK_COUNTERS = ("wait", "best", "cooldown_counter")  # what state.json keeps of a stateful Keras callback
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")  # 100 characters: far below any filesystem's limit
 
@@ -154,6 +155,7 @@ class Run:
     init_weights_path = property(lambda self: self.path / "init.weights.h5")  # a fine-tuned run's base weights
     state_path = property(lambda self: self.path / "state.json")
     history_path = property(lambda self: self.path / "history.csv")
+    batch_losses_path = property(lambda self: self.path / "batch_losses.csv")  # the first epochs', for the curve
     loss_curve_path = property(lambda self: self.path / "loss_curve.txt")
     loss_svg_path = property(lambda self: self.path / "loss_curve.svg")
     tensorboard_dir = property(lambda self: self.path / "tensorboard")
@@ -239,6 +241,7 @@ class Run:
             for path in (
                 self.best_weights_path,
                 self.history_path,
+                self.batch_losses_path,
                 self.loss_curve_path,
                 self.loss_svg_path,
                 self.state_path,
@@ -251,6 +254,34 @@ class Run:
         state = dataclasses.replace(self.load_state(), finished=reason)
         with self._saving("state.json"):
             atomic_write_text(self.state_path, state.to_json())
+
+    def add_batch_loss(self, epoch: int, batch: int, steps: int, bpc: float) -> None:
+        """Append a training loss to batch_losses.csv: ``bpc``, the mean of the batches of ``epoch`` (0-based) up to
+        ``batch`` since the last row, of its ``steps``. Not part of a commit: ``keep_batch_losses`` drops the rows a
+        resumed run trains again."""
+        with self._saving("the batch losses"):
+            header = "" if self.batch_losses_path.exists() else BATCH_LOSSES_HEADER
+            with open(self.batch_losses_path, "a", encoding="utf-8") as fh:
+                fh.write(f"{header}{epoch},{batch},{steps},{bpc:.5f}\n")
+
+    def keep_batch_losses(self, epoch: int, batch: int) -> None:
+        """Keep the batch losses up to batch ``batch`` of ``epoch`` (where a resumed run starts), and drop a row a kill
+        cut short."""
+        if not self.batch_losses_path.exists():
+            return
+
+        def kept(row: str) -> bool:
+            fields = row.split(",")
+            try:
+                return len(fields) == 4 and float(fields[3]) >= 0 and (int(fields[0]), int(fields[1])) <= (epoch, batch)
+            except ValueError:
+                return False
+
+        with self._saving("the batch losses"):
+            rows = self.batch_losses_path.read_text(encoding="utf-8").splitlines()
+            atomic_write_text(
+                self.batch_losses_path, BATCH_LOSSES_HEADER + "".join(f"{row}\n" for row in filter(kept, rows))
+            )
 
     def _write_history(self, rows: Iterable[dict[str, Any]]) -> None:
         out = io.StringIO()

@@ -16,6 +16,7 @@ from textgen.results import epochs_done
 MARKS = {"bpc": "o", "val_bpc": "*"}
 LABELS = {"bpc": "train bits/char", "val_bpc": "validation bits/char"}
 COLOURS = {"bpc": "#1f77b4", "val_bpc": "#d62728"}
+BATCH_LABEL = "train bits/char, by batch"  # the curve of a run of few epochs (``read_batch_losses``)
 TABLE_UPTO = 3  # epochs shown as a table of numbers: a chart of so few points says less
 
 
@@ -28,11 +29,28 @@ def read_history(path: Path) -> dict[str, list[float]]:
     return {key: [float(row[key] or "nan") for row in rows] for key in (rows[0] if rows else {})}
 
 
-def write_loss_charts(history_path: Path, text_path: Path, svg_path: Path) -> None:
-    """Write the text chart and the SVG image of a run's history.csv, titled with the run's name."""
+def read_batch_losses(path: Path) -> list[tuple[float, float]]:
+    """A run's batch_losses.csv as (epochs trained, training bits/char) points, in order (none if the file is
+    missing)."""
+    if not Path(path).is_file():
+        return []
+    points = []
+    with open(path, newline="") as fh:
+        for row in csv.DictReader(fh):
+            try:
+                points.append((int(row["epoch"]) + int(row["batch"]) / int(row["steps"]), float(row["bpc"])))
+            except (TypeError, ValueError, ZeroDivisionError):  # a row being written, or one a kill cut short
+                continue
+    return sorted(points)
+
+
+def write_loss_charts(history_path: Path, batch_losses_path: Path, text_path: Path, svg_path: Path) -> None:
+    """Write the text chart and the SVG image of a run's history.csv (and batch_losses.csv), titled with the run's
+    name."""
     history = read_history(history_path)
     atomic_write_text(text_path, loss_chart(history))
-    atomic_write_text(svg_path, loss_svg(history, title=Path(history_path).parent.name))
+    svg = loss_svg(history, title=Path(history_path).parent.name, batches=read_batch_losses(batch_losses_path))
+    atomic_write_text(svg_path, svg)
 
 
 def loss_chart(history: dict[str, list[float]], height: int = 12, width: int = 60) -> str:
@@ -63,14 +81,29 @@ def summary(history: dict[str, list[float]]) -> str:
     return "; ".join(parts)
 
 
-def loss_svg(history: dict[str, list[float]], title: str = "", width: int = 640, height: int = 400) -> str:
+def loss_svg(
+    history: dict[str, list[float]],
+    title: str = "",
+    width: int = 640,
+    height: int = 400,
+    batches: list[tuple[float, float]] | None = None,
+) -> str:
     """Train and validation bits/char per epoch as an SVG line chart: a point per epoch, a gap at a value that is
-    not finite. ``title`` (the run's name) is shown as text."""
+    not finite. Up to ``TABLE_UPTO`` epochs, the training loss is drawn from ``batches`` instead, if there are any
+    (``read_batch_losses``: a point an epoch would be a dot or two). ``title`` (the run's name) is shown as text."""
     epochs = _epochs(history)
-    series = {key: list(zip(epochs, history[key], strict=False)) for key in MARKS if history.get(key)}
-    values = [v for points in series.values() for _, v in points if math.isfinite(v)]
+    by_batch = bool(batches) and len(epochs) <= TABLE_UPTO
+    points: dict[str, list[tuple[float, float]]] = {
+        key: list(zip(epochs, history.get(key, []), strict=False)) for key in MARKS
+    }
+    if by_batch:
+        points["bpc"] = list(batches or [])
+    series = {key: p for key, p in points.items() if p}
+    values = [v for p in series.values() for _, v in p if math.isfinite(v)]
     first, last = (epochs[0], epochs[-1]) if epochs else (1, 1)
     x0, x1 = (first, last) if last > first else (first - 0.5, last + 0.5)  # one epoch: in the middle
+    if by_batch:  # from the start of training
+        x0, x1 = 0, max(x for p in series.values() for x, _ in p)
     y_ticks = _value_ticks(values)
     frame = _Frame(64, width - 16, 72, height - 48, x0, x1, y_ticks[0], y_ticks[-1])
     heading = f"{title}: bits per character" if title else "bits per character"
@@ -81,12 +114,13 @@ def loss_svg(history: dict[str, list[float]], title: str = "", width: int = 640,
         f'<text x="{frame.left}" y="20" font-size="15">{_xml_text(heading)}</text>',
     ]
     # The summary under the heading, on two lines if it needs them (a 640-pixel image holds about 80 characters).
-    for i, line in enumerate(textwrap.wrap(summary(history) if series else "no epochs yet", 80)):
+    for i, line in enumerate(textwrap.wrap(summary(history) if epochs else "no epochs yet", 80)):
         out.append(f'<text x="{frame.left}" y="{38 + 15 * i}" fill="#555">{_xml_text(line)}</text>')
-    out += _axes(frame, y_ticks, height)
-    for key, points in series.items():
-        out += _series(frame, key, points)
-    out += _legend(frame, list(series))
+    out += _axes(frame, y_ticks, height, whole_epochs=not by_batch)
+    for key, p in series.items():
+        out += _series(frame, key, p)
+    labels = {**LABELS, "bpc": BATCH_LABEL} if by_batch else LABELS
+    out += _legend(frame, list(series), labels)
     return "\n".join([*out, "</svg>"]) + "\n"
 
 
@@ -119,12 +153,16 @@ def _value_ticks(values: list[float]) -> list[float]:
     return [k * step for k in range(bottom_tick, top_tick + 1)]
 
 
-def _axes(frame: _Frame, y_ticks: list[float], height: int) -> list[str]:
-    """Grid lines and labels at ``y_ticks``, round epochs along the bottom, and the axes."""
+def _axes(frame: _Frame, y_ticks: list[float], height: int, whole_epochs: bool) -> list[str]:
+    """Grid lines and labels at ``y_ticks``, round epochs (``whole_epochs``: whole ones) along the bottom, and the
+    axes."""
     y_step = y_ticks[1] - y_ticks[0]
     decimals = max(0, -math.floor(math.log10(y_step) + 1e-9))
-    x_step = max(1, round(_step(frame.x1 - frame.x0, 6)))
-    x_ticks = range(math.ceil(frame.x0 / x_step) * x_step, math.floor(frame.x1) + 1, x_step)
+    x_step = _step(frame.x1 - frame.x0, 6)
+    if whole_epochs:
+        x_step = max(1, round(x_step))
+    first, last = math.ceil(frame.x0 / x_step - 1e-9), math.floor(frame.x1 / x_step + 1e-9)
+    x_ticks = [k * x_step for k in range(first, last + 1)]
     left, right, bottom = frame.left, frame.right, frame.bottom
     out = []
     for tick in y_ticks:
@@ -134,16 +172,16 @@ def _axes(frame: _Frame, y_ticks: list[float], height: int) -> list[str]:
     for tick in x_ticks:
         x = frame.x(tick)
         out.append(f'<line x1="{x:.1f}" y1="{bottom}" x2="{x:.1f}" y2="{bottom + 5}" stroke="black"/>')
-        out.append(f'<text x="{x:.1f}" y="{bottom + 18}" text-anchor="middle">{tick}</text>')
+        out.append(f'<text x="{x:.1f}" y="{bottom + 18}" text-anchor="middle">{tick:g}</text>')
     out.append(f'<path d="M{left},{frame.top} V{bottom} H{right}" fill="none" stroke="black"/>')
     out.append(f'<text x="{(left + right) / 2:.0f}" y="{height - 10}" text-anchor="middle">epoch</text>')
     return out
 
 
-def _series(frame: _Frame, key: str, points: list[tuple[int, float]]) -> list[str]:
+def _series(frame: _Frame, key: str, points: list[tuple[float, float]]) -> list[str]:
     """One series as lines between its finite points (a value that is not finite breaks the line), and dots."""
     colour = COLOURS[key]
-    runs: list[list[tuple[int, float]]] = [[]]
+    runs: list[list[tuple[float, float]]] = [[]]
     for epoch, value in points:
         if math.isfinite(value):
             runs[-1].append((epoch, value))
@@ -162,14 +200,14 @@ def _series(frame: _Frame, key: str, points: list[tuple[int, float]]) -> list[st
     return out
 
 
-def _legend(frame: _Frame, keys: list[str]) -> list[str]:
+def _legend(frame: _Frame, keys: list[str], labels: dict[str, str]) -> list[str]:
     out = []
     for i, key in enumerate(keys):
         row, right = frame.top + 12 + 18 * i, frame.right
         out.append(
             f'<line x1="{right - 150}" y1="{row}" x2="{right - 130}" y2="{row}" stroke="{COLOURS[key]}" stroke-width="2"/>'
         )
-        out.append(f'<text x="{right - 124}" y="{row + 4}">{LABELS[key]}</text>')
+        out.append(f'<text x="{right - 124}" y="{row + 4}">{labels[key]}</text>')
     return out
 
 

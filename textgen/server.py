@@ -34,6 +34,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp
 
 from textgen.artifact import ArtifactInfo
+from textgen.checkpoint import Run
 from textgen.completion import (
     ApiError,
     Completion,
@@ -48,11 +49,12 @@ from textgen.completion import (
 from textgen.config import MAX_LOGPROB_ENTRIES, MAX_REQUEST_CHARS, ModelConfig, ServeConfig
 from textgen.engine import Draining, Engine, Event, QueueFull
 from textgen.errors import ConfigError, shown
-from textgen.plot import loss_svg, read_history
+from textgen.plot import loss_svg, read_batch_losses, read_history
 from textgen.results import RunSummary
 from textgen.runs import run_summaries
 
 RETRY_AFTER = 1  # seconds a refused client is told to wait: rows free every few tens of milliseconds under load
+PAGE_INFO = '<script type="application/json" id="info-json">null</script>'  # page.html's place for /info
 OPEN_ROUTES = ("/", "/health", "/ready", "/info", "/runs")  # the page's and the probes': no API key asked
 SHUTDOWN_GRACE = 5  # seconds after the drain for the streams it ended to send their last events
 REFUSALS = {401: "unauthorized", 429: "rejected", 503: "unavailable"}  # a refused completion's outcome (else invalid)
@@ -194,7 +196,7 @@ def create_app(engine: Engine, card: ModelCard, config: ServeConfig, checkpoint_
     app = FastAPI(title="textgen", docs_url=None, redoc_url=None)  # the docs pages fetch scripts from a CDN
     _add_error_handlers(app)
     _add_model_routes(app, engine, card, config, metrics)
-    _add_run_routes(app, checkpoint_dir)
+    _add_run_routes(app, card, checkpoint_dir)
     _add_completions(app, engine, card, config, metrics)
     return AccessLog(KeyCheck(BodyLimit(app, config.max_body), config.api_key), metrics)
 
@@ -230,7 +232,12 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 def _add_model_routes(app: FastAPI, engine: Engine, card: ModelCard, config: ServeConfig, metrics: Metrics) -> None:
     """The page, the probes, the metrics, and what is served."""
+    limits = {"max_tokens": MAX_REQUEST_CHARS, "max_n": engine.slots, "max_logprob_entries": MAX_LOGPROB_ENTRIES}
+    served = {**asdict(card), "limits": limits, "auth": config.api_key is not None}
     page = resources.files("textgen").joinpath("page.html").read_text(encoding="utf-8")
+    # The page carries /info's answer, so that its figures are there at its first paint ("<" escaped: the JSON
+    # cannot end the script element it is in).
+    page = page.replace(PAGE_INFO, PAGE_INFO.replace("null", json.dumps(served).replace("<", "\\u003c")))
 
     @app.get("/", response_class=HTMLResponse)
     async def playground() -> HTMLResponse:
@@ -254,8 +261,7 @@ def _add_model_routes(app: FastAPI, engine: Engine, card: ModelCard, config: Ser
 
     @app.get("/info")
     async def info() -> dict[str, Any]:
-        limits = {"max_tokens": MAX_REQUEST_CHARS, "max_n": engine.slots, "max_logprob_entries": MAX_LOGPROB_ENTRIES}
-        return {**asdict(card), "limits": limits, "auth": config.api_key is not None}
+        return served
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -267,8 +273,9 @@ def _add_model_routes(app: FastAPI, engine: Engine, card: ModelCard, config: Ser
         return _model_object(card)
 
 
-def _add_run_routes(app: FastAPI, checkpoint_dir: Path | None) -> None:
-    """The checkpoint directory's runs and their loss curves, for the page's second view."""
+def _add_run_routes(app: FastAPI, card: ModelCard, checkpoint_dir: Path | None) -> None:
+    """The checkpoint directory's runs and their loss curves, for the page's second view; the run ``card`` describes
+    is the one served."""
 
     @app.get("/runs")
     async def runs() -> dict[str, Any]:
@@ -279,11 +286,9 @@ def _add_run_routes(app: FastAPI, checkpoint_dir: Path | None) -> None:
         for s in summaries:
             if s.problem:
                 continue
-            curve = (
-                f"/runs/{quote(s.run, safe='')}/loss.svg"
-                if (checkpoint_dir / s.run / "history.csv").is_file()
-                else None
-            )
+            run = Run(checkpoint_dir / s.run)
+            drawn = run.history_path.is_file() or run.batch_losses_path.is_file()
+            curve = f"/runs/{quote(s.run, safe='')}/loss.svg" if drawn else None
             nats = None if s.best_val_bpc is None else s.best_val_bpc * math.log(2)
             listed.append(
                 {
@@ -291,6 +296,8 @@ def _add_run_routes(app: FastAPI, checkpoint_dir: Path | None) -> None:
                     "epochs": s.epochs,
                     "batches_into_epoch": s.batches_into_epoch,
                     "best_val_loss": nats,
+                    "made_from": s.made_from or None,  # a fine-tune's base run, say
+                    "served": card.source == "run" and s.run == card.model,
                     "curve": curve,
                 }
             )
@@ -301,11 +308,12 @@ def _add_run_routes(app: FastAPI, checkpoint_dir: Path | None) -> None:
         if checkpoint_dir is None:
             raise ApiError(404, "This server serves an export: there are no runs.")
         known = {s.run for s in await asyncio.to_thread(run_summaries, checkpoint_dir) if not s.problem}
-        history = checkpoint_dir / name / "history.csv"
-        if name not in known or not history.is_file():  # only a listed run's file: the name is never a path
+        run = Run(checkpoint_dir / name)  # only a listed run's files: the name is never a path
+        if name not in known or not (run.history_path.is_file() or run.batch_losses_path.is_file()):
             raise ApiError(404, f"There is no run {shown(name)} with a loss history here: GET /runs lists them.")
-        svg = loss_svg(await asyncio.to_thread(read_history, history), title=name)
-        return Response(svg, media_type="image/svg+xml")
+        history = await asyncio.to_thread(read_history, run.history_path)
+        batches = await asyncio.to_thread(read_batch_losses, run.batch_losses_path)
+        return Response(loss_svg(history, title=name, batches=batches), media_type="image/svg+xml")
 
 
 def _add_completions(app: FastAPI, engine: Engine, card: ModelCard, config: ServeConfig, metrics: Metrics) -> None:
@@ -367,6 +375,7 @@ def card_of_run(summary: RunSummary, model: ModelConfig, vocab_size: int) -> Mod
         "batches_into_epoch": summary.batches_into_epoch,
         "train_seconds": summary.seconds,
         "corpus": summary.corpus,
+        "made_from": summary.made_from or None,  # a fine-tune's base run, say
     }
     return ModelCard(
         summary.run, "run", vocab_size, model.units, model.layers, model.embedding_dim, model.parameters, training

@@ -121,7 +121,7 @@ def _train(
     callbacks.on_train_end(last.metrics() if last else {})
     progress.end()
     checkpoint.mark_finished(reason)
-    write_loss_charts(run.history_path, run.loss_curve_path, run.loss_svg_path)
+    write_loss_charts(run.history_path, run.batch_losses_path, run.loss_curve_path, run.loss_svg_path)
     return TrainResult(
         run=run.name,
         path=run.path,
@@ -213,7 +213,7 @@ class _Session:
                 batch + 1, done.loss_sum + loss, done.batches + 1, done.seconds + time.monotonic() - started
             )
             self.checkpoint.after_batch(epoch, done, self.clock.elapsed)
-            self.callbacks.on_train_batch_end(batch, {"loss": done.loss, "bpc": bits(done.loss)})
+            self.callbacks.on_train_batch_end(batch, {"loss": done.loss, "bpc": bits(done.loss), "batch_loss": loss})
             self.progress.batch_end(batch, done.loss)
             self.batches_done += 1
             self.clock.reserve = self.end_reserve()
