@@ -142,12 +142,12 @@ def test_prompts_fed_inside_a_call_are_each_read_alone_then_drawn(
     settings = SampleConfig(temperature=1.0)
     start = np.zeros([rows, sampler.vocab.size], np.float32)
     ids, logits, states = sampler.generate_steps(
-        start, sampler.zero_states(rows), draws, RowSettings.of(settings, rows), forced
+        start, sampler.zero_states(rows), draws, RowSettings.of(settings, rows, sampler.vocab), forced
     )
     for row, prompt in enumerate(encoded):
         read_logits, read_states = sampler.read(prompt[None, :], sampler.zero_states(1))
         drawn, alone_logits, alone_states = sampler.generate_steps(
-            read_logits, read_states, draws[len(prompt) :, row : row + 1], RowSettings.of(settings, 1)
+            read_logits, read_states, draws[len(prompt) :, row : row + 1], RowSettings.of(settings, 1, sampler.vocab)
         )
         assert ids[row].tolist() == prompt.tolist() + drawn[0].tolist()
         np.testing.assert_allclose(logits[row], alone_logits[0], atol=1e-4)

@@ -216,6 +216,7 @@ def export_module(generator: Generator) -> tuple[tf.Module, dict[str, tf.types.e
     module = tf.Module()
     module.feed, module.generate_chunk = generator.feed_function, generator.generate_function
     module.generate_forced = generator.forced_function  # textgen serve's: prompts read inside the chunk
+    module.generate_penalized = generator.penalized_function  # rows with penalties or a logit bias
     module.step, module.generate, module.vocabulary = step, generate, vocabulary
     return module, {STEP_SIGNATURE: step, "generate": generate, "vocabulary": vocabulary}
 
