@@ -256,7 +256,7 @@ SPECS: dict[str, Spec] = {
     ),
     "logit_bias": Spec(
         "Add BIAS, in [-100, 100], to character C's logit; -100 bans it. Repeatable. C may be space, \\n, \\t, "
-        "\\r, \\\\ or \\uXXXX; ==1 biases '='. E.g. --logit-bias e=-100 --logit-bias space=2",
+        "\\r or \\uXXXX (\\u005c is a backslash); ==1 biases '='. E.g. --logit-bias e=-100 --logit-bias space=2",
         None,
         "none",
         ("--logit-bias",),
