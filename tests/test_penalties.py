@@ -266,3 +266,19 @@ def test_bad_repl_penalties_warn_and_keep_the_old_ones(line: str, warning: str) 
     session.handle(line)
     assert len(warnings) == 1 and warnings[0].startswith(warning), warnings
     assert not session.settings.penalized
+
+
+# --- benchmarks/loops.py's cycle detector ------------------------------------------------------
+
+
+def test_a_loop_is_a_tail_that_repeats_with_a_period_of_at_most_200(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from loops import loop_of
+
+    rng = np.random.default_rng(0)
+    prose = "".join(rng.choice(list("abcdefgh "), 1000))
+    assert loop_of(prose) is None
+    assert loop_of(prose + "and more " * 60) == (9, 1000)
+    assert loop_of(prose + ("x" * 199 + "y") * 3) == (200, 1000)
+    assert loop_of(prose + ("x" * 200 + "y") * 3) is None  # a period of 201 is too long
+    assert loop_of(prose + "and more " * 20) is None  # 180 characters: too short a repeat
