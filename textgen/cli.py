@@ -311,7 +311,7 @@ SAMPLE_EXAMPLES = """
     textgen sample --temp 0.8                  # the latest run, 500 characters
     textgen sample --run 2600-0 --prime "Prince Andrew" --num 8 --seed 7
     textgen sample --temp 0 --top-k 5 --top-p 0.9 --json
-    textgen sample --temp 0 --frequency-penalty 0.3 --logit-bias '\\n=-100'  # no newlines
+    textgen sample --temp 0 --frequency-penalty 0.01 --logit-bias '\\n=-100'  # no newlines
     textgen sample --prime-file ch1.txt --adapt   # adapt, then continue
     cat notes.txt | textgen sample --prime-file -
 """
