@@ -311,7 +311,7 @@ SAMPLE_EXAMPLES = """
     textgen sample --temp 0.8                  # the latest run, 500 characters
     textgen sample --run 2600-0 --prime "Prince Andrew" --num 8 --seed 7
     textgen sample --temp 0 --top-k 5 --top-p 0.9 --json
-    textgen sample --temp 0 --frequency-penalty 0.01 --logit-bias '\\n=-100'  # no newlines
+    textgen sample --temp 0 --frequency-penalty 0.01 --logit-bias '\\n=-100'
     textgen sample --prime-file ch1.txt --adapt   # adapt, then continue
     cat notes.txt | textgen sample --prime-file -
 """
@@ -353,7 +353,6 @@ def sample(
             checkpoint_dir=checkpoint_dir, run_name=run, weights=Weights.last if last else Weights.best, model=model,
             adapt_to=document if adapt else None,
         )  # fmt: skip
-        bias_row(settings.logit_bias, sampler.vocab)  # a character the model lacks: one line before any text
         prompt = prime if document is None else document
         ui.show_sampling(console, err_console, sampler, source, prompt, settings, as_json, prime_file=prime_file)
 
