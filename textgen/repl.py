@@ -22,8 +22,8 @@ Type a prompt and press Enter; the continuation streams in. Ctrl-C stops it, Ctr
 Commands:
   :temp T       temperature (0 = greedy)        :len N     characters per answer
   :topk K       keep the K likeliest (0 = off)  :topp P    nucleus mass in (0, 1] (1 = off)
-  :freq F       frequency penalty in [-2, 2]    :presence P   presence penalty in [-2, 2] (0 = off)
-  :bias C=V     add V in [-100, 100] to character C's logit (-100 bans it; C may be space, \\n, \\t, \\uXXXX)
+  :freq F       frequency penalty (0 = off)     :presence P  presence penalty (0 = off)
+  :bias C=V     add V to C's logit (-100 bans C; C may be space, \\n, \\t or \\uXXXX)
   :bias clear   remove every bias
   :seed S       fixed seed (or 'none')          :num N     samples per prompt
   :context on|off   on (the default): go on from the last answer; off: each prompt alone
