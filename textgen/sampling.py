@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -214,7 +215,9 @@ class Generator(Sampler):
         ).get_concrete_function()
         self.generate_concrete = self.generate_function.get_concrete_function()
         self.forced_concrete = self.forced_function.get_concrete_function()
-        self.penalized_concrete = self.penalized_function.get_concrete_function()
+        # Traced on first use: ~1 s of every load otherwise, which a call without penalties should not pay.
+        self.penalized_concrete: Any = None
+        self.penalized_lock = threading.Lock()  # two lanes may ask for it at once
 
     @classmethod
     def from_run(
@@ -388,6 +391,9 @@ class Generator(Sampler):
     ) -> tuple[np.ndarray, np.ndarray, States]:
         with _tensorflow_errors():
             if settings.penalties is not None:
+                with self.penalized_lock:
+                    if self.penalized_concrete is None:
+                        self.penalized_concrete = self.penalized_function.get_concrete_function()
                 return _call_penalized(self.penalized_concrete, logits, states, uniforms, settings, forced, counts)
             if forced is None:
                 return _call_generate(self.generate_concrete, logits, states, uniforms, settings)
