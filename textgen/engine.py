@@ -314,8 +314,8 @@ class RowTable:
         self.top_p = np.ones(slots, np.float32)
         self.seeds = np.zeros(slots, np.uint64)
         self.vocab = sampler.vocab
-        # Penalties and bias (a row without both zero ones): rows with none run the plain loop unless a row beside
-        # them has some. counts: each row's characters drawn so far, zeroed when a request claims it.
+        # Each row's penalties and bias (zeros for a row without): a call runs the penalized loop only when one of
+        # its rows has some. counts: each row's characters drawn so far, zeroed when a request claims the row.
         self.penalized = np.zeros(slots, bool)
         self.frequency = np.zeros(slots, np.float32)
         self.presence = np.zeros(slots, np.float32)
