@@ -342,13 +342,13 @@ class Generator(Sampler):
             ids = choose_next(
                 logits, rows, uniforms[t], None if penalty is None else penalty._replace(counts=counts[0])
             )
-            drawn = None
             if forced is not None:
-                drawn = forced[t] < 0
-                ids = tf.where(drawn, ids, forced[t])
-            if counts:  # a prompt's forced ids are not counted
+                ids = tf.where(forced[t] >= 0, forced[t], ids)
+            if counts:
                 new = tf.one_hot(ids, self.vocab.size)
-                counts = (counts[0] + (new if drawn is None else new * tf.cast(drawn, tf.float32)[:, None]),)
+                if forced is not None:  # a prompt's forced ids are not counted
+                    new *= tf.cast(forced[t] < 0, tf.float32)[:, None]
+                counts = (counts[0] + new,)
             logits, states = self.step(ids, states)
             return t + 1, logits, states, tokens.write(t, ids), *counts
 
