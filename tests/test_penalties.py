@@ -20,6 +20,7 @@ from textgen.generation import bias_row
 from textgen.npsampling import NEG_INF, penalize, uniforms
 from textgen.npsampling import choose_next as np_choose_next
 from textgen.sampling import Generator, Penalty, choose_next, strategy
+from textgen.vocab import for_display
 
 
 @pytest.fixture(scope="module")
@@ -249,6 +250,16 @@ def test_repl_commands_set_the_penalties_and_bias() -> None:
     assert session.generator.calls[-1][1].logit_bias == settings.logit_bias
     session.handle(":bias clear")
     assert session.settings.logit_bias == () and "bias none" in out.getvalue().splitlines()[-1]
+
+
+def test_the_repl_gives_the_text_textgen_sample_gives(gen1: Generator) -> None:
+    session, out, warnings = make_session(gen1, length=120, temperature=0.0, top_p=1.0, seed=4)
+    for line in (":freq 0.4", ":presence 0.3", ":bias e=-2"):
+        session.handle(line)
+    before = len(out.getvalue())
+    session.handle("the ")
+    expected = gen1.generate(["the "], SampleConfig(**{**PENALIZED.__dict__, "num": 1}))[0]
+    assert out.getvalue()[before:] == for_display(expected) + "\n" and warnings == []
 
 
 @pytest.mark.parametrize(
