@@ -16,6 +16,7 @@ model built and loaded before any timing) are timed apart and not counted.
 
     python benchmarks/sampling.py                                   # latest run in ./checkpoints
     python benchmarks/sampling.py --run war-and-peace --seconds 10 --json
+    python benchmarks/sampling.py --frequency-penalty 0.01   # also the penalized loop (textgen_penalized_b1, _b64)
 """
 
 from __future__ import annotations
@@ -181,9 +182,10 @@ def measure(args: argparse.Namespace) -> dict:
     textgen_first_ms = first_char_ms(textgen_first)
     naive_first_ms = first_char_ms(lambda: naive.generate(prompt_ids, 1, 1))
 
-    def textgen_generate(batch: int) -> Callable[[int, int], object]:
+    def textgen_generate(batch: int, frequency_penalty: float = 0.0) -> Callable[[int, int], object]:
         return lambda length, seed: generator.generate(
-            [args.prompt] * batch, SampleConfig(length=length, temperature=args.temperature, seed=seed)
+            [args.prompt] * batch,
+            SampleConfig(length=length, temperature=args.temperature, seed=seed, frequency_penalty=frequency_penalty),
         )
 
     def naive_generate(batch: int) -> Callable[[int, int], object]:
@@ -193,6 +195,10 @@ def measure(args: argparse.Namespace) -> dict:
     for name, make in (("textgen", textgen_generate), ("naive", naive_generate)):
         for batch in (1, 64):
             rows[f"{name}_b{batch}"] = throughput(make(batch), batch, args.length, args.seconds)
+    if args.frequency_penalty:  # textgen's penalized loop, which counts each row's characters
+        for batch in (1, 64):
+            generate = textgen_generate(batch, args.frequency_penalty)
+            rows[f"textgen_penalized_b{batch}"] = throughput(generate, batch, args.length, args.seconds)
     rows["textgen_b1"].update(first_char_loaded_ms=textgen_first_ms, first_char_with_load_ms=textgen_load_ms)
     rows["naive_b1"].update(first_char_loaded_ms=naive_first_ms, first_char_with_load_ms=naive_load_ms)
 
@@ -247,7 +253,10 @@ def print_table(report: dict) -> None:
         return f"{row[key]:,.1f} ms" if key in row else "-"
 
     for name, row in report["results"].items():
-        label = f"{'textgen' if name.startswith('textgen') else 'naive loop'}, batch {row['batch']}"
+        kind = (
+            "textgen, penalized" if "penalized" in name else "textgen" if name.startswith("textgen") else "naive loop"
+        )
+        label = f"{kind}, batch {row['batch']}"
         table.add_row(
             label,
             f"{row['chars_per_s']:,.0f}",
@@ -296,6 +305,9 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=2000, help="characters per sequence per call")
     parser.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (> 0)")
     parser.add_argument("--prompt", default="The ", help="text both samplers read first")
+    parser.add_argument(
+        "--frequency-penalty", type=float, default=0.0, help="also time textgen's penalized loop with this penalty"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = parser.parse_args()
     if args.temperature <= 0 or args.length <= 0 or args.seconds <= 0:

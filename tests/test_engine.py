@@ -63,10 +63,10 @@ def record_fed_calls(sampler, monkeypatch) -> list[tuple[int, int]]:
     fed: list[tuple[int, int]] = []
     generate = sampler.generate_steps
 
-    def spy(logits, states, uniforms, settings, forced=None):
+    def spy(logits, states, uniforms, settings, forced=None, counts=None):
         if forced is not None:
             fed.append((forced.shape[1], forced.shape[0]))
-        return generate(logits, states, uniforms, settings, forced)
+        return generate(logits, states, uniforms, settings, forced, counts)
 
     monkeypatch.setattr(sampler, "generate_steps", spy)
     return fed
@@ -86,6 +86,29 @@ def test_a_seeded_request_gives_the_text_textgen_sample_gives(engine, sampler) -
     texts = submit(engine, job).wait().texts
     expected = sampler.generate(["The "] * 3, SampleConfig(length=300, num=3, temperature=0.9, top_k=12, seed=42))
     assert [texts[i] for i in range(3)] == expected
+
+
+def test_penalized_rows_beside_plain_ones_each_get_the_text_textgen_sample_gives(engine, sampler) -> None:
+    """Each row counts its own characters from zero (rows reclaimed by later requests too), and a plain request in
+    the same batch is drawn as without penalties."""
+    penalized = dict(frequency_penalty=0.5, presence_penalty=0.2, logit_bias=(("e", -100.0), (" ", 1.0)))
+    jobs = [
+        Job(("The ", "the fox "), max_chars=200, n=2, temperature=0.0, seed=3, **penalized),
+        Job(("The ",), max_chars=150, n=2, temperature=0.9, seed=3),
+        Job(("a",), max_chars=250, temperature=1.0, top_k=8, seed=5, frequency_penalty=-0.5),
+    ]
+    for _ in range(2):  # the second time in rows the first left
+        collectors = [submit(engine, job) for job in jobs]
+        for job, collector in zip(jobs, collectors, strict=True):
+            texts = collector.wait().texts
+            settings = SampleConfig(
+                length=job.max_chars, num=job.n, temperature=job.temperature, top_k=job.top_k, seed=job.seed,
+                frequency_penalty=job.frequency_penalty, presence_penalty=job.presence_penalty,
+                logit_bias=job.logit_bias,
+            )  # fmt: skip
+            expected = [t for p in job.prompts for t in sampler.generate([p] * job.n, settings)]
+            assert [texts[i] for i in range(job.rows)] == expected
+    assert "e" not in "".join(collectors[0].texts.values())
 
 
 def test_a_seeded_request_gives_the_same_text_alone_and_among_63_others(engine) -> None:
@@ -199,7 +222,7 @@ def test_requests_beyond_the_rows_and_the_queue_are_refused_at_once(sampler) -> 
 def test_a_cancelled_request_frees_its_row_by_the_next_round(engine, monkeypatch) -> None:
     calls = []
     generate_steps = engine.sampler.generate_steps
-    monkeypatch.setattr(engine.sampler, "generate_steps", lambda *a: calls.append(1) or generate_steps(*a))
+    monkeypatch.setattr(engine.sampler, "generate_steps", lambda *a, **k: calls.append(1) or generate_steps(*a, **k))
     collector = Collector(1)
     ticket = engine.submit(Job(("x",), max_chars=10**6), collector)
     wait_until(lambda: collector.events, "no event came")
@@ -381,7 +404,7 @@ def test_many_short_requests_over_two_lanes_each_get_the_text_textgen_sample_giv
     monkeypatch.setattr(engine_module, "FIRST_CHAR_GOAL", 0.0)  # prompts of 2 to 16 ids read on arrival
     calls = []
     generate_steps = sampler.generate_steps
-    monkeypatch.setattr(sampler, "generate_steps", lambda *a: calls.append(1) or generate_steps(*a))
+    monkeypatch.setattr(sampler, "generate_steps", lambda *a, **k: calls.append(1) or generate_steps(*a, **k))
     words = ["a", "The ", "the old fox ", "sat on the mat and ", "x" * 30]
     jobs = [
         Job(
@@ -428,9 +451,9 @@ def test_a_prompt_s_n_continuations_read_it_once(sampler, monkeypatch, prefill) 
     fed: list[int] = []
     generate_steps, read = sampler.generate_steps, sampler.read
 
-    def count_generate(logits, states, uniforms, settings, forced=None):
+    def count_generate(logits, states, uniforms, settings, forced=None, counts=None):
         fed.append(0 if forced is None else int((forced >= 0).sum()))
-        return generate_steps(logits, states, uniforms, settings, forced)
+        return generate_steps(logits, states, uniforms, settings, forced, counts)
 
     def count_read(ids, states):
         fed.append(ids.size)

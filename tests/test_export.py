@@ -15,6 +15,7 @@ from textgen import api
 from textgen.artifact import INFO_FILE, MANIFEST_FILE, START_FILE, Quantize
 from textgen.checkpoint import Run
 from textgen.config import SampleConfig
+from textgen.errors import ConfigError
 from textgen.generation import RowSettings
 from textgen.npsampling import row_uniforms
 from textgen.runtime import open_artifact
@@ -109,6 +110,37 @@ def test_litert_with_a_seed_samples_what_the_run_samples(exports: dict[str, Path
     assert len(set(expected)) == 3
 
 
+PENALTIES = [
+    "--frequency-penalty",
+    "0.5",
+    "--presence-penalty",
+    "0.2",
+    "--logit-bias",
+    "e=-100",
+    "--logit-bias",
+    "space=1",
+]
+
+
+@pytest.mark.parametrize("variant", ["litert", "savedmodel"])
+def test_an_export_applies_penalties_and_bias_as_the_run_does(variant: str, exports: dict[str, Path], run: Run) -> None:
+    """LiteRT through NumPy's twin, a SavedModel through its own compiled penalized loop: the run's text."""
+    args = ["--temp", "0.9", "--seed", "11", "--length", "150", "--num", "3", *PENALTIES]
+    expected = run_sample(run, *args)
+    assert "e" not in "".join(expected) and expected != run_sample(run, *args[:8])
+    got = invoke("sample", "--json", *args, "--model", str(exports[variant]))
+    assert got.exit_code == 0, got.stderr
+    assert [json.loads(line)["text"] for line in got.stdout.splitlines()] == expected
+
+
+def test_a_savedmodel_exported_before_the_penalties_asks_to_be_exported_again(exports: dict[str, Path]) -> None:
+    sampler, _ = open_artifact(exports["savedmodel"])
+    sampler.penalized_concrete = None  # as loaded from an export without generate_penalized
+    sampler.generate([PROMPT], SampleConfig(length=5))
+    with pytest.raises(ConfigError, match="exported before textgen had penalties and logit bias; export it again"):
+        sampler.generate([PROMPT], SampleConfig(length=5, presence_penalty=0.5))
+
+
 @pytest.mark.parametrize(("variant", "tolerance"), [("litert", 1e-4), ("litert-float16", 1e-2), ("litert-int8", 5e-2)])
 def test_litert_step_logits_are_the_run_step_logits(
     variant: str, tolerance: float, exports: dict[str, Path], run: Run
@@ -142,12 +174,12 @@ def test_prompts_fed_inside_a_call_are_each_read_alone_then_drawn(
     settings = SampleConfig(temperature=1.0)
     start = np.zeros([rows, sampler.vocab.size], np.float32)
     ids, logits, states = sampler.generate_steps(
-        start, sampler.zero_states(rows), draws, RowSettings.of(settings, rows), forced
+        start, sampler.zero_states(rows), draws, RowSettings.of(settings, rows, sampler.vocab), forced
     )
     for row, prompt in enumerate(encoded):
         read_logits, read_states = sampler.read(prompt[None, :], sampler.zero_states(1))
         drawn, alone_logits, alone_states = sampler.generate_steps(
-            read_logits, read_states, draws[len(prompt) :, row : row + 1], RowSettings.of(settings, 1)
+            read_logits, read_states, draws[len(prompt) :, row : row + 1], RowSettings.of(settings, 1, sampler.vocab)
         )
         assert ids[row].tolist() == prompt.tolist() + drawn[0].tolist()
         np.testing.assert_allclose(logits[row], alone_logits[0], atol=1e-4)
@@ -380,6 +412,8 @@ def test_an_export_is_served_with_the_text_its_sampler_gives(exports: dict[str, 
             answer = client.post("/v1/completions", json=body).json()
             long = {**body, "prompt": ("old fox sat on the mat the " * 12)[:300], "n": 1}  # kept: 256 and 300
             again = [client.post("/v1/completions", json=long).json() for _ in "ab"]
+            penalized = {**body, "frequency_penalty": 0.5, "logit_bias": {"e": -100}}
+            penalized_answer = client.post("/v1/completions", json=penalized).json()
             assert client.get("/info").json()["source"] == info.format
             assert client.get("/runs").status_code == 404  # an export has no checkpoint directory
     finally:
@@ -390,3 +424,5 @@ def test_an_export_is_served_with_the_text_its_sampler_gives(exports: dict[str, 
     assert [a["usage"]["prompt_tokens_details"]["cached_tokens"] for a in again] == [0, 300]
     expected = sampler.generate([long["prompt"]], SampleConfig(length=80, seed=3, top_k=5))
     assert [a["choices"][0]["text"] for a in again] == expected * 2
+    settings = SampleConfig(length=80, num=2, seed=3, top_k=5, frequency_penalty=0.5, logit_bias=(("e", -100.0),))
+    assert [c["text"] for c in penalized_answer["choices"]] == sampler.generate([PROMPT] * 2, settings)

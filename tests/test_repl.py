@@ -85,7 +85,10 @@ def test_set_commands_echo_the_settings() -> None:
     s = session.settings
     assert (s.temperature, s.length, s.top_k, s.top_p, s.num, s.seed) == (0.5, 20, 3, 0.7, 2, 11)
     assert out.getvalue().splitlines()[0].startswith("temp 0.5  len 10")
-    assert out.getvalue().splitlines()[-1] == "temp 0.5  len 20  topk 3  topp 0.7  seed 11  num 2  context on"
+    assert (
+        out.getvalue().splitlines()[-1]
+        == "temp 0.5  len 20  topk 3  topp 0.7  freq 0.0  presence 0.0  bias none  seed 11  num 2  context on"
+    )
 
 
 def test_seed_none_means_a_random_seed() -> None:
@@ -144,7 +147,10 @@ def test_help(line: str) -> None:
 def test_settings_command() -> None:
     session, out, _ = make_session()
     session.handle(":settings")
-    assert out.getvalue() == "temp 0.8  len 10  topk 0  topp 0.9  seed 5  num 1  context on\n"
+    assert (
+        out.getvalue()
+        == "temp 0.8  len 10  topk 0  topp 0.9  freq 0.0  presence 0.0  bias none  seed 5  num 1  context on\n"
+    )
 
 
 def test_ctrl_c_stops_the_answer_and_keeps_the_session() -> None:
@@ -367,7 +373,9 @@ def test_repl_in_a_terminal(repl: Terminal, generator) -> None:
     assert "Traceback" not in banner
 
     repl.send(":temp 0.5\r")
-    echoed = repl.expect(r"temp 0\.5  len 2000000  topk 0  topp 1\.0  seed random  num 1  context on\n")
+    echoed = repl.expect(
+        r"temp 0\.5  len 2000000  topk 0  topp 1\.0  freq 0\.0  presence 0\.0  bias none  seed random  num 1  context on\n"
+    )
     assert "Traceback" not in echoed
     repl.expect(r"> ")
 
@@ -381,7 +389,10 @@ def test_repl_in_a_terminal(repl: Terminal, generator) -> None:
     repl.expect(r"> ")
     repl.send(":settings\r")
     after = repl.expect(r"context on\n")  # nothing from the stopped answer comes in between
-    assert after == ":settings\ntemp 0.5  len 2000000  topk 0  topp 1.0  seed random  num 1  context on\n"
+    assert (
+        after
+        == ":settings\ntemp 0.5  len 2000000  topk 0  topp 1.0  freq 0.0  presence 0.0  bias none  seed random  num 1  context on\n"
+    )
     repl.expect(r"> ")
 
     repl.wait_until_reading()

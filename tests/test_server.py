@@ -127,6 +127,26 @@ def test_the_openai_client_reads_logprobs_and_echo(served) -> None:
         assert choice.logprobs is not None and "".join(choice.logprobs.tokens or []) == choice.text
 
 
+def test_penalties_and_bias_give_the_text_textgen_sample_gives(client, served, sampler) -> None:
+    fields = {"frequency_penalty": 0.4, "presence_penalty": 0.3, "logit_bias": {"e": -100, " ": 1.5}}
+    answer = completion(client, served, prompt="The ", max_tokens=150, seed=5, temperature=0, n=2, **fields).json()
+    settings = SampleConfig(
+        length=150, num=2, temperature=0, seed=5, frequency_penalty=0.4, presence_penalty=0.3,
+        logit_bias=(("e", -100.0), (" ", 1.5)),
+    )  # fmt: skip
+    expected = sampler.generate(["The "] * 2, settings)
+    assert [c["text"] for c in answer["choices"]] == expected
+    assert "e" not in "".join(expected)
+    plain = completion(client, served, prompt="The ", max_tokens=150, seed=5, temperature=0).json()
+    assert plain["choices"][0]["text"] != expected[0]
+
+
+def test_a_ban_of_every_character_is_refused(client, served, sampler) -> None:
+    bans = {char: -100 for char in sampler.vocab.chars}
+    error = completion(client, served, prompt="x", max_tokens=5, logit_bias=bans).json()["error"]
+    assert error["param"] == "logit_bias" and "bans every character of the vocabulary" in error["message"]
+
+
 def test_stop_sequences_are_trimmed_alike_streamed_and_whole(client, served, sampler) -> None:
     whole = sampler.generate(["a"], SampleConfig(length=300, temperature=0.0))[0]
     stop = whole[100:104]
@@ -188,6 +208,8 @@ def test_a_streamed_answer_can_end_with_its_usage(client, served) -> None:
         ({"model": "gpt-4"}, 404, "model"),
         ({"stop": ["x" * (MAX_STOP_CHARS + 1)]}, 422, "stop"),
         ({"n": 2, "max_tokens": MAX_WHOLE_CHARS // 2 + 1}, 422, "max_tokens"),  # a whole answer's characters
+        ({"presence_penalty": -3}, 422, "presence_penalty"),
+        ({"logit_bias": {"": 1}}, 422, "logit_bias"),
     ],
 )
 def test_bad_requests_get_a_json_error_naming_the_field(client, served, fields, status, param) -> None:
@@ -210,7 +232,16 @@ def test_bad_requests_get_a_json_error_naming_the_field(client, served, fields, 
         ({"logprobs": 21}, "invalid_value", "from 0 to 20"),
         ({"logprobs": 1, "max_tokens": 30_000, "n": 2}, "invalid_value", "60,000 x 2 = 120,000"),
         ({"max_tokens": 0}, "invalid_value", "0 only with 'echo' true"),
-        ({"presence_penalty": 0.5}, "unsupported_parameter", "does not penalise repeats"),
+        ({"presence_penalty": 2.5}, "invalid_value", "'presence_penalty' must be a number from -2 to 2 (0 = off)"),
+        ({"frequency_penalty": "x"}, "invalid_type", "'frequency_penalty' must be a number from -2 to 2"),
+        ({"logit_bias": {"ab": 1}}, "invalid_value", "'logit_bias' must be keyed by single characters (got"),
+        ({"logit_bias": {"a": -101}}, "invalid_value", "'logit_bias' must be from -100 (a ban) to 100 for 'a'"),
+        (
+            {"logit_bias": {"Z": 1}},
+            "invalid_value",
+            "keyed by characters of the model's vocabulary: the model has no 'Z'",
+        ),
+        ({"logit_bias": {"a": "x"}}, "invalid_type", "'logit_bias' must be an object of up to"),
         ({"best_of": 3}, "invalid_value", "must be 1 or equal to 'n' (1), got 3: textgen scores no continuation"),
         ({"best_of": 0}, "invalid_value", "1 or equal to n"),
         ({"n": 9}, "invalid_value", "more than the server's 8 rows"),

@@ -40,10 +40,12 @@ from textgen.config import (
     Split,
     Weights,
     flag,
+    parse_logit_bias,
 )
 from textgen.corpus import read_prompt_file
 from textgen.durations import parse_budget, parse_duration
 from textgen.errors import ConfigError
+from textgen.generation import bias_row
 from textgen.repl import GREETING, Session
 from textgen.settings import (
     DataSettings,
@@ -309,6 +311,7 @@ SAMPLE_EXAMPLES = """
     textgen sample --temp 0.8                  # the latest run, 500 characters
     textgen sample --run 2600-0 --prime "Prince Andrew" --num 8 --seed 7
     textgen sample --temp 0 --top-k 5 --top-p 0.9 --json
+    textgen sample --temp 0 --frequency-penalty 0.01 --logit-bias '\\n=-100'
     textgen sample --prime-file ch1.txt --adapt   # adapt, then continue
     cat notes.txt | textgen sample --prime-file -
 """
@@ -325,6 +328,9 @@ def sample(
     temp: TempOption = SAMPLING.temperature,
     top_k: TopKOption = SAMPLING.top_k,
     top_p: TopPOption = SAMPLING.top_p,
+    frequency_penalty: o.FrequencyPenaltyOption = SAMPLING.frequency_penalty,
+    presence_penalty: o.PresencePenaltyOption = SAMPLING.presence_penalty,
+    logit_bias: o.LogitBiasOption = None,
     seed: SeedOption = None,
     as_json: o.SampleJson = False,
     model: ModelOption = None,
@@ -333,7 +339,11 @@ def sample(
 ) -> None:
     """Generate text from a trained run (the latest by default) or an exported model."""
     with errors():
-        settings = SampleConfig(length=length, num=num, temperature=temp, top_k=top_k, top_p=top_p, seed=seed).seeded()
+        settings = SampleConfig(
+            length=length, num=num, temperature=temp, top_k=top_k, top_p=top_p, seed=seed,
+            frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+            logit_bias=parse_logit_bias(logit_bias or []),
+        ).seeded()  # fmt: skip
         if adapt and prime_file is None:
             raise ConfigError("--adapt adapts the weights to a document: add --prime-file PATH")
         if prime_file is not None and prime:
@@ -353,7 +363,8 @@ REPL_EXAMPLES = """
     textgen repl                               # the latest run
     textgen repl --run 2600-0 --temp 0.5 --length 300
 
-In the REPL, type :help for commands (:temp, :len, :topk, :topp, :seed, :num, :context, :quit).
+In the REPL, type :help for commands (:temp, :len, :topk, :topp, :freq, :presence, :bias, :seed, :num, :context,
+:quit).
 """
 
 
@@ -366,18 +377,25 @@ def repl(
     temp: TempOption = SAMPLING.temperature,
     top_k: TopKOption = SAMPLING.top_k,
     top_p: TopPOption = SAMPLING.top_p,
+    frequency_penalty: o.FrequencyPenaltyOption = SAMPLING.frequency_penalty,
+    presence_penalty: o.PresencePenaltyOption = SAMPLING.presence_penalty,
+    logit_bias: o.LogitBiasOption = None,
     seed: SeedOption = None,
     model: ModelOption = None,
     prime_file: o.PrimeFileOption = None,
 ) -> None:
     """Type a prompt, watch the continuation stream in; the model is loaded once."""
     with errors():
-        settings = SampleConfig(length=length, temperature=temp, top_k=top_k, top_p=top_p, seed=seed)
+        settings = SampleConfig(
+            length=length, temperature=temp, top_k=top_k, top_p=top_p, seed=seed, frequency_penalty=frequency_penalty,
+            presence_penalty=presence_penalty, logit_bias=parse_logit_bias(logit_bias or []),
+        )  # fmt: skip
         document = read_prompt_file(prime_file) if prime_file is not None else None
         weights = Weights.last if last else Weights.best
         sampler, source = api.open_generator(
             checkpoint_dir=checkpoint_dir, run_name=run, weights=weights, model=model, warm_up=True
         )
+        bias_row(settings.logit_bias, sampler.vocab)
     session = Session(sampler, settings, sys.stdout, lambda msg: err_console.print(f"[yellow]{escape(msg)}[/]"))
     console.print(f"[bold]{escape(source.name)}[/] loaded. {GREETING}")
     with errors():

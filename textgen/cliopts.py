@@ -248,6 +248,20 @@ SPECS: dict[str, Spec] = {
     "temp": Spec("Temperature; 0 picks the likeliest character", None, None, ("--temp",)),
     "top_k": Spec("Sample only from the K likeliest characters (0 = off)"),
     "top_p": Spec("Sample from the smallest set with this much probability (1 = off)"),
+    "frequency_penalty": Spec(
+        "Subtract this from a character's logit for each time the sample has generated it, in [-2, 2] (0 = off)"
+    ),
+    "presence_penalty": Spec(
+        "Subtract this from a character's logit once the sample has generated it, in [-2, 2] (0 = off)"
+    ),
+    "logit_bias": Spec(
+        "Add BIAS, in [-100, 100], to character C's logit; -100 bans it. Repeatable. C may be space, \\n, \\t, "
+        "\\r or \\uXXXX (\\u005c is a backslash); ==1 biases '='. E.g. --logit-bias e=-100 --logit-bias space=2",
+        None,
+        "none",
+        ("--logit-bias",),
+        "C=BIAS",
+    ),
     "sample_seed": Spec("Seed for reproducible text", None, "random"),
     "prime_file": Spec(
         "Start from this file's text (- reads standard input); it is read, not shown",
@@ -350,6 +364,9 @@ TempOption = Annotated[float, option("temp")]
 TopKOption = Annotated[int, option("top_k")]
 TopPOption = Annotated[float, option("top_p")]
 SeedOption = Annotated[int | None, option("sample_seed")]
+FrequencyPenaltyOption = Annotated[float, option("frequency_penalty")]
+PresencePenaltyOption = Annotated[float, option("presence_penalty")]
+LogitBiasOption = Annotated[list[str] | None, option("logit_bias")]
 ModelOption = Annotated[Path | None, option("model")]
 PrimeFileOption = Annotated[str | None, option("prime_file")]
 

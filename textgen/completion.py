@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import prometheus_client as prom
 from fastapi import Request
@@ -22,6 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from textgen.config import (
+    MAX_LOGIT_BIAS,
     MAX_LOGPROB_ENTRIES,
     MAX_PROMPT_CHARS,
     MAX_PROMPTS,
@@ -31,10 +32,11 @@ from textgen.config import (
     MAX_WHOLE_CHARS,
     SampleConfig,
     ServeConfig,
+    flag,
 )
 from textgen.engine import Engine, Event, Finish, Job, Ticket
 from textgen.errors import FieldError, shown
-from textgen.generation import Sampler
+from textgen.generation import Sampler, bias_row
 from textgen.logprobs import MAX_LOGPROBS, CharScorer, Logprobs
 
 DISCONNECT_CHECK = 0.5  # seconds between checks that a non-streamed request's client is still there
@@ -120,9 +122,9 @@ class CompletionRequest(BaseModel):
     logprobs: Annotated[int, Field(strict=True, ge=0, le=MAX_LOGPROBS)] | None = None
     suffix: None = None
     best_of: Annotated[int, Field(strict=True, ge=1)] | None = None  # 1 or n: checked with n
-    presence_penalty: Literal[0] | None = None
-    frequency_penalty: Literal[0] | None = None
-    logit_bias: Annotated[dict[str, float], Field(max_length=0)] | None = None
+    presence_penalty: Finite | None = None
+    frequency_penalty: Finite | None = None
+    logit_bias: Annotated[dict[str, Finite], Field(max_length=MAX_LOGIT_BIAS)] | None = None  # keyed by character
 
     @property
     def prompts(self) -> tuple[str, ...]:
@@ -222,6 +224,12 @@ def completion_job(
         raise ApiError(422, message, "best_of", INVALID)
     check_size(body, engine)
     vocab = engine.sampler.vocab
+    try:
+        bias_row(settings.logit_bias, vocab)
+    except FieldError as exc:
+        raise ApiError(
+            422, f"{exc}.".replace(flag("logit_bias"), "The field 'logit_bias'", 1), "logit_bias", INVALID
+        ) from None
     warnings = [note for note in (vocab.unknown_note(p) for p in body.prompts) if note]
     job = Job(
         body.prompts,
@@ -233,6 +241,9 @@ def completion_job(
         settings.seed or 0,
         body.stops,
         config.request_timeout,
+        settings.frequency_penalty,
+        settings.presence_penalty,
+        settings.logit_bias,
     )
     return job, warnings
 
@@ -246,6 +257,9 @@ def sample_settings(body: CompletionRequest) -> SampleConfig:
             top_k=body.top_k,
             top_p=float(body.top_p),
             seed=body.seed,
+            frequency_penalty=float(body.frequency_penalty or 0),
+            presence_penalty=float(body.presence_penalty or 0),
+            logit_bias=tuple((char, float(bias)) for char, bias in (body.logit_bias or {}).items()),
         ).seeded()
     except FieldError as exc:
         param = API_FIELDS.get(exc.field, exc.field)
@@ -535,17 +549,17 @@ RULES = {
     "best_of": "an integer, 1 or equal to n, or null",
     "echo": "true or false: true returns the prompt before the continuation (with logprobs, its characters' too)",
     "logprobs": f"an integer from 0 to {MAX_LOGPROBS} (the likeliest characters returned beside each one), or null",
+    "frequency_penalty": "a number from -2 to 2 (0 = off): subtracted from a character's logit per time generated",
+    "presence_penalty": "a number from -2 to 2 (0 = off): subtracted from a character's logit once generated",
+    "logit_bias": (
+        f"an object of up to {MAX_LOGIT_BIAS} single characters, each to a number from -100 (a ban) to 100, such as "
+        '{"e": -100, " ": 2}, or null'
+    ),
 }
 
 # Fields of OpenAI's API that a character model cannot honour: what may be sent, and why.
 UNSUPPORTED = {
     "suffix": ("null", "a character model writes left to right and cannot aim at a given ending"),
-    "presence_penalty": ("0 or null", "textgen does not penalise repeats; temperature, top_k and top_p shape the text"),
-    "frequency_penalty": (
-        "0 or null",
-        "textgen does not penalise repeats; temperature, top_k and top_p shape the text",
-    ),
-    "logit_bias": ("{} or null", "textgen does not bias the characters' odds; top_k and top_p narrow the choice"),
 }
 
 EXAMPLE = '{"model": "...", "prompt": "Once upon a time", "max_tokens": 100}'

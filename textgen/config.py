@@ -11,6 +11,7 @@ import enum
 import functools
 import math
 import os
+import re
 import secrets
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -538,6 +539,11 @@ class SampleConfig:
     top_k: int = 0  # 0 means no top-k filter
     top_p: float = 1.0  # 1 means no nucleus filter
     seed: int | None = None  # None picks a fresh seed (reported with --json)
+    # OpenAI's, over the characters generated so far (not the prompt), each sample its own: a character's logit
+    # loses count x frequency_penalty, and presence_penalty once it has appeared; logit_bias adds to one's logit.
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: tuple[tuple[str, float], ...] = ()  # (character, bias) pairs; a bias of -100 bans the character
 
     def __post_init__(self) -> None:
         _positive_int(self, "length", "num")
@@ -552,10 +558,52 @@ class SampleConfig:
         _require(_finite(self.top_p) and 0 < self.top_p <= 1, "top_p", "in (0, 1]", self.top_p)
         seed_ok = self.seed is None or 0 <= self.seed < 2**31
         _require(seed_ok, "seed", "an integer in [0, 2**31)", self.seed)
+        for name in ("frequency_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            _require(_finite(value) and -2 <= value <= 2, name, "a number from -2 to 2 (0 = off)", value)
+        for char, bias in self.logit_bias:
+            _require(len(char) == 1, "logit_bias", "keyed by single characters", char)
+            _require(
+                _finite(bias) and -100 <= bias <= 100, "logit_bias", f"from -100 (a ban) to 100 for {char!r}", bias
+            )
+
+    @property
+    def penalized(self) -> bool:
+        """Whether a penalty or a bias changes the logits (else the sampler runs its plain loop)."""
+        return bool(self.frequency_penalty or self.presence_penalty or self.logit_bias)
 
     def seeded(self) -> SampleConfig:
         """This config with a fresh random seed if it has none, so the output can be reproduced."""
         return self if self.seed is not None else dataclasses.replace(self, seed=secrets.randbelow(2**31))
+
+
+BIAS_FORMS = {"space": " ", "\\n": "\n", "\\t": "\t", "\\r": "\r", "\\\\": "\\"}
+
+
+def bias_form(char: str) -> str:
+    """A character as ``parse_logit_bias`` takes it back (``space``, ``\\n``, ...)."""
+    shown = {char: form for form, char in BIAS_FORMS.items()}
+    return shown.get(char, char if char.isprintable() else f"\\u{ord(char):04x}")
+
+
+def parse_logit_bias(specs: list[str], name: str = "--logit-bias") -> tuple[tuple[str, float], ...]:
+    """``C=V`` strings as (character, bias) pairs: C is one character, ``space``, ``\\n``, ``\\t``, ``\\r``, ``\\\\`` or
+    ``\\uXXXX`` (split at the last ``=``, so ``==-100`` is ``=``'s). A later pair for a character replaces an earlier."""
+    pairs: dict[str, float] = {}
+    for spec in specs:
+        key, sep, value = spec.rpartition("=")
+        if not sep or not key:
+            raise ConfigError(f"{name} takes CHAR=BIAS, e.g. e=-100 or space=2 (got {shown(spec)})")
+        char = chr(int(key[2:], 16)) if re.fullmatch(r"\\u[0-9a-fA-F]{4}", key) else BIAS_FORMS.get(key, key)
+        if len(char) != 1:
+            raise ConfigError(
+                f"{name} takes one character before '=', or space, \\n, \\t, \\r, \\\\ or \\uXXXX (got {shown(key)})"
+            )
+        try:
+            pairs[char] = float(value)
+        except ValueError:
+            raise ConfigError(f"{name} needs a number after '=' (got {shown(spec)})") from None
+    return tuple(pairs.items())
 
 
 # What one request to `textgen serve` may ask for: each bounds work on the threads every request shares (the event
@@ -565,6 +613,7 @@ MAX_WHOLE_CHARS = 1_000_000  # characters of a non-streamed answer over all its 
 MAX_PROMPT_CHARS = 1_000_000  # characters of a request's prompts together, whatever --max-body allows
 MAX_PROMPTS = 64  # prompts in one request (each takes n rows)
 MAX_STOPS = 4  # stop sequences of one request, as OpenAI's API allows
+MAX_LOGIT_BIAS = 1024  # characters one request's logit_bias may name (OpenAI's allows 300 tokens)
 MAX_STOP_CHARS = 256  # characters of one stop sequence: each row holds back, and checks, up to this many
 # Log-probabilities one request may ask for: characters scored (echoed prompts x n, and the continuations) x (1 +
 # logprobs), each an entry of the answer's JSON, which the event loop encodes: 20,000 characters with 20

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from textgen import promptcache
-from textgen.generation import RowSettings, Sampler
+from textgen.generation import Penalties, RowSettings, Sampler, bias_row, count_drawn
 from textgen.npsampling import row_uniforms
 from textgen.promptcache import PromptCache
 from textgen.vocab import Vocabulary
@@ -109,6 +109,13 @@ class Job:
     seed: int = 0
     stops: tuple[str, ...] = ()
     timeout: float | None = None  # seconds from submission
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: tuple[tuple[str, float], ...] = ()  # (character, bias): SampleConfig's, checked against the vocabulary
+
+    @property
+    def penalized(self) -> bool:
+        return bool(self.frequency_penalty or self.presence_penalty or self.logit_bias)
 
     @property
     def rows(self) -> int:
@@ -306,6 +313,14 @@ class RowTable:
         self.top_k = np.zeros(slots, np.int32)
         self.top_p = np.ones(slots, np.float32)
         self.seeds = np.zeros(slots, np.uint64)
+        self.vocab = sampler.vocab
+        # Each row's penalties and bias (zeros for a row without): a call runs the penalized loop only when one of
+        # its rows has some. counts: each row's characters drawn so far, zeroed when a request claims the row.
+        self.penalized = np.zeros(slots, bool)
+        self.frequency = np.zeros(slots, np.float32)
+        self.presence = np.zeros(slots, np.float32)
+        self.bias = np.zeros([slots, sampler.vocab.size], np.float32)
+        self.counts = np.zeros([slots, sampler.vocab.size], np.float32)
         self._rows: list[Row | None] = [None] * slots
 
     @property
@@ -331,6 +346,7 @@ class RowTable:
         its ``read`` at the prefix's length."""
         free = (i for i, row in enumerate(self._rows) if row is None)
         job = ticket.job
+        bias = bias_row(job.logit_bias, self.vocab) if job.logit_bias else 0.0
         for p, prompt in enumerate(prompts):
             reader: Row | None = None
             for sample in range(job.n):
@@ -339,6 +355,8 @@ class RowTable:
                     state[slot] = start[0]
                 self.temperature[slot], self.top_k[slot], self.top_p[slot] = job.temperature, job.top_k, job.top_p
                 self.seeds[slot] = job.seed
+                self.penalized[slot], self.bias[slot], self.counts[slot] = job.penalized, bias, 0.0
+                self.frequency[slot], self.presence[slot] = job.frequency_penalty, job.presence_penalty
                 scanner = StopScanner(job.stops)
                 row = Row(ticket, lane, p * job.n + sample, sample, prompt, scanner=scanner, follows=reader)
                 if reader is None:
@@ -387,7 +405,10 @@ class RowTable:
             self.lock.notify_all()
 
     def settings(self, slots: list[int]) -> RowSettings:
-        return RowSettings(self.temperature[slots], self.top_k[slots], self.top_p[slots])
+        penalties = None
+        if self.penalized[slots].any():
+            penalties = Penalties(self.frequency[slots], self.presence[slots], self.bias[slots])
+        return RowSettings(self.temperature[slots], self.top_k[slots], self.top_p[slots], penalties)
 
     def store(self, slots: list[int], logits: np.ndarray, states: tuple[np.ndarray, ...]) -> None:
         self.logits[slots] = logits
@@ -677,18 +698,23 @@ class Engine:
         uniforms = row_uniforms(self.table.seeds[slots], positions, np.array([r.sample for r in rows]), steps)
         # Without prompt ids to feed, the plain drawing loop: the forced one's gather and select per step cost 9% at
         # batch 1 and 4% at batch 64 (alternating A/B, 3 x 3 s each).
+        settings = self.table.settings(slots)
+        counts = None if settings.penalties is None else self.table.counts[slots]
         started = time.monotonic()
         ids, logits, states = self.sampler.generate_steps(
             self.table.logits[slots],
             tuple(s[slots] for s in self.table.states),
             uniforms,
-            self.table.settings(slots),
+            settings,
             forced if reads.any() else None,
+            counts=counts,
         )
         if timed:
             measured, recent = (time.monotonic() - started) / steps, self.step_seconds[lane]
             self.step_seconds[lane] = measured if recent is None else 0.8 * recent + 0.2 * measured
         self.table.store(slots, logits, states)
+        if counts is not None:  # what each row drew after its prompt (a finished row's surplus too: it is freed)
+            self.table.counts[slots] = count_drawn(counts, ids, np.arange(steps)[None, :] >= reads[:, None])
         drawn = np.minimum(steps - reads, [r.ticket.job.max_chars - r.generated for r in rows])
         last = []
         for b, (row, n, k) in enumerate(zip(rows, reads, drawn, strict=True)):

@@ -8,7 +8,8 @@ artifact computes what ``textgen sample`` computes. The SavedModel holds three s
   (0 = off), ``top_p`` (1 = off), ``seed`` -> ``ids`` (B, length): the whole loop in the graph;
 * ``vocabulary``: -> ``chars`` (V,) strings, the character of each id (id 0, the unknown one, is U+FFFD);
 
-and, for ``textgen sample --model``, the sampler's compiled ``feed`` and ``generate_chunk`` functions. Both
+and, for ``textgen sample --model`` and ``textgen serve``, the sampler's compiled ``feed``, ``generate_chunk``,
+``generate_forced`` and ``generate_penalized`` (rows with penalties or a logit bias) functions. Both
 formats carry ``start.npz``, the state every prompt is read from (``textgen.startstate``; arrays ``state_0``,
 ``state_1``, ... in the order of the step's ``h_0``, ``c_0``, ...), which ``generate`` starts from too.
 The LiteRT file holds the ``step`` signature (LiteRT converts a step with explicit states, not a Keras LSTM
@@ -216,6 +217,7 @@ def export_module(generator: Generator) -> tuple[tf.Module, dict[str, tf.types.e
     module = tf.Module()
     module.feed, module.generate_chunk = generator.feed_function, generator.generate_function
     module.generate_forced = generator.forced_function  # textgen serve's: prompts read inside the chunk
+    module.generate_penalized = generator.penalized_function  # rows with penalties or a logit bias
     module.step, module.generate, module.vocabulary = step, generate, vocabulary
     return module, {STEP_SIGNATURE: step, "generate": generate, "vocabulary": vocabulary}
 

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from textgen.config import ModelConfig, SampleConfig
+from textgen.errors import FieldError
 from textgen.layout import MASKED, StreamLayout
-from textgen.npsampling import uniforms
+from textgen.npsampling import BAN, uniforms
 from textgen.vocab import UNKNOWN_ID, Vocabulary
 
 # Characters per compiled call, reading or generating, all sequences together: Ctrl-C lands between
@@ -43,6 +44,39 @@ def steps_per_call(batch: int) -> int:
     return min(2048, max(256, CHARS_PER_CALL // max(batch, 1)))
 
 
+def bias_row(logit_bias: Sequence[tuple[str, float]], vocab: Vocabulary) -> np.ndarray:
+    """``logit_bias``' (character, bias) pairs as a bias per id (V,) float32; a character the vocabulary lacks, or
+    bans of every character, are a ``FieldError`` naming it."""
+    row = np.zeros(vocab.size, np.float32)
+    for char, bias in logit_bias:
+        char_id = int(vocab.encode(char)[0])
+        if char_id == UNKNOWN_ID:
+            rule = "keyed by characters of the model's vocabulary"
+            raise FieldError(f"--logit-bias must be {rule}: the model has no {char!r}", "logit_bias", rule)
+        row[char_id] = bias
+    if (row[UNKNOWN_ID + 1 :] <= BAN).all():
+        rule = "leave at least one character unbanned"
+        raise FieldError(f"--logit-bias must {rule}: it bans every character of the vocabulary", "logit_bias", rule)
+    return row
+
+
+def count_drawn(counts: np.ndarray, ids: np.ndarray, drawn: np.ndarray) -> np.ndarray:
+    """``counts`` (B, V) plus each row's ``ids`` (B, steps) where ``drawn`` (B, steps) is true (not a prompt's)."""
+    counts = counts.copy()
+    rows = np.broadcast_to(np.arange(len(ids))[:, None], ids.shape)
+    np.add.at(counts, (rows[drawn], ids[drawn]), 1)
+    return counts
+
+
+@dataclass(frozen=True)
+class Penalties:
+    """OpenAI's frequency and presence penalties (B,) and logit bias (B, V), per row (``npsampling.penalize``)."""
+
+    frequency: np.ndarray  # float32
+    presence: np.ndarray  # float32
+    bias: np.ndarray  # float32; -100 bans
+
+
 @dataclass(frozen=True)
 class RowSettings:
     """The sampling strategy's settings, one value per row (B,): ``textgen sample`` gives every row the same,
@@ -51,14 +85,23 @@ class RowSettings:
     temperature: np.ndarray  # float32; 0 is greedy
     top_k: np.ndarray  # int32; 0 is off
     top_p: np.ndarray  # float32; 1 is off
+    penalties: Penalties | None = None  # None when no row has any: the plain loop, which counts nothing
 
     @classmethod
-    def of(cls, settings: SampleConfig, batch: int) -> RowSettings:
+    def of(cls, settings: SampleConfig, batch: int, vocab: Vocabulary) -> RowSettings:
         """``settings``' strategy for every one of ``batch`` rows."""
+        penalties = None
+        if settings.penalized:
+            penalties = Penalties(
+                np.full(batch, settings.frequency_penalty, np.float32),
+                np.full(batch, settings.presence_penalty, np.float32),
+                np.repeat(bias_row(settings.logit_bias, vocab)[None], batch, axis=0),
+            )
         return cls(
             np.full(batch, settings.temperature, np.float32),
             np.full(batch, settings.top_k, np.int32),
             np.full(batch, settings.top_p, np.float32),
+            penalties,
         )
 
     def groups(self) -> list[np.ndarray]:
@@ -106,10 +149,13 @@ class Sampler(ABC):
         uniforms: np.ndarray,
         settings: RowSettings,
         forced: np.ndarray | None = None,
+        counts: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray, States]:
         """Draw one id per row for each row of ``uniforms`` (steps, B) from ``logits`` on, with each row's
         ``settings``, feeding each back (B, steps); the logits and states after the last. Where ``forced``
-        (steps, B) is not -1, its id is fed (and returned) instead of a drawn one: a prompt read in the call."""
+        (steps, B) is not -1, its id is fed (and returned) instead of a drawn one: a prompt read in the call.
+        With ``settings.penalties``, ``counts`` (B, V) are each row's characters drawn before the call (the
+        caller adds the call's with ``count_drawn``)."""
 
     def read_logits(self, ids: np.ndarray, states: States) -> tuple[np.ndarray, States]:
         """The logits after each of ``ids`` (T,), one sequence read on top of ``states`` (batch 1): (T, V), and the
@@ -193,14 +239,18 @@ class Sampler(ABC):
         """
         seed = settings.seeded().seed or 0
         limit = steps_per_call(len(prompts))
-        strategy = RowSettings.of(settings, len(prompts))
+        strategy = RowSettings.of(settings, len(prompts), self.vocab)
         state = self.feed(self.encode_prompts(prompts, fallback=state is None), state)
+        # The penalties count this call's characters only: a carried conversation's earlier answers are a prompt.
+        counts = np.zeros([len(prompts), self.vocab.size], np.float32) if settings.penalized else None
         produced = 0
         while produced < settings.length:
             steps = min(first_chunk if produced == 0 else chunk, limit, settings.length - produced)
             # Drawn at uniforms of (seed, absolute position, row): the text does not depend on chunk sizes.
             draws = uniforms(seed, produced, steps, len(prompts))
-            ids, logits, states = self.generate_steps(state.logits, state.states, draws, strategy)
+            ids, logits, states = self.generate_steps(state.logits, state.states, draws, strategy, counts=counts)
+            if counts is not None:
+                counts = count_drawn(counts, ids, np.ones(ids.shape, bool))
             produced += steps
             state = GenerationState(logits, states)
             yield Piece([self.vocab.decode(row) for row in ids], state)

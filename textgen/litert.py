@@ -16,7 +16,7 @@ from textgen.artifact import STEP_SIGNATURE, check_step, state_names
 from textgen.config import ModelConfig
 from textgen.device import native_stderr_silenced
 from textgen.errors import ConfigError, one_line
-from textgen.generation import RowSettings, Sampler, States
+from textgen.generation import RowSettings, Sampler, States, count_drawn
 from textgen.npsampling import choose_next
 from textgen.vocab import Vocabulary
 
@@ -91,15 +91,23 @@ class LiteRTGenerator(Sampler):
         uniforms: np.ndarray,
         settings: RowSettings,
         forced: np.ndarray | None = None,
+        counts: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray, States]:
         out = np.empty([len(logits), len(uniforms)], np.int32)
+        p = settings.penalties
+        if p is not None and counts is None:
+            raise ValueError("penalties need the rows' counts so far")
         for t, u in enumerate(uniforms):
             if forced is not None and (forced[t] >= 0).all():  # every row reads its prompt: nothing to draw
                 ids = forced[t]
             else:
-                ids = choose_next(logits, settings.temperature, settings.top_k, settings.top_p, u)
+                penalty = None if p is None or counts is None else (counts, p.frequency, p.presence, p.bias)
+                ids = choose_next(logits, settings.temperature, settings.top_k, settings.top_p, u, penalty)
                 if forced is not None:
                     ids = np.where(forced[t] >= 0, forced[t], ids).astype(np.int32)
+                if penalty is not None:  # a prompt's forced ids are not counted
+                    drawn = np.ones(len(ids), bool) if forced is None else forced[t] < 0
+                    counts = count_drawn(penalty[0], ids[:, None], drawn[:, None])
             out[:, t] = ids
             logits, states = self.step(ids, states)
         return out, logits, states

@@ -9,8 +9,9 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
-from textgen.config import MAX_SAMPLES, SampleConfig, flag
+from textgen.config import MAX_SAMPLES, SampleConfig, bias_form, flag, parse_logit_bias
 from textgen.errors import ConfigError
+from textgen.generation import bias_row
 from textgen.vocab import Vocabulary, for_display
 
 if TYPE_CHECKING:
@@ -21,13 +22,25 @@ Type a prompt and press Enter; the continuation streams in. Ctrl-C stops it, Ctr
 Commands:
   :temp T       temperature (0 = greedy)        :len N     characters per answer
   :topk K       keep the K likeliest (0 = off)  :topp P    nucleus mass in (0, 1] (1 = off)
+  :freq F       frequency penalty (0 = off)     :presence P  presence penalty (0 = off)
+  :bias C=V     add V to C's logit (-100 bans C; C may be space, \\n, \\t or \\uXXXX)
+  :bias clear   remove every bias
   :seed S       fixed seed (or 'none')          :num N     samples per prompt
   :context on|off   on (the default): go on from the last answer; off: each prompt alone
   :settings     show the settings               :help      this text      :quit  exit"""
 
 GREETING = f"{HELP.splitlines()[0]} Type :help for commands."
 
-_SETTINGS = {"temp": "temperature", "len": "length", "topk": "top_k", "topp": "top_p", "seed": "seed", "num": "num"}
+_SETTINGS = {
+    "temp": "temperature",
+    "len": "length",
+    "topk": "top_k",
+    "topp": "top_p",
+    "freq": "frequency_penalty",
+    "presence": "presence_penalty",
+    "seed": "seed",
+    "num": "num",
+}
 
 
 class TextGenerator(Protocol):
@@ -78,6 +91,8 @@ class Session:
             print(self.describe(), file=self.out)  # as every setting: the whole line
         elif words[0] in _SETTINGS and len(words) == 2:
             self.set(words[0], words[1])
+        elif words[0] == "bias" and len(words) == 2:
+            self.set_bias(words[1])
         else:
             self.warn(f"unknown command :{' '.join(words)}; type :help")
         return True
@@ -89,7 +104,7 @@ class Session:
             value: Any
             if field == "seed" and text.lower() == "none":
                 value = None
-            elif field in ("temperature", "top_p"):
+            elif field in ("temperature", "top_p", "frequency_penalty", "presence_penalty"):
                 value = float(text)
             else:
                 value = int(text)
@@ -104,10 +119,24 @@ class Session:
             return
         print(self.describe(), file=self.out)
 
+    def set_bias(self, text: str) -> None:
+        """``:bias C=V`` adds (or replaces) one character's bias, ``:bias clear`` removes them all."""
+        try:
+            pairs = () if text == "clear" else (*self.settings.logit_bias, *parse_logit_bias([text], ":bias"))
+            settings = dataclasses.replace(self.settings, logit_bias=tuple(dict(pairs).items()))
+            bias_row(settings.logit_bias, self.generator.vocab)
+        except ConfigError as exc:
+            self.warn(str(exc).replace(flag("logit_bias"), ":bias", 1))
+            return
+        self.settings = settings
+        print(self.describe(), file=self.out)
+
     def describe(self) -> str:
         s = self.settings
+        bias = " ".join(f"{bias_form(char)}={value:g}" for char, value in s.logit_bias) or "none"
         return (
             f"temp {s.temperature}  len {s.length}  topk {s.top_k}  topp {s.top_p}  "
+            f"freq {s.frequency_penalty}  presence {s.presence_penalty}  bias {bias}  "
             f"seed {s.seed if s.seed is not None else 'random'}  num {s.num}  "
             f"context {'on' if self.carry_context else 'off'}"
         )

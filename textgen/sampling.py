@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -31,7 +32,7 @@ from textgen.errors import ConfigError, GenerationError, one_line
 from textgen.generation import RowSettings, Sampler, States
 from textgen.lstm import layer_norm, lstm_cell, run_unrolled
 from textgen.model import LAYER_NORM_WEIGHTS, build_model
-from textgen.npsampling import NEG_INF
+from textgen.npsampling import BAN, NEG_INF
 from textgen.startstate import run_start, weights_checksum
 from textgen.vocab import UNKNOWN_ID, Vocabulary
 
@@ -49,6 +50,22 @@ def mask_unknown(logits: tf.Tensor) -> tf.Tensor:
     """Logits with the unknown-character id made impossible."""
     vocab_size = tf.shape(logits)[-1]
     return tf.where(tf.range(vocab_size) == UNKNOWN_ID, tf.cast(NEG_INF, logits.dtype), logits)
+
+
+class Penalty(NamedTuple):
+    """``textgen.npsampling.penalize``'s inputs: counts (B, V), frequency and presence (B,), bias (B, V)."""
+
+    counts: tf.Tensor
+    frequency: tf.Tensor
+    presence: tf.Tensor
+    bias: tf.Tensor
+
+
+def penalize(logits: tf.Tensor, p: Penalty) -> tf.Tensor:
+    """OpenAI's penalties and bias on ``logits`` (B, V), as ``textgen.npsampling.penalize`` (the same operations in
+    the same order, so the same floats); a bias of -100 bans."""
+    penalty = p.counts * p.frequency[:, None] + tf.cast(p.counts > 0, tf.float32) * p.presence[:, None]
+    return tf.where(p.bias <= BAN, tf.cast(NEG_INF, logits.dtype), logits + p.bias - penalty)
 
 
 def top_k_filter(logits: tf.Tensor, k: tf.Tensor) -> tf.Tensor:
@@ -107,10 +124,11 @@ def strategy(temperature: tf.Tensor, top_k: tf.Tensor, top_p: tf.Tensor) -> Step
     )
 
 
-def choose_next(logits: tf.Tensor, rows: StepStrategy, u: tf.Tensor) -> tf.Tensor:
+def choose_next(logits: tf.Tensor, rows: StepStrategy, u: tf.Tensor, penalty: Penalty | None = None) -> tf.Tensor:
     """Next ids (int32, one per row): argmax where the row's temperature is 0, else a filtered draw at the
-    uniforms ``u``; a filter no row asks for is not computed."""
-    logits = mask_unknown(tf.cast(logits, tf.float32))
+    uniforms ``u``, after the ``penalty`` if any; a filter no row asks for is not computed."""
+    logits = tf.cast(logits, tf.float32)
+    logits = mask_unknown(logits if penalty is None else penalize(logits, penalty))
 
     def greedy() -> tf.Tensor:
         return tf.argmax(logits, axis=-1, output_type=tf.int32)
@@ -177,8 +195,16 @@ class Generator(Sampler):
         self.generate_function = tf.function(self._draw_impl, autograph=False, input_signature=chunk_spec)
         # A server's rows read their prompts inside the generation call: a forced id (steps, B), -1 where the row
         # draws. Its own function, so that textgen sample's loop does not pay the choice per character.
+        forced_spec = tf.TensorSpec([None, None], tf.int32)
         self.forced_function = tf.function(
-            self._generate_impl, autograph=False, input_signature=[*chunk_spec, tf.TensorSpec([None, None], tf.int32)]
+            self._forced_impl, autograph=False, input_signature=[*chunk_spec, forced_spec]
+        )
+        # Rows with penalties or a bias (textgen.npsampling.penalize) run a loop of their own, which counts each
+        # row's characters (B, V) as it draws them: the plain loops above neither count nor penalize. Always with
+        # forced ids (all -1 for textgen sample), for one more function rather than two.
+        table = tf.TensorSpec([None, vocab.size], tf.float32)
+        self.penalized_function = tf.function(
+            self._penalized_impl, autograph=False, input_signature=[*chunk_spec, forced_spec, table, rows, rows, table]
         )
         # Called as concrete functions, not through the tf.function's dispatch: its cache raised a KeyError in one
         # suite run's REPL test (an entry found, then gone when popped; TensorFlow 2.21; three reruns passed), and
@@ -189,6 +215,9 @@ class Generator(Sampler):
         ).get_concrete_function()
         self.generate_concrete = self.generate_function.get_concrete_function()
         self.forced_concrete = self.forced_function.get_concrete_function()
+        # Traced on first use: ~1 s of every load otherwise, which a call without penalties should not pay.
+        self.penalized_concrete: Any = None
+        self.penalized_lock = threading.Lock()  # two lanes may ask for it at once
 
     @classmethod
     def from_run(
@@ -261,7 +290,36 @@ class Generator(Sampler):
         top_k: tf.Tensor,
         top_p: tf.Tensor,
     ) -> tuple[tf.Tensor, tf.Tensor, tuple[tf.Tensor, ...]]:
-        return self._generate_impl(logits, states, uniforms, temperature, top_k, top_p, None)
+        return self._generate_impl(logits, states, uniforms, temperature, top_k, top_p)
+
+    def _forced_impl(
+        self,
+        logits: tf.Tensor,
+        states: tuple[tf.Tensor, ...],
+        uniforms: tf.Tensor,
+        temperature: tf.Tensor,
+        top_k: tf.Tensor,
+        top_p: tf.Tensor,
+        forced: tf.Tensor,
+    ) -> tuple[tf.Tensor, tf.Tensor, tuple[tf.Tensor, ...]]:
+        return self._generate_impl(logits, states, uniforms, temperature, top_k, top_p, forced)
+
+    def _penalized_impl(
+        self,
+        logits: tf.Tensor,
+        states: tuple[tf.Tensor, ...],
+        uniforms: tf.Tensor,
+        temperature: tf.Tensor,
+        top_k: tf.Tensor,
+        top_p: tf.Tensor,
+        forced: tf.Tensor,
+        counts: tf.Tensor,
+        frequency: tf.Tensor,
+        presence: tf.Tensor,
+        bias: tf.Tensor,
+    ) -> tuple[tf.Tensor, tf.Tensor, tuple[tf.Tensor, ...]]:
+        penalty = Penalty(counts, frequency, presence, bias)
+        return self._generate_impl(logits, states, uniforms, temperature, top_k, top_p, forced, penalty)
 
     def _generate_impl(
         self,
@@ -271,31 +329,45 @@ class Generator(Sampler):
         temperature: tf.Tensor,
         top_k: tf.Tensor,
         top_p: tf.Tensor,
-        forced: tf.Tensor | None,
+        forced: tf.Tensor | None = None,
+        penalty: Penalty | None = None,
     ) -> tuple[tf.Tensor, tf.Tensor, tuple[tf.Tensor, ...]]:
         steps = tf.shape(uniforms)[0]
         rows = strategy(temperature, top_k, top_p)
 
-        def advance(t: tf.Tensor, logits: tf.Tensor, states: tuple, tokens: tf.TensorArray) -> tuple:
-            ids = choose_next(logits, rows, uniforms[t])
+        # counts: the penalized loop's (B, V) characters drawn so far, one loop variable; none in the plain loops.
+        def advance(
+            t: tf.Tensor, logits: tf.Tensor, states: tuple, tokens: tf.TensorArray, *counts: tf.Tensor
+        ) -> tuple:
+            ids = choose_next(
+                logits, rows, uniforms[t], None if penalty is None else penalty._replace(counts=counts[0])
+            )
             if forced is not None:
                 ids = tf.where(forced[t] >= 0, forced[t], ids)
+            if counts:
+                new = tf.one_hot(ids, self.vocab.size)
+                if forced is not None:  # a prompt's forced ids are not counted
+                    new *= tf.cast(forced[t] < 0, tf.float32)[:, None]
+                counts = (counts[0] + new,)
             logits, states = self.step(ids, states)
-            return t + 1, logits, states, tokens.write(t, ids)
+            return t + 1, logits, states, tokens.write(t, ids), *counts
 
-        carry = (tf.constant(0), logits, states, tf.TensorArray(tf.int32, size=steps))
+        counted = () if penalty is None else (penalty.counts,)
+        carry = (tf.constant(0), logits, states, tf.TensorArray(tf.int32, size=steps), *counted)
         if forced is not None:
             prompt_ids = forced  # not None inside the closure, for the type checker
 
-            def read(t: tf.Tensor, logits: tf.Tensor, states: tuple, tokens: tf.TensorArray) -> tuple:
+            def read(
+                t: tf.Tensor, logits: tf.Tensor, states: tuple, tokens: tf.TensorArray, *counts: tf.Tensor
+            ) -> tuple:
                 logits, states = self.step(prompt_ids[t], states)
-                return t + 1, logits, states, tokens.write(t, prompt_ids[t])
+                return t + 1, logits, states, tokens.write(t, prompt_ids[t]), *counts
 
             # The first steps, in which every row reads its prompt, draw nothing: a lone request's prompt costs a
             # reading step, 72-80 us at batch 1 against 100-124 for a step that draws and discards (alternating runs).
             reading = tf.reduce_sum(tf.math.cumprod(tf.cast(tf.reduce_all(forced >= 0, axis=1), tf.int32)))
             carry = run_unrolled(read, carry, lambda t, *_: reading - t, UNROLL)
-        _, logits, states, tokens = run_unrolled(advance, carry, lambda t, *_: steps - t, UNROLL)
+        _, logits, states, tokens, *_ = run_unrolled(advance, carry, lambda t, *_: steps - t, UNROLL)
         return tf.transpose(tokens.stack()), logits, states
 
     # Sampler's two steps, through the compiled functions --------------------------------
@@ -315,8 +387,14 @@ class Generator(Sampler):
         uniforms: np.ndarray,
         settings: RowSettings,
         forced: np.ndarray | None = None,
+        counts: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray, States]:
         with _tensorflow_errors():
+            if settings.penalties is not None:
+                with self.penalized_lock:
+                    if self.penalized_concrete is None:
+                        self.penalized_concrete = self.penalized_function.get_concrete_function()
+                return _call_penalized(self.penalized_concrete, logits, states, uniforms, settings, forced, counts)
             if forced is None:
                 return _call_generate(self.generate_concrete, logits, states, uniforms, settings)
             return _call_generate(self.forced_concrete, logits, states, uniforms, settings, forced)
@@ -338,6 +416,8 @@ class SavedModelGenerator(Sampler):
         self.per_row = self.generate_concrete.structured_input_signature[0][3].shape.rank == 1
         forced = getattr(self.loaded, "generate_forced", None)  # an export from before textgen serve has none
         self.forced_concrete = None if forced is None else forced.get_concrete_function()
+        penalized = getattr(self.loaded, "generate_penalized", None)  # nor one from before the penalties
+        self.penalized_concrete = None if penalized is None else penalized.get_concrete_function()
 
     def read(self, ids: np.ndarray, states: States) -> tuple[np.ndarray, States]:
         with _tensorflow_errors(self.path):
@@ -350,8 +430,15 @@ class SavedModelGenerator(Sampler):
         uniforms: np.ndarray,
         settings: RowSettings,
         forced: np.ndarray | None = None,
+        counts: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray, States]:
         with _tensorflow_errors(self.path):
+            if settings.penalties is not None:
+                if self.penalized_concrete is None:
+                    raise ConfigError(
+                        "this SavedModel was exported before textgen had penalties and logit bias; export it again"
+                    )
+                return _call_penalized(self.penalized_concrete, logits, states, uniforms, settings, forced, counts)
             if forced is not None:
                 if self.forced_concrete is None:
                     raise ConfigError(
@@ -407,6 +494,18 @@ def _call_generate(
     settings: RowSettings | tuple[np.generic, np.generic, np.generic],
     forced: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, States]:
+    ids, new_logits, new_states = function(*_generate_arguments(logits, states, uniforms, settings, forced))
+    return ids.numpy(), new_logits.numpy(), tuple(s.numpy() for s in new_states)
+
+
+def _generate_arguments(
+    logits: np.ndarray,
+    states: States,
+    uniforms: np.ndarray,
+    settings: RowSettings | tuple[np.generic, np.generic, np.generic],
+    forced: np.ndarray | None = None,
+) -> list[Any]:
+    """A generation function's arguments as tensors (``forced`` last, if given)."""
     temperature, top_k, top_p = (
         (settings.temperature, settings.top_k, settings.top_p) if isinstance(settings, RowSettings) else settings
     )
@@ -420,7 +519,28 @@ def _call_generate(
     ]
     if forced is not None:
         arguments.append(tf.constant(forced, tf.int32))
-    ids, new_logits, new_states = function(*arguments)
+    return arguments
+
+
+def _call_penalized(
+    function: Any,
+    logits: np.ndarray,
+    states: States,
+    uniforms: np.ndarray,
+    settings: RowSettings,
+    forced: np.ndarray | None,
+    counts: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray, States]:
+    """``_call_generate`` for the penalized loop: forced ids (all -1 without), the counts so far and the penalties."""
+    penalties = settings.penalties
+    if penalties is None or counts is None:
+        raise ValueError("the penalized loop needs the rows' penalties and their counts so far")
+    if forced is None:
+        forced = np.full(uniforms.shape, -1, np.int32)
+    extra = (counts, penalties.frequency, penalties.presence, penalties.bias)
+    ids, new_logits, new_states = function(
+        *_generate_arguments(logits, states, uniforms, settings, forced), *(tf.constant(a, tf.float32) for a in extra)
+    )
     return ids.numpy(), new_logits.numpy(), tuple(s.numpy() for s in new_states)
 
 

@@ -24,6 +24,7 @@ from rich.table import Table
 from textgen.checkpoint import checkpoint_dir_flag
 from textgen.commands import QUICK_START_TRAIN, command
 from textgen.errors import TextgenError, TrainingInterrupted
+from textgen.generation import bias_row
 from textgen.results import (
     DynamicEvaluation,
     Evaluation,
@@ -153,7 +154,9 @@ def show_sampling(
     """Generate and show samples of ``prime``: a single sample on a terminal streams in as it is generated;
     several, or output to a pipe, are shown when done (with ``--json``, one record each). A prime's characters
     outside the vocabulary are warned about first. A prime read from ``prime_file`` is not shown again: the
-    samples are its continuations (with ``--json``, the file and its length stand for it)."""
+    samples are its continuations (with ``--json``, the file and its length stand for it). A ``--logit-bias``
+    character the model lacks is an error before any text."""
+    bias_row(settings.logit_bias, sampler.vocab)
     warn(err_console, sampler.vocab.unknown_note(prime))
     prompts = [prime] * settings.num
     shown = prime if prime_file is None else ""
