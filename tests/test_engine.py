@@ -537,6 +537,25 @@ def test_a_cached_start_gives_the_text_an_uncached_one_gives(sampler, monkeypatc
         plain.close()
 
 
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_prompts_sharing_a_preamble_start_where_it_ends(sampler, monkeypatch, lanes) -> None:
+    """Checkpoints every 100 characters, a shared preamble of 250: the first prompt keeps 100 and 200; the second
+    starts at 200 and keeps its state at 250, where it leaves the first; the third starts at 250. Each gives
+    `textgen sample`'s text."""
+    monkeypatch.setattr(promptcache, "EVERY", 100)
+    preamble = ("the quick brown fox jumps over the lazy dog " * 6)[:250]
+    jobs = [(f"{preamble}{tail}", cached) for tail, cached in (("one", 0), ("two", 200), ("three", 250))]
+    engine = cached_engine(sampler, lanes=lanes)
+    try:
+        for seed, (prompt, cached) in enumerate(jobs):
+            texts, started_past = run_job(engine, Job((prompt,), max_chars=40, temperature=1.0, seed=seed))
+            assert started_past == cached
+            assert texts[0] == sampler.generate([prompt], SampleConfig(length=40, temperature=1.0, seed=seed))[0]
+        assert engine.cache.longest(sampler.encode_prompts([preamble + "four"])[0]).length == 250  # type: ignore[union-attr]
+    finally:
+        engine.close()
+
+
 def test_the_cache_keeps_its_bound_in_entries(sampler, monkeypatch) -> None:
     monkeypatch.setattr(promptcache, "EVERY", 16)
     engine = cached_engine(sampler, entries=5)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from textgen import promptcache
-from textgen.promptcache import PromptCache, chain, checkpoints, prefix_keys
+from textgen.promptcache import PromptCache, chain, checkpoints, next_checkpoint, prefix_keys
 
 
 def state(value: float, size: int = 8) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
@@ -104,6 +104,30 @@ def test_a_prompt_s_chain_made_once_gives_the_keys_its_prefixes_have() -> None:
         other.put(prompt[:end], *state(float(end)))
     assert list(cache._entries) == list(other._entries)
     assert cache.longest(ids("abcdefghijk and on"), chain(ids("abcdefghijk and on"))).length == 11  # type: ignore[union-attr]
+
+
+def test_a_prompt_leaving_a_cached_one_keeps_its_state_where_they_part(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A few-shot preamble of 7 characters, checkpoints every 4: the second prompt that shares it starts at 4 and
+    keeps its state at 7, where it leaves the first, so that the prompts after it start there."""
+    monkeypatch.setattr(promptcache, "BRANCH_MIN", 2)
+    cache = PromptCache(8)
+    first = ids("abcdefgone")
+    cache.put(first[:4], *state(4.0), after=first[4:])
+    entry = cache.longest(ids("abcdefgtwo"))
+    assert entry is not None and entry.length == 4 and list(entry.after) == list(first[4:8])  # EVERY ids kept
+    assert entry.branch(ids("abcdefgtwo")) == 7
+    assert entry.branch(ids("abcdefg")) == 0  # its end: kept anyway
+    assert entry.branch(ids("abcdeXgtwo")) == 0  # within BRANCH_MIN of the entry
+    assert entry.branch(ids("abcdefgo and on")) == 8  # all EVERY ids kept are shared: the next checkpoint
+    cache.put(ids("abcdefg"), *state(7.0), after=ids("two"))
+    found = cache.longest(ids("abcdefgthree"))
+    assert found is not None and found.length == 7 and found.logits[0] == 7.0
+    assert found.branch(ids("abcdefgthree")) == 0  # "two" and "three" share one id
+
+
+def test_the_next_checkpoint_is_a_multiple_of_every_or_the_branch_point_before_it() -> None:
+    assert [next_checkpoint(read) for read in (0, 3, 4, 5)] == [4, 4, 8, 8]
+    assert [next_checkpoint(read, branch=7) for read in (0, 4, 6, 7, 9)] == [4, 7, 7, 8, 12]
 
 
 def test_serve_s_prompt_cache_is_0_or_more_entries() -> None:

@@ -215,6 +215,7 @@ class Row:
     follows: Row | None = None  # the row whose state this one waits for (None once it has it)
     followers: list[Row] = field(default_factory=list)  # the rows waiting for this one's (emptied as they get it)
     links: promptcache.Chain | None = None  # with the prompt cache on, its reader's prompt's digests (for its keys)
+    branch: int = 0  # with the prompt cache on, where its prompt leaves the one it started from (0: nowhere kept)
 
 
 Held = list[tuple[int, Row]]  # a lane's rows for a round: (slot, row)
@@ -366,7 +367,7 @@ class RowTable:
                         for state, cached in zip(self.states, entry.states, strict=True):
                             state[slot] = cached
                         self.logits[slot] = entry.logits
-                        row.read = entry.length
+                        row.read, row.branch = entry.length, entry.branch(prompt)
                         ticket.cached += entry.length
                 else:
                     reader.followers.append(row)
@@ -629,10 +630,11 @@ class Engine:
             logits, states = self.table.logits[[slot]], tuple(s[[slot]] for s in self.table.states)
             first = row.read
             while first < len(row.prompt):
-                end = min(len(row.prompt), (first // promptcache.EVERY + 1) * promptcache.EVERY)  # the next checkpoint
+                end = min(len(row.prompt), promptcache.next_checkpoint(first, row.branch))
                 logits, states = self.sampler.read(row.prompt[None, first:end].astype(np.int32), states)
                 if caching:
-                    self.cache.put(row.prompt[:end], logits[0], tuple(s[0] for s in states), row.links)
+                    after = row.prompt[end:]
+                    self.cache.put(row.prompt[:end], logits[0], tuple(s[0] for s in states), row.links, after)
                 first = end
             targets = [slot, *(slot_of[id(f)] for f in row.followers)]
             copies = len(targets)
@@ -668,7 +670,7 @@ class Engine:
         passed: after one call so ended a row reads up to its checkpoints); ``steps`` otherwise."""
         if not self.cache.enabled:
             return steps
-        marks = [((r.read // promptcache.EVERY + 1) * promptcache.EVERY, r) for r in rows]
+        marks = [(promptcache.next_checkpoint(r.read, r.branch), r) for r in rows]
         near = [mark - r.read for mark, r in marks if mark < len(r.prompt) and MIN_STEPS // 2 <= mark - r.read < steps]
         return min(near, default=steps)
 
@@ -719,10 +721,10 @@ class Engine:
         last = []
         for b, (row, n, k) in enumerate(zip(rows, reads, drawn, strict=True)):
             row.read += int(n)
-            if self.cache.enabled and n and row.read % promptcache.EVERY == 0 and row.read < len(row.prompt):
-                self.cache.put(
-                    row.prompt[: row.read], np.asarray(logits[b]), tuple(np.asarray(s[b]) for s in states), row.links
-                )
+            kept = row.read % promptcache.EVERY == 0 or row.read == row.branch
+            if self.cache.enabled and n and kept and row.read < len(row.prompt):
+                state = tuple(np.asarray(s[b]) for s in states)
+                self.cache.put(row.prompt[: row.read], np.asarray(logits[b]), state, row.links, row.prompt[row.read :])
             row.generated += int(k)
             last.append(row.generated >= row.ticket.job.max_chars)
         # Rows whose text is all drawn are given back for the next claim; the emitter says the rest.

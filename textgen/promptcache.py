@@ -1,7 +1,9 @@
 """The serving engine's prompt-state cache: the LSTM state (and logits) one row reached after reading a prompt's first
 characters, kept so that a later prompt starting with them starts there and reads only the rest. No TensorFlow here.
 
-Entries are kept at checkpoints: every ``EVERY`` characters of a prompt, and at its end. Each is keyed by a digest of
+Entries are kept at checkpoints: every ``EVERY`` characters of a prompt, at its end, and where it leaves the prompt
+that kept the entry it started from (its branch point: the end of a prefix many prompts share, such as a few-shot
+preamble, which is rarely a multiple of ``EVERY``). Each is keyed by a digest of
 the ids read up to it (a chain of BLAKE2b digests, one per ``EVERY`` ids, so that a prompt's keys cost one pass over
 it) and its length. The cache is bounded in entries and in bytes, the least recently used entry leaving first, and
 holds its own lock: the engine's lanes look entries up and store them from their own threads.
@@ -19,6 +21,16 @@ import numpy as np
 EVERY = 256  # characters between a prompt's checkpoints (a read of its own reads at most this many at a time)
 ENTRIES = 4096  # the default bound in entries (--prompt-cache)
 MAX_BYTES = 256 * 2**20  # the bound in bytes: a 1 x 512 model's entry is ~4 KB of state, ~1 KB of logits
+# A branch point is kept only this many ids or more past the entry a prompt starts from: a nearer one would save the
+# prompts after it fewer steps than the read it splits off costs (the same bound a batch call's checkpoint has).
+BRANCH_MIN = 32
+
+
+def next_checkpoint(read: int, branch: int = 0) -> int:
+    """The next length past ``read`` at which a prompt's state is kept: the next multiple of ``EVERY``, or its
+    ``branch`` point (0: none) when that comes first."""
+    mark = (read // EVERY + 1) * EVERY
+    return min(mark, branch) if read < branch else mark
 
 
 def checkpoints(length: int) -> list[int]:
@@ -65,10 +77,21 @@ class Entry:
     length: int
     logits: np.ndarray  # [vocab]
     states: tuple[np.ndarray, ...]  # each one row's state, without the batch axis
+    after: np.ndarray  # the ids that followed in the prompt that kept it (up to EVERY): where others branch off it
 
     @property
     def nbytes(self) -> int:
-        return self.logits.nbytes + sum(s.nbytes for s in self.states)
+        return self.logits.nbytes + sum(s.nbytes for s in self.states) + self.after.nbytes
+
+    def branch(self, ids: np.ndarray) -> int:
+        """Where ``ids``, which starts with this entry's prefix, leaves the prompt that kept it: a length to keep
+        ``ids``'s state at, so that the prompts after it that share as much start there. 0 when that is within
+        ``BRANCH_MIN`` ids of this entry, or is ``ids``'s end (kept anyway)."""
+        rest = ids[self.length : self.length + len(self.after)]
+        differ = np.flatnonzero(rest != self.after[: len(rest)])
+        shared = int(differ[0]) if len(differ) else len(rest)
+        point = self.length + shared
+        return point if shared >= BRANCH_MIN and point < len(ids) else 0
 
 
 class PromptCache:
@@ -116,16 +139,23 @@ class PromptCache:
         return None
 
     def put(
-        self, ids: np.ndarray, logits: np.ndarray, states: tuple[np.ndarray, ...], links: Chain | None = None
+        self,
+        ids: np.ndarray,
+        logits: np.ndarray,
+        states: tuple[np.ndarray, ...],
+        links: Chain | None = None,
+        after: np.ndarray | None = None,
     ) -> None:
         """Keep the state of one row (``logits`` [vocab], ``states`` without the batch axis, copied here) after
         reading all of ``ids``. ``links``: the chain of ``ids`` or of a prompt it starts, if made (a prompt's
-        states kept at each of its checkpoints then cost no pass over it each)."""
+        states kept at each of its checkpoints then cost no pass over it each). ``after``: the prompt's ids that
+        follow (the first ``EVERY`` are kept, for ``Entry.branch``)."""
         if not self.enabled or not len(ids):
             return
         links = chain(ids) if links is None else links
         found = key(ids, links, len(ids))
-        entry = Entry(len(ids), np.array(logits, copy=True), tuple(np.array(s, copy=True) for s in states))
+        following = np.array([] if after is None else after[:EVERY], np.int32)
+        entry = Entry(len(ids), np.array(logits, copy=True), tuple(np.array(s, copy=True) for s in states), following)
         if entry.nbytes > self.max_bytes:
             return
         base = links[len(ids) // EVERY].digest()
