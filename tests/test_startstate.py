@@ -174,7 +174,8 @@ def test_sampling_reads_prompts_from_the_start_state(run: Run, generator) -> Non
 
 
 def test_the_engine_starts_each_row_from_the_start_state(generator) -> None:
-    from textgen.engine import Engine, Job
+    from textgen.engine import Engine
+    from textgen.rowtable import Job
 
     engine = Engine(generator, slots=4, max_queue=4)
     engine.start()

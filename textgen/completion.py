@@ -34,10 +34,11 @@ from textgen.config import (
     ServeConfig,
     flag,
 )
-from textgen.engine import Engine, Event, Finish, Job, Ticket
+from textgen.engine import Engine
 from textgen.errors import FieldError, shown
 from textgen.generation import Sampler, bias_row
 from textgen.logprobs import MAX_LOGPROBS, CharScorer, Logprobs
+from textgen.rowtable import Event, Finish, Job, Ticket
 
 DISCONNECT_CHECK = 0.5  # seconds between checks that a non-streamed request's client is still there
 

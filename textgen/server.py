@@ -47,10 +47,11 @@ from textgen.completion import (
     validation_error,
 )
 from textgen.config import MAX_LOGPROB_ENTRIES, MAX_REQUEST_CHARS, ModelConfig, ServeConfig
-from textgen.engine import Draining, Engine, Event, QueueFull
+from textgen.engine import Draining, Engine, QueueFull
 from textgen.errors import ConfigError, shown
 from textgen.plot import loss_svg, read_batch_losses, read_history
 from textgen.results import RunSummary
+from textgen.rowtable import Event
 from textgen.runs import run_summaries
 
 RETRY_AFTER = 1  # seconds a refused client is told to wait: rows free every few tens of milliseconds under load
