@@ -202,8 +202,9 @@ def test_sample_flags_give_the_sampler_s_text(run1: Run, gen1: Generator) -> Non
     flags += ["--presence-penalty", "0.3", "--logit-bias", "e=-2", "--prime", "the "]
     result = invoke("sample", "--checkpoint-dir", str(run1.path.parent), "--json", *flags)
     assert result.exit_code == 0, result.stderr
-    texts = [json.loads(line)["text"] for line in result.stdout.splitlines()]
-    assert texts == gen1.generate(["the "] * 3, PENALIZED)
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [r["text"] for r in records] == gen1.generate(["the "] * 3, PENALIZED)
+    assert records[0]["logit_bias"] == {"e": -2} and records[0]["frequency_penalty"] == 0.4  # as the API takes them
 
 
 @pytest.mark.parametrize(

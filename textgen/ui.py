@@ -41,10 +41,9 @@ if TYPE_CHECKING:
 
 
 def json_line(record: Any, **extra: Any) -> str:
-    """One strict-JSON line: ``extra`` then the fields of the dataclass ``record`` (see ``_strict``)."""
-    return json.dumps(
-        _strict({**extra, **dataclasses.asdict(record)}), default=str, ensure_ascii=False, allow_nan=False
-    )
+    """One strict-JSON line: ``extra`` then the fields of ``record``, a dataclass or a dict (see ``_strict``)."""
+    fields = record if isinstance(record, dict) else dataclasses.asdict(record)
+    return json.dumps(_strict({**extra, **fields}), default=str, ensure_ascii=False, allow_nan=False)
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -180,9 +179,11 @@ def show_samples(
     console: Console, texts: Iterable[str], prime: str, settings: SampleConfig, as_json: bool, **record: Any
 ) -> None:
     """Finished samples: plain text (numbered when there are several), or one JSON line each."""
+    # logit_bias as the API takes it, {"e": -100}, where the dataclass holds pairs
+    fields = {**dataclasses.asdict(settings), "logit_bias": dict(settings.logit_bias)}
     for i, text in enumerate(texts):
         if as_json:
-            print(json_line(settings, **record, index=i, prime=prime, text=text))
+            print(json_line(fields, **record, index=i, prime=prime, text=text))
         else:
             if settings.num > 1:  # sample i draws as row i of the seed's batch: --seed alone gives sample 1
                 console.out(
