@@ -277,7 +277,8 @@ def evaluate(
 
         if file is None:
             raise ConfigError(f"{given} has no corpus splits: give a text FILE to score")
-        return evaluate_artifact(model, file, encoding, streams)
+        evaluation = evaluate_artifact(model, file, encoding, streams)
+        return dataclasses.replace(evaluation, run=BASE_NAME) if is_base_dir(model) else evaluation
     run = find_run(checkpoint_dir, run_name, weights)
     if file is not None:  # a missing or empty file is said at once, not after TensorFlow's ~3 s
         resolve_corpora([file])
