@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from textgen import __version__
 from textgen.artifact import ArtifactInfo, ExportFormat, Quantize, artifact_dir, default_export_path
+from textgen.basemodel import BASE_NAME, base_path, has_base, is_base_dir, names_base
 from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, checkpoint_dir_flag
 from textgen.cluster import cluster_role, make_strategy
 from textgen.commands import command
@@ -35,7 +36,7 @@ from textgen.errors import ConfigError, WeightsError
 from textgen.idcache import cache_root
 from textgen.request import check_request
 from textgen.results import ModelSource
-from textgen.rundirs import ensure_writable, find_run
+from textgen.rundirs import ensure_writable, find_run, list_runs
 from textgen.settings import DataSettings, InitSettings, ModelSettings, TrainRequest, TrainSettings
 
 if TYPE_CHECKING:
@@ -115,6 +116,23 @@ def copy_run(source: Path, dest_dir: Path) -> None:
                 shutil.copy2(path, dest_dir / source.name / path.name)
 
 
+def _run_or_model(
+    checkpoint_dir: Path, run_name: str | None, model: Path | None, fallback: bool = False
+) -> tuple[str | None, Path | None, str | None]:
+    """The run's name or the export's path a command was given, with ``--run base:en`` taken as the package's
+    export; with ``fallback``, neither given and no run in ``checkpoint_dir``, the base model, and a note saying
+    so (else None)."""
+    if run_name is not None and model is not None:
+        raise ConfigError("give --run or --model, not both")
+    if names_base(run_name):
+        return None, base_path(), None
+    if fallback and run_name is None and model is None and not list_runs(checkpoint_dir) and has_base():
+        train = command(f"train FILE --init-from {BASE_NAME}{checkpoint_dir_flag(checkpoint_dir)}")
+        note = f"no trained run in {checkpoint_dir}/: using the base model {BASE_NAME}; train your own: {train}"
+        return None, base_path(), note
+    return run_name, model, None
+
+
 def open_generator(
     *,
     checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR,
@@ -123,21 +141,23 @@ def open_generator(
     model: Path | None = None,
     warm_up: bool = False,
     adapt_to: str | None = None,
+    fallback: bool = False,
 ) -> tuple[Sampler, ModelSource]:
     """The sampler of a run (the latest if ``run_name`` is None) with its best or last ``weights``, or of an
-    exported ``model`` (a LiteRT one without importing TensorFlow); and where it came from. ``warm_up`` compiles
-    its steps now (an interactive session's first prompt then answers at once). ``adapt_to``: a run's weights
-    adapted to this text first, by dynamic evaluation (``textgen.dynamic``) with the run's ``dynamic.json``
-    settings or the defaults; the run's files are not changed."""
+    exported ``model`` (a LiteRT one without importing TensorFlow; ``base:en``, as a run's name too, is the
+    package's base model); and where it came from. With ``fallback``, the base model when there is no run at
+    all (``ModelSource.note`` says so). ``warm_up`` compiles its steps now (an interactive session's first prompt
+    then answers at once). ``adapt_to``: a run's weights adapted to this text first, by dynamic evaluation
+    (``textgen.dynamic``) with the run's ``dynamic.json`` settings or the defaults; the run's files are not
+    changed."""
+    run_name, model, note = _run_or_model(checkpoint_dir, run_name, model, fallback)
     if model is not None:
         from textgen.runtime import open_artifact
 
-        if run_name is not None:
-            raise ConfigError("give --run or --model, not both")
         if adapt_to is not None:
             raise ConfigError("--adapt adapts a run's weights: give --run, not an exported --model")
         sampler: Sampler = open_artifact(model)[0]
-        source = ModelSource(str(model))
+        source = ModelSource(BASE_NAME if names_base(model) or is_base_dir(model) else str(model), note=note)
     else:
         run = find_run(checkpoint_dir, run_name, weights)
         import_tensorflow()
@@ -174,14 +194,15 @@ def serve(
 
     sock = listen(config.host, config.port)
     with contextlib.closing(sock):
+        run_name, model, note = _run_or_model(checkpoint_dir, run_name, model, fallback=True)
         try:
             sampler, source = open_generator(checkpoint_dir=checkpoint_dir, run_name=run_name, model=model)
         except WeightsError as exc:  # serve reads a run's best weights only: it has no --last
             raise exc.instead(_serve_last_weights(exc.run)) from None
+        source = dataclasses.replace(source, note=note)
         if model is not None:
-            path = Path(model)
-            directory = path.parent if path.is_file() else path
-            card = card_of_export(directory.name, ArtifactInfo.read(directory))
+            directory = artifact_dir(model) or Path(model)
+            card = card_of_export(source.name, ArtifactInfo.read(directory), base=is_base_dir(directory))
         else:
             from textgen.runs import run_summary
 
@@ -220,7 +241,12 @@ def export(
     weights: Weights = Weights.best,
 ) -> ExportResult:
     """Export a run's ``weights`` as a self-contained LiteRT or SavedModel directory at ``path`` (by default
-    ``exports/<run>-<format>[-<quantize>]``; see ``textgen.export``)."""
+    ``exports/<run>-<format>[-<quantize>]``; see ``textgen.export``). The base model (``base:en``), a LiteRT float16
+    export already, is copied as it is."""
+    if names_base(run_name):
+        from textgen.export import copy_export
+
+        return copy_export(base_path(), ExportFormat(format).value, Quantize(quantize).value, path)
     run = find_run(checkpoint_dir, run_name, weights)
     import_tensorflow()
     configure_for_inference()
@@ -244,14 +270,15 @@ def evaluate(
     (see ``textgen.evaluate``), read as the run's batch of streams or as ``streams`` of them."""
     if streams is not None and not 0 < streams <= MAX_SAMPLES:
         raise ConfigError(f"--streams must be between 1 and {MAX_SAMPLES} (got {streams})")
+    given = run_name if names_base(run_name) else "an exported --model"
+    run_name, model, _ = _run_or_model(checkpoint_dir, run_name, model)
     if model is not None:
         from textgen.runtime import evaluate_artifact
 
-        if run_name is not None:
-            raise ConfigError("give --run or --model, not both")
         if file is None:
-            raise ConfigError("an exported --model has no corpus splits: give a text FILE to score")
-        return evaluate_artifact(model, file, encoding, streams)
+            raise ConfigError(f"{given} has no corpus splits: give a text FILE to score")
+        evaluation = evaluate_artifact(model, file, encoding, streams)
+        return dataclasses.replace(evaluation, run=BASE_NAME) if is_base_dir(model) else evaluation
     run = find_run(checkpoint_dir, run_name, weights)
     if file is not None:  # a missing or empty file is said at once, not after TensorFlow's ~3 s
         resolve_corpora([file])
@@ -275,6 +302,11 @@ def evaluate_dynamic(
     """A run's cross-entropy on its ``split`` or a text ``file`` read as one stream, static and with dynamic
     evaluation (see ``textgen.dynamic``): the settings in the run's ``dynamic.json``, tuned on its validation split
     first when it has none or ``retune`` asks."""
+    if names_base(run_name):
+        raise ConfigError(
+            f"--dynamic adapts a run's weights, and {BASE_NAME} is an export; score it without --dynamic, or "
+            f"fine-tune it into a run first: {command(f'train FILE --init-from {BASE_NAME}')}"
+        )
     run = find_run(checkpoint_dir, run_name, weights)
     if file is not None:  # a missing or empty file is said at once, not after TensorFlow's ~3 s
         resolve_corpora([file])

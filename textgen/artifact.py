@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from textgen.basemodel import base_path, damaged, is_base_dir, names_base
 from textgen.checkpoint import VOCAB_BYTES
 from textgen.config import ModelConfig
 from textgen.errors import ConfigError, shown
@@ -32,6 +33,7 @@ START_FILE = "start.npz"  # the state prompts are read from (textgen.startstate)
 # 3: with the start state. An export of version 2 or 1 has none: its prompts are read from zeros.
 ARTIFACT_VERSION = 3
 STEP_SIGNATURE = "step"  # the next-token step, in both formats
+EXPORT_AGAIN = "export the run again"  # what to do about an export that is damaged or from another textgen
 
 
 def state_names(layers: int) -> list[str]:
@@ -104,8 +106,16 @@ class ArtifactInfo:
     @classmethod
     def read(cls, path: Path) -> ArtifactInfo:
         """The info of the artifact directory ``path``, once its files are checked against its manifest; one
-        clear error if it is not an export, or not as it was exported."""
-        path = Path(path)
+        clear error if it is not an export, or not as it was exported (the package's base model: reinstall)."""
+        try:
+            return cls._read(Path(path))
+        except ConfigError as exc:
+            if is_base_dir(Path(path)):
+                raise damaged(exc, EXPORT_AGAIN) from None
+            raise
+
+    @classmethod
+    def _read(cls, path: Path) -> ArtifactInfo:
         info_path = path / INFO_FILE
         if not path.exists():
             raise ConfigError(f"--model {path}: no such file or directory; give a directory made by textgen export")
@@ -168,7 +178,10 @@ def is_artifact(path: Path) -> bool:
 
 
 def artifact_dir(path: Path | str) -> Path | None:
-    """The export ``path`` names (its directory, or a file in it such as ``model.tflite``), or None."""
+    """The export ``path`` names (its directory, or a file in it such as ``model.tflite``, or the base model's name:
+    the package's export), or None."""
+    if names_base(path):
+        return base_path()
     path = Path(path)
     for directory in (path, path.parent) if path.is_file() else (path,):
         if is_artifact(directory):

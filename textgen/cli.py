@@ -351,7 +351,7 @@ def sample(
         document = read_prompt_file(prime_file) if prime_file is not None else None
         sampler, source = api.open_generator(
             checkpoint_dir=checkpoint_dir, run_name=run, weights=Weights.last if last else Weights.best, model=model,
-            adapt_to=document if adapt else None,
+            adapt_to=document if adapt else None, fallback=True,
         )  # fmt: skip
         prompt = prime if document is None else document
         ui.show_sampling(console, err_console, sampler, source, prompt, settings, as_json, prime_file=prime_file)
@@ -393,10 +393,11 @@ def repl(
         document = read_prompt_file(prime_file) if prime_file is not None else None
         weights = Weights.last if last else Weights.best
         sampler, source = api.open_generator(
-            checkpoint_dir=checkpoint_dir, run_name=run, weights=weights, model=model, warm_up=True
+            checkpoint_dir=checkpoint_dir, run_name=run, weights=weights, model=model, warm_up=True, fallback=True
         )
         bias_row(settings.logit_bias, sampler.vocab)
     session = Session(sampler, settings, sys.stdout, lambda msg: err_console.print(f"[yellow]{escape(msg)}[/]"))
+    ui.note(err_console, source.note)
     console.print(f"[bold]{escape(source.name)}[/] loaded. {GREETING}")
     with errors():
         if document is not None:  # the file's text is the first prompt; the conversation goes on from it

@@ -207,7 +207,7 @@ SPECS: dict[str, Spec] = {
     "threads": Spec(
         "Intra-op threads for training (e.g. 1 per worker when workers share a machine)", RUN, "the profile's"
     ),
-    "run": Spec("Run name", None, "the latest run", ("--run",)),
+    "run": Spec("Run name, or base:en for the base model in the package", None, "the latest run", ("--run",)),
     "checkpoint_dir": Spec("Where runs are saved"),
     "resume": Spec("Continue a run (the latest, or --run) where it stopped", RUN, None, ("--resume",)),
     "save_every": Spec("Save a resume point this often within an epoch, e.g. 5m", RUN, "5m"),
@@ -229,7 +229,8 @@ SPECS: dict[str, Spec] = {
     "from_study": Spec("Train the best recipe of a textgen tune study (by name)", RECIPE),
     # Fine-tuning: textgen train's, and textgen tune's for a study whose every trial starts from a run.
     "init_from": Spec(
-        "Fine-tune: start from this run's best weights (or a float export's), on the text given; the model's shape "
+        "Fine-tune: start from this run's best weights (or a float export's; base:en: the base model in the "
+        "package), on the text given; the model's shape "
         "comes from it, and its vocabulary is extended by the characters only the new text has",
         FINE_TUNING,
     ),

@@ -54,8 +54,10 @@ from textgen.artifact import (
     state_names,
     write_manifest,
 )
+from textgen.basemodel import BASE_NAME, is_base_dir
 from textgen.baserun import Base
 from textgen.checkpoint import Run
+from textgen.commands import command
 from textgen.config import Weights
 from textgen.errors import CheckpointError, ConfigError, ExportInterrupted, one_line
 from textgen.files import fsync_path, fsync_tree
@@ -76,9 +78,7 @@ def export_run(
     if format == ExportFormat.savedmodel.value and quantize != Quantize.none.value:
         raise ConfigError("--quantize applies to --format litert; a SavedModel keeps float32 weights")
     path = Path(path) if path is not None else default_export_path(run.name, format, quantize)
-    if path.exists() and not is_artifact(path):
-        raise ConfigError(f"{path} exists and is not a textgen export; choose another -o PATH or remove it")
-    kept = f"the previous export at {path} is intact" if path.exists() else f"nothing was written to {path}"
+    kept = _kept(path)
     with stop_signals() as stop:
 
         def check_stop() -> None:
@@ -99,24 +99,64 @@ def export_run(
             strip_boilerplate=cfg.data.strip_boilerplate,
         )
         check_stop()
+
+        def write(directory: Path) -> None:
+            _write(generator, info, directory, check_stop)
+            check_stop()  # the last point to stop: a signal after it lets the export be put in place
+
+        _put_in_place(path, kept, write)
+    return _result(run.name, path, format, quantize)
+
+
+def copy_export(source: Path, format: str, quantize: str, path: Path | None = None) -> ExportResult:
+    """The package's base model (the export in ``source``, its files checked first) copied to ``path`` as it is,
+    by default ``exports/base-en-litert-float16``: it ships as a LiteRT float16 export, which ``--quantize none``
+    keeps (its weights are float16 already); another format needs a run."""
+    info = ArtifactInfo.read(source)
+    if format != info.format or quantize not in (Quantize.none.value, info.quantize):
+        fine_tune = command(f"train FILE --init-from {BASE_NAME}")
+        raise ConfigError(
+            f"{BASE_NAME} ships as a {info.format} {info.quantize} export, which textgen export copies as it is; "
+            f"for --format {format} --quantize {quantize}, fine-tune it into a run and export that: {fine_tune}"
+        )
+    name = BASE_NAME.replace(":", "-")
+    path = Path(path) if path is not None else default_export_path(name, info.format, info.quantize)
+    _put_in_place(path, _kept(path), lambda directory: shutil.copytree(source, directory, dirs_exist_ok=True))
+    return _result(BASE_NAME, path, info.format, info.quantize)
+
+
+def _kept(path: Path) -> str:
+    """What a failed export to ``path`` leaves there, said after its error; an error now if ``path`` holds
+    something that is not an export."""
+    if path.exists() and not is_artifact(path):
+        raise ConfigError(f"{path} exists and is not a textgen export; choose another -o PATH or remove it")
+    return f"the previous export at {path} is intact" if path.exists() else f"nothing was written to {path}"
+
+
+def _put_in_place(path: Path, kept: str, write: Callable[[Path], None]) -> None:
+    """An export made by ``write`` in a scratch directory beside ``path``, then put at ``path`` in one rename (an
+    earlier export there replaced): a failed write (a full disk, TensorFlow's errors too) leaves what ``kept``
+    says, and no scratch files."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _remove_leftovers(path)
+        building = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            _remove_leftovers(path)
-            building = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-            try:
-                with _held(building):
-                    umask = os.umask(0)
-                    os.umask(umask)
-                    building.chmod(0o777 & ~umask)  # an ordinary directory to ship, not mkdtemp's private 0700
-                    _write(generator, info, building, check_stop)
-                    check_stop()  # the last point to stop: a signal after it lets the export be put in place
-                    _replace_directory(building, path)
-            finally:
-                shutil.rmtree(building, ignore_errors=True)
-        except (OSError, tf.errors.OpError, ConverterError) as exc:
-            raise CheckpointError(f"export failed: {_reason(exc)} (writing {path}); {kept}") from None
+            with _held(building):
+                umask = os.umask(0)
+                os.umask(umask)
+                building.chmod(0o777 & ~umask)  # an ordinary directory to ship, not mkdtemp's private 0700
+                write(building)
+                _replace_directory(building, path)
+        finally:
+            shutil.rmtree(building, ignore_errors=True)
+    except (OSError, tf.errors.OpError, ConverterError) as exc:
+        raise CheckpointError(f"export failed: {_reason(exc)} (writing {path}); {kept}") from None
+
+
+def _result(name: str, path: Path, format: str, quantize: str) -> ExportResult:
     size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-    return ExportResult(run.name, path, format, quantize, size)
+    return ExportResult(name, path, format, quantize, size)
 
 
 def _generator_options(format: str) -> dict[str, Any]:
@@ -301,7 +341,7 @@ def export_base(path: Path, scratch: Path) -> Base:
         raise CheckpointError(f"reading the weights out of {path} failed: {_reason(exc)}") from None
     return Base(
         source=path.resolve(),
-        name=info.run,
+        name=BASE_NAME if is_base_dir(path) else info.run,
         weights=Weights(info.weights),
         weights_file=weights_file,
         vocab=info.vocab,

@@ -90,8 +90,9 @@ class StudyStop(str, enum.Enum):
 class ModelSource:
     """Where a sampler's weights come from: a run's ``best`` or ``last`` weights, or an export (``weights`` None)."""
 
-    name: str  # the run's name, or the export's path
+    name: str  # the run's name, or the export's path (base:en for the package's base model)
     weights: str | None = None
+    note: str | None = None  # why this model, when the user named none and it is not the latest run (no run at all)
 
     def record(self) -> dict[str, str]:
         """What a ``--json`` record says of it."""

@@ -383,10 +383,13 @@ def card_of_run(summary: RunSummary, model: ModelConfig, vocab_size: int) -> Mod
     )
 
 
-def card_of_export(name: str, info: ArtifactInfo) -> ModelCard:
-    """The card of an exported model (its run's training figures stay with the run)."""
+def card_of_export(name: str, info: ArtifactInfo, base: bool = False) -> ModelCard:
+    """The card of an exported model (its run's training figures stay with the run); ``base``: the package's base
+    model, labelled as such."""
     model = info.model
-    training = {"run": info.run, "weights": info.weights, "quantize": info.quantize}
+    training: dict[str, Any] = {"run": info.run, "weights": info.weights, "quantize": info.quantize}
+    if base:
+        training["base_model"] = True
     return ModelCard(
         name, info.format, info.vocab.size, model.units, model.layers, model.embedding_dim, model.parameters, training
     )

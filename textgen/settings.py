@@ -55,6 +55,9 @@ class DataSettings(Settings):
     shift_windows: bool | None = None
     strip_boilerplate: bool | None = None  # --keep-boilerplate sets it False
     encoding: str | None = None  # a codec, or "auto" for each file's own; on resume, it must be the run's
+    # The characters the vocabulary starts with, in id order, extended by the corpus's own (the Python API's: the
+    # base model's build gives it ``basemodel.BASE_CHARS``); a fine-tune's is its base's.
+    base_vocab: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -158,6 +158,7 @@ class TrainingDisplay:
                 f"{splits.vocab.size} ids{describe_unknown(splits.encoded)}",
                 *(f"{label:<9} {escape(text)}" for label, text in describe_run(cfg)),
                 *([f"layout    {escape(plan.layout_note)}"] if plan.layout_note else []),
+                *([f"hint      {escape(plan.base_hint)}"] if plan.base_hint else []),
                 f"device    {cfg.profile.name}: {cfg.profile.notes}{' (the run keeps its profile)' if plan.resume_state else ''}",
                 *_derived_from(cfg),
             ):

@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from textgen.basemodel import BASE_NAME
 from textgen.checkpoint import checkpoint_dir_flag
 from textgen.commands import QUICK_START_TRAIN, command
 from textgen.errors import TextgenError, TrainingInterrupted
@@ -113,10 +114,20 @@ def warn(err_console: Console, note: str | None) -> None:
         err_console.print(f"[yellow]warning:[/] {escape(note)}")
 
 
+def note(err_console: Console, text: str | None) -> None:
+    """A note on one line of stderr (why a model was chosen), if there is one: stdout keeps the text alone."""
+    if text:
+        err_console.print(escape(text), style="dim")
+
+
 def show_serving(console: Console, url: str, source: ModelSource, config: ServeConfig) -> None:
     """Where the server listens, once its model answers."""
     what = source.name if source.weights is None else f"{source.name} ({source.weights} weights)"
+    if source.name == BASE_NAME:
+        what = f"{BASE_NAME} (the base model: English prose)"
     console.print(f"serving {escape(what)} on {url}: {config.slots} rows, up to {config.max_queue} requests waiting")
+    if source.note:
+        console.print(f"  note     {escape(source.note)}")
     console.print(f"  page     {url}/")
     console.print(f"  API      {url}/v1/completions (OpenAI completions; max_tokens counts characters)")
     console.print(f"  metrics  {url}/metrics")
@@ -156,6 +167,7 @@ def show_sampling(
     samples are its continuations (with ``--json``, the file and its length stand for it). A ``--logit-bias``
     character the model lacks is an error before any text."""
     bias_row(settings.logit_bias, sampler.vocab)
+    note(err_console, source.note)
     warn(err_console, sampler.vocab.unknown_note(prime))
     prompts = [prime] * settings.num
     shown = prime if prime_file is None else ""

@@ -6,6 +6,7 @@ or a saved one to resume, with its configs built once and its splits encoded. No
 from __future__ import annotations
 
 import dataclasses
+import shlex
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,8 +15,10 @@ from typing import Any
 import numpy as np
 
 from textgen import config as cfgmod
+from textgen.basemodel import BASE_NAME, has_base
 from textgen.baserun import Base
 from textgen.checkpoint import ResumeState, Run, RunLock, check_corpus_unchanged, resume_hint
+from textgen.commands import command
 from textgen.config import (
     DataConfig,
     DeviceProfile,
@@ -77,6 +80,7 @@ class TrainPlan:
     trial: bool = False  # a ``textgen tune`` trial: its process goes on after the run, so no exit is allowed for
     saved: RunConfig | None = None  # a resumed run's config as read, which the run's own file still holds
     layout_note: str | None = None  # why a small text got a smaller batch layout than the default
+    base_hint: str | None = None  # that a small text trained from scratch would likely do better from the base model
 
     def saved_note(self) -> str:
         """Where the run was saved and how to continue it, for messages."""
@@ -144,7 +148,24 @@ def _plan_new(checked: CheckedRequest, profile: DeviceProfile, checkpoint_dir: P
     except BaseException:
         discard_reserved(run, lock)
         raise
-    return TrainPlan(run, config, splits, lock=lock, layout_note=layout_note)
+    return TrainPlan(run, config, splits, lock=lock, layout_note=layout_note, base_hint=_base_hint(checked, splits))
+
+
+# Under this many characters a text fine-tuned from the base model beats one trained from scratch by a wide margin
+# (docs/finetuning.md: 0.27-0.34 nats/char at 2 minutes on 1 MB of a book, from a War and Peace run).
+SMALL_TEXT = 1_000_000
+
+
+def _base_hint(checked: CheckedRequest, splits: Splits) -> str | None:
+    """For a small text trained from scratch, the command that starts it from the base model instead."""
+    chars = len(splits.train) + len(splits.val) + len(splits.test)
+    if checked.base is not None or checked.request.init_from is not None or chars >= SMALL_TEXT or not has_base():
+        return None
+    corpus = " ".join(shlex.quote(name) for name in checked.request.corpus)
+    return (
+        f"a small text ({chars:,} characters): starting from the base model is likely better: "
+        f"{command(f'train {corpus} --init-from {BASE_NAME} --time-budget 2m')}"
+    )
 
 
 def _init_config(run: Run, base: Base, freeze: Freeze) -> InitConfig:
