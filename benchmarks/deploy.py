@@ -133,8 +133,9 @@ def main() -> None:
     import_tensorflow()  # quietly, before anything else imports it
     from textgen import api
     from textgen.artifact import ExportFormat, Quantize
-    from textgen.config import SampleConfig, Weights
+    from textgen.config import Weights
     from textgen.evaluate import split_ids
+    from textgen.genconfig import SampleConfig
     from textgen.layout import scoring_layout
     from textgen.model import build_model
     from textgen.rundirs import find_run

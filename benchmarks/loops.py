@@ -61,7 +61,7 @@ def book_share(text: str, book: set[str]) -> float:
 def measure(run_dir: Path, prompts: int, length: int, settings: list[tuple[float, float]]) -> dict:
     from textgen import api
     from textgen.checkpoint import Run
-    from textgen.config import SampleConfig
+    from textgen.genconfig import SampleConfig
     from textgen.startstate import train_ids
 
     sampler, _ = api.open_generator(checkpoint_dir=run_dir.parent, run_name=run_dir.name)

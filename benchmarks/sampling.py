@@ -135,8 +135,8 @@ def measure(args: argparse.Namespace) -> dict:
     import numpy as np
     import tensorflow as tf
 
-    from textgen.config import SampleConfig
     from textgen.errors import TextgenError
+    from textgen.genconfig import SampleConfig
     from textgen.model import build_model
     from textgen.rundirs import find_run
     from textgen.sampling import Generator

@@ -257,7 +257,7 @@ def offline_rate(sampler: Any, batch: int, seconds: float) -> float:
     """``textgen sample``'s characters per second at ``batch``, on the weights the server serves."""
     from common import timed
 
-    from textgen.config import SampleConfig
+    from textgen.genconfig import SampleConfig
 
     settings = SampleConfig(length=2000, num=batch, seed=0)
     calls, elapsed = timed(lambda: sampler.generate(["The "] * batch, settings), seconds, warmup=1)

@@ -53,7 +53,7 @@ def garbage(
 ) -> tuple[int, int, str | None]:
     """How many of ``prompts`` x ``seeds`` samples hold a rare character in their first ``chars``; of how many;
     the first such sample."""
-    from textgen.config import SampleConfig
+    from textgen.genconfig import SampleConfig
 
     bad, example = 0, None
     for seed in range(seeds):

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from textgen import engine as engine_module
 from textgen import promptcache
-from textgen.config import MAX_STOP_CHARS, SampleConfig
 from textgen.engine import Draining, Engine, QueueFull
+from textgen.genconfig import MAX_STOP_CHARS, SampleConfig
 from textgen.promptcache import PromptCache
 from textgen.rowtable import Event, Finish, Job
 from textgen.stops import StopScanner

@@ -14,8 +14,8 @@ from helpers import assert_one_line_error, invoke, run_python, run_textgen, trai
 from textgen import api
 from textgen.artifact import INFO_FILE, MANIFEST_FILE, START_FILE, Quantize
 from textgen.checkpoint import Run
-from textgen.config import SampleConfig
 from textgen.errors import ConfigError
+from textgen.genconfig import SampleConfig
 from textgen.generation import RowSettings
 from textgen.npsampling import row_uniforms
 from textgen.runtime import open_artifact
@@ -395,8 +395,8 @@ def test_a_two_layer_layer_normalized_run_exports_with_its_four_states(tmp_path:
 def test_an_export_is_served_with_the_text_its_sampler_gives(exports: dict[str, Path], name: str) -> None:
     from starlette.testclient import TestClient
 
-    from textgen.config import SampleConfig, ServeConfig
     from textgen.engine import Engine
+    from textgen.genconfig import SampleConfig, ServeConfig
     from textgen.promptcache import PromptCache
     from textgen.runtime import open_artifact
     from textgen.server import card_of_export, create_app

@@ -413,7 +413,7 @@ def test_a_fine_tuned_run_exports_and_serves_its_new_characters(checkpoints: Pat
     import httpx
     from test_server import start_server
 
-    from textgen.config import ServeConfig
+    from textgen.genconfig import ServeConfig
     from textgen.sampling import Generator
 
     where = ("--checkpoint-dir", str(checkpoints))

@@ -14,8 +14,8 @@ from helpers import assert_one_line_error, invoke
 from test_repl import FakeGenerator, make_session
 
 from textgen.checkpoint import Run
-from textgen.config import SampleConfig, bias_form, parse_logit_bias
 from textgen.errors import ConfigError
+from textgen.genconfig import SampleConfig, bias_form, parse_logit_bias
 from textgen.generation import bias_row
 from textgen.npsampling import NEG_INF, penalize, uniforms
 from textgen.npsampling import choose_next as np_choose_next

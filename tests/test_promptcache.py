@@ -131,8 +131,8 @@ def test_the_next_checkpoint_is_a_multiple_of_every_or_the_branch_point_before_i
 
 
 def test_serve_s_prompt_cache_is_0_or_more_entries() -> None:
-    from textgen.config import ServeConfig
     from textgen.errors import FieldError
+    from textgen.genconfig import ServeConfig
 
     assert ServeConfig().prompt_cache == promptcache.ENTRIES and ServeConfig(prompt_cache=0).prompt_cache == 0
     with pytest.raises(FieldError, match="--prompt-cache must be 0 or more"):

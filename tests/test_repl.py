@@ -17,7 +17,7 @@ import pytest
 from helpers import subprocess_env
 
 from textgen.checkpoint import Run
-from textgen.config import SampleConfig
+from textgen.genconfig import SampleConfig
 from textgen.generation import Piece
 from textgen.repl import HELP, Session
 from textgen.vocab import Vocabulary

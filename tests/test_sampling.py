@@ -17,7 +17,7 @@ import tensorflow as tf
 from helpers import assert_one_line_error, invoke, run_textgen, subprocess_env, train_tiny_run
 
 from textgen.checkpoint import Run
-from textgen.config import SampleConfig
+from textgen.genconfig import SampleConfig
 from textgen.model import build_model
 from textgen.npsampling import choose_next as np_choose_next
 from textgen.npsampling import row_uniforms, uniforms

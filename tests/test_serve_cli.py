@@ -22,7 +22,7 @@ import httpx
 import pytest
 from helpers import assert_one_line_error, invoke, subprocess_env, wait_until
 
-from textgen.config import MAX_PROMPT_CHARS, MAX_STOP_CHARS, MAX_WHOLE_CHARS
+from textgen.genconfig import MAX_PROMPT_CHARS, MAX_STOP_CHARS, MAX_WHOLE_CHARS
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, Route

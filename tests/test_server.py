@@ -18,8 +18,8 @@ import uvicorn
 from helpers import wait_until
 
 from textgen import completion as completion_module
-from textgen.config import MAX_STOP_CHARS, MAX_WHOLE_CHARS, SampleConfig, ServeConfig
 from textgen.engine import Engine
+from textgen.genconfig import MAX_STOP_CHARS, MAX_WHOLE_CHARS, SampleConfig, ServeConfig
 from textgen.promptcache import PromptCache
 from textgen.rowtable import Job
 from textgen.server import LogLines, card_of_run, create_app, listen

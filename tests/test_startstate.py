@@ -16,7 +16,8 @@ from helpers import wait_until
 from textgen import api
 from textgen.artifact import INFO_FILE, START_FILE, write_manifest
 from textgen.checkpoint import Run
-from textgen.config import SampleConfig, Split, Weights
+from textgen.config import Split, Weights
+from textgen.genconfig import SampleConfig
 from textgen.startstate import (
     candidate_states,
     compute_start,

@@ -921,7 +921,7 @@ class Recorder(NoProgress):
 
 
 def test_each_epoch_shows_what_the_model_writes_with_its_weights_and_seed(tmp_path: Path, tiny_corpus: Path) -> None:
-    from textgen.config import SampleConfig
+    from textgen.genconfig import SampleConfig
     from textgen.sampling import Generator
     from textgen.training.preview import SAMPLE_CHARS
 

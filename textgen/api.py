@@ -21,18 +21,11 @@ from textgen.basemodel import BASE_NAME, base_path, has_base, is_base_dir, names
 from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, checkpoint_dir_flag
 from textgen.cluster import cluster_role, make_strategy
 from textgen.commands import command
-from textgen.config import (
-    MAX_SAMPLES,
-    SampleConfig,
-    ServeConfig,
-    Split,
-    TrainConfig,
-    Weights,
-    settings_given,
-)
+from textgen.config import MAX_SAMPLES, Split, TrainConfig, Weights, settings_given
 from textgen.corpus import resolve_corpora
 from textgen.device import apply_profile, configure_for_inference, import_tensorflow, resolve_profile
 from textgen.errors import ConfigError, WeightsError
+from textgen.genconfig import SampleConfig, ServeConfig
 from textgen.idcache import cache_root
 from textgen.request import check_request
 from textgen.results import ModelSource

@@ -32,19 +32,11 @@ from textgen.cliopts import (
     TopKOption,
     TopPOption,
 )
-from textgen.config import (
-    Device,
-    PruneConfig,
-    SampleConfig,
-    ServeConfig,
-    Split,
-    Weights,
-    flag,
-    parse_logit_bias,
-)
+from textgen.config import Device, PruneConfig, Split, Weights, flag
 from textgen.corpus import read_prompt_file
 from textgen.durations import parse_budget, parse_duration
 from textgen.errors import ConfigError
+from textgen.genconfig import SampleConfig, ServeConfig, parse_logit_bias
 from textgen.generation import bias_row
 from textgen.repl import GREETING, Session
 from textgen.settings import (

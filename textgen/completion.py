@@ -21,7 +21,10 @@ from fastapi.responses import JSONResponse
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-from textgen.config import (
+from textgen.config import flag
+from textgen.engine import Engine
+from textgen.errors import FieldError, shown
+from textgen.genconfig import (
     MAX_LOGIT_BIAS,
     MAX_LOGPROB_ENTRIES,
     MAX_PROMPT_CHARS,
@@ -32,10 +35,7 @@ from textgen.config import (
     MAX_WHOLE_CHARS,
     SampleConfig,
     ServeConfig,
-    flag,
 )
-from textgen.engine import Engine
-from textgen.errors import FieldError, shown
 from textgen.generation import Sampler, bias_row
 from textgen.logprobs import MAX_LOGPROBS, CharScorer, Logprobs
 from textgen.rowtable import Event, Finish, Job, Ticket

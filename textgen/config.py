@@ -1,4 +1,5 @@
-"""Frozen config dataclasses, one per concern, and the CLI flags that set their fields.
+"""Frozen config dataclasses, one per concern, and the CLI flags that set their fields (generating text's in
+``textgen.genconfig``).
 
 Field names match CLI flags (``seq_len`` <-> ``--seq-len``) and JSON keys, so
 a run directory's ``config.json`` rebuilds exactly what ``train`` built.
@@ -11,8 +12,6 @@ import enum
 import functools
 import math
 import os
-import re
-import secrets
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -40,7 +39,8 @@ def flag_setting(field_name: str, value: Any) -> str:
     return f"{flag(field_name)} {value}"
 
 
-def _require(ok: bool, field_name: str, rule: str, value: Any, flag_name: str | None = None) -> None:
+def require(ok: bool, field_name: str, rule: str, value: Any, flag_name: str | None = None) -> None:
+    """Refuse ``value`` unless ``ok``: one line naming the flag of ``field_name`` and the ``rule`` it breaks."""
     if not ok:
         raise FieldError(f"{flag_name or flag(field_name)} must be {rule} (got {shown(value)})", field_name, rule)
 
@@ -53,14 +53,15 @@ def _is_positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= INT32_MAX
 
 
-def _positive_int(cfg: Any, *names: str) -> None:
+def require_positive_ints(cfg: Any, *names: str) -> None:
+    """Refuse the first of ``cfg``'s fields ``names`` that is not a positive int32."""
     for name in names:
-        _require(
+        require(
             _is_positive_int(getattr(cfg, name)), name, f"a positive integer up to {INT32_MAX:,}", getattr(cfg, name)
         )
 
 
-def _finite(value: Any) -> bool:
+def is_finite(value: Any) -> bool:
     """A real number, not NaN or infinite (a float flag can be given as nan or inf)."""
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -80,7 +81,7 @@ class Rule:
 
 POSITIVE_INT = Rule(_is_positive_int, f"a positive integer up to {INT32_MAX:,}")
 SWITCH = Rule(lambda v: isinstance(v, bool), "true or false")
-RATE = Rule(lambda v: _finite(v) and 0.0 <= v < 1.0, "in [0, 1)")
+RATE = Rule(lambda v: is_finite(v) and 0.0 <= v < 1.0, "in [0, 1)")
 
 
 def check_fields(rules: Mapping[str, Rule], values: Mapping[str, Any], *, given: bool = False) -> None:
@@ -91,7 +92,7 @@ def check_fields(rules: Mapping[str, Rule], values: Mapping[str, Any], *, given:
         rule = rules.get(name)
         if rule is None or (value is None and (given or rule.optional)):
             continue
-        _require(value is not None and rule.ok(value), name, rule.says, value, rule.flag)
+        require(value is not None and rule.ok(value), name, rule.says, value, rule.flag)
 
 
 @functools.cache  # SampleConfig asks for every request a server takes (~30 us a call there, by py-spy)
@@ -130,8 +131,8 @@ class DataConfig:
         "max_vocab": POSITIVE_INT.or_none(),  # None keeps every character
         "shift_windows": SWITCH,
         "strip_boilerplate": SWITCH,
-        "val_fraction": Rule(lambda v: _finite(v) and 0 < v < 0.5, "between 0 and 0.5"),
-        "test_fraction": Rule(lambda v: _finite(v) and 0 < v < 0.5, "between 0 and 0.5"),
+        "val_fraction": Rule(lambda v: is_finite(v) and 0 < v < 0.5, "between 0 and 0.5"),
+        "test_fraction": Rule(lambda v: is_finite(v) and 0 < v < 0.5, "between 0 and 0.5"),
     }
 
     def __post_init__(self) -> None:
@@ -316,16 +317,16 @@ class TrainConfig:
 
     RULES: ClassVar[dict[str, Rule]] = {
         "epochs": POSITIVE_INT.or_none(),  # None only with a time budget (below)
-        "lr": Rule(lambda v: _finite(v) and v > 0, "a positive number"),
-        "clip_norm": Rule(lambda v: _finite(v) and v > 0, "a positive number"),
+        "lr": Rule(lambda v: is_finite(v) and v > 0, "a positive number"),
+        "clip_norm": Rule(lambda v: is_finite(v) and v > 0, "a positive number"),
         "seed": Rule(lambda v: isinstance(v, int) and 0 <= v <= INT32_MAX, f"an integer in [0, {INT32_MAX}]"),
-        "time_budget": Rule(lambda v: _finite(v) and v > 0, "a positive duration like 90s, 30m or 1h30m").or_none(),
+        "time_budget": Rule(lambda v: is_finite(v) and v > 0, "a positive duration like 90s, 30m or 1h30m").or_none(),
         "patience": POSITIVE_INT,
         "lr_patience": POSITIVE_INT,
-        "lr_factor": Rule(lambda v: _finite(v) and 0 < v < 1, "between 0 and 1"),
-        "anneal": Rule(lambda v: _finite(v) and 0 < v <= 1, "in (0, 1]"),
-        "save_every": Rule(lambda v: _finite(v) and v > 0, "a positive duration like 5m"),
-        "sample_every": Rule(lambda v: _finite(v) and v >= 0, "a duration like 5m, or 0 for no samples"),
+        "lr_factor": Rule(lambda v: is_finite(v) and 0 < v < 1, "between 0 and 1"),
+        "anneal": Rule(lambda v: is_finite(v) and 0 < v <= 1, "in (0, 1]"),
+        "save_every": Rule(lambda v: is_finite(v) and v > 0, "a positive duration like 5m"),
+        "sample_every": Rule(lambda v: is_finite(v) and v >= 0, "a duration like 5m, or 0 for no samples"),
         "accumulate": Rule(lambda v: isinstance(v, int) and 1 <= v <= 64, "from 1 to 64"),
         "weight_decay": RATE,
         "momentum": RATE,
@@ -334,7 +335,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         if self.epochs is None and self.time_budget is None:
-            _require(False, "epochs", POSITIVE_INT.says, None)
+            require(False, "epochs", POSITIVE_INT.says, None)
         for name, kind in (("optimizer", Optimizer), ("strategy", Strategy), ("lr_schedule", LRSchedule)):
             object.__setattr__(self, name, kind.parse(getattr(self, name), name))  # a string when read from JSON
         check_fields(self.RULES, vars(self))
@@ -405,8 +406,8 @@ class DistillConfig:
     teacher_val_loss: float | None = None  # its best weights' loss when the student started (None in older runs)
 
     RULES: ClassVar[dict[str, Rule]] = {
-        "temperature": Rule(lambda v: _finite(v) and 0.1 <= v <= 100, "between 0.1 and 100", flag="--temperature"),
-        "alpha": Rule(lambda v: _finite(v) and 0.0 <= v <= 1.0, "between 0 and 1"),
+        "temperature": Rule(lambda v: is_finite(v) and 0.1 <= v <= 100, "between 0.1 and 100", flag="--temperature"),
+        "alpha": Rule(lambda v: is_finite(v) and 0.0 <= v <= 1.0, "between 0 and 1"),
     }
 
     def __post_init__(self) -> None:
@@ -425,10 +426,10 @@ class PruneConfig:
     ramp: float = 0.5  # the fraction of the fine-tuning over which the sparsity rises to its target
 
     RULES: ClassVar[dict[str, Rule]] = {
-        "sparsity": Rule(lambda v: _finite(v) and 0.0 < v < 1.0, "between 0 and 1 (exclusive)"),
+        "sparsity": Rule(lambda v: is_finite(v) and 0.0 < v < 1.0, "between 0 and 1 (exclusive)"),
         # The sparsity rises in steps of 1% of the run: it reaches the target at the step that starts at ``ramp``,
         # so a ramp over 0.99 would never get there (and the run would have no best weights at full sparsity).
-        "ramp": Rule(lambda v: _finite(v) and 0.0 < v <= 0.99, "in (0, 0.99]"),
+        "ramp": Rule(lambda v: is_finite(v) and 0.0 < v <= 0.99, "in (0, 0.99]"),
     }
 
     def __post_init__(self) -> None:
@@ -448,8 +449,8 @@ class DynamicConfig:
     segment_len: int = 50  # characters scored, then adapted to, at a time
 
     RULES: ClassVar[dict[str, Rule]] = {
-        "eta": Rule(lambda v: _finite(v) and 0.0 <= v <= 1.0, "a number in [0, 1]", flag="dynamic eta"),
-        "decay": Rule(lambda v: _finite(v) and 0.0 <= v < 1.0, "in [0, 1)", flag="dynamic decay"),
+        "eta": Rule(lambda v: is_finite(v) and 0.0 <= v <= 1.0, "a number in [0, 1]", flag="dynamic eta"),
+        "decay": Rule(lambda v: is_finite(v) and 0.0 <= v < 1.0, "in [0, 1)", flag="dynamic decay"),
         "segment_len": Rule(
             lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 10_000,
             "an integer from 1 to 10,000",
@@ -527,153 +528,6 @@ class RunConfig:
         return cls(
             **{name: from_dict(kind, data[name], name) for name, kind in {**parts, **optional}.items() if name in data}
         )
-
-
-@dataclasses.dataclass(frozen=True)
-class SampleConfig:
-    """How text is generated from a trained model."""
-
-    length: int = 500
-    num: int = 1
-    temperature: float = 0.8  # 0 means greedy (argmax)
-    top_k: int = 0  # 0 means no top-k filter
-    top_p: float = 1.0  # 1 means no nucleus filter
-    seed: int | None = None  # None picks a fresh seed (reported with --json)
-    # OpenAI's, over the characters generated so far (not the prompt), each sample its own: a character's logit
-    # loses count x frequency_penalty, and presence_penalty once it has appeared; logit_bias adds to one's logit.
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    logit_bias: tuple[tuple[str, float], ...] = ()  # (character, bias) pairs; a bias of -100 bans the character
-
-    def __post_init__(self) -> None:
-        _positive_int(self, "length", "num")
-        # Each sample is a row of the sampler's batch, with its own LSTM states and logits.
-        _require(self.num <= MAX_SAMPLES, "num", f"at most {MAX_SAMPLES:,} (one batch row each)", self.num)
-        total, most = self.length * self.num, max_generated_chars()
-        _require(total <= most, "length", f"such that --length x --num is at most {most:,} characters here", total)
-        temperature_ok = _finite(self.temperature) and (self.temperature == 0 or 1e-3 <= self.temperature <= 1e3)
-        _require(temperature_ok, "temperature", "0 (greedy) or between 0.001 and 1000", self.temperature)
-        ok = isinstance(self.top_k, int) and 0 <= self.top_k <= INT32_MAX
-        _require(ok, "top_k", "0 (off) or a positive integer", self.top_k)
-        _require(_finite(self.top_p) and 0 < self.top_p <= 1, "top_p", "in (0, 1]", self.top_p)
-        seed_ok = self.seed is None or 0 <= self.seed < 2**31
-        _require(seed_ok, "seed", "an integer in [0, 2**31)", self.seed)
-        for name in ("frequency_penalty", "presence_penalty"):
-            value = getattr(self, name)
-            _require(_finite(value) and -2 <= value <= 2, name, "a number from -2 to 2 (0 = off)", value)
-        for char, bias in self.logit_bias:
-            _require(len(char) == 1, "logit_bias", "keyed by single characters", char)
-            _require(
-                _finite(bias) and -100 <= bias <= 100, "logit_bias", f"from -100 (a ban) to 100 for {char!r}", bias
-            )
-
-    @property
-    def penalized(self) -> bool:
-        """Whether a penalty or a bias changes the logits (else the sampler runs its plain loop)."""
-        return bool(self.frequency_penalty or self.presence_penalty or self.logit_bias)
-
-    def seeded(self) -> SampleConfig:
-        """This config with a fresh random seed if it has none, so the output can be reproduced."""
-        return self if self.seed is not None else dataclasses.replace(self, seed=secrets.randbelow(2**31))
-
-
-BIAS_FORMS = {"space": " ", "\\n": "\n", "\\t": "\t", "\\r": "\r", "\\\\": "\\"}
-
-
-def bias_form(char: str) -> str:
-    """A character as ``parse_logit_bias`` takes it back (``space``, ``\\n``, ...)."""
-    shown = {char: form for form, char in BIAS_FORMS.items()}
-    return shown.get(char, char if char.isprintable() else f"\\u{ord(char):04x}")
-
-
-def parse_logit_bias(specs: list[str], name: str = "--logit-bias") -> tuple[tuple[str, float], ...]:
-    """``C=V`` strings as (character, bias) pairs: C is one character, ``space``, ``\\n``, ``\\t``, ``\\r``, ``\\\\`` or
-    ``\\uXXXX`` (split at the last ``=``, so ``==-100`` is ``=``'s). A later pair for a character replaces an earlier."""
-    pairs: dict[str, float] = {}
-    for spec in specs:
-        key, sep, value = spec.rpartition("=")
-        if not sep or not key:
-            raise ConfigError(f"{name} takes CHAR=BIAS, e.g. e=-100 or space=2 (got {shown(spec)})")
-        char = chr(int(key[2:], 16)) if re.fullmatch(r"\\u[0-9a-fA-F]{4}", key) else BIAS_FORMS.get(key, key)
-        if len(char) != 1:
-            raise ConfigError(
-                f"{name} takes one character before '=', or space, \\n, \\t, \\r, \\\\ or \\uXXXX (got {shown(key)})"
-            )
-        try:
-            pairs[char] = float(value)
-        except ValueError:
-            raise ConfigError(f"{name} needs a number after '=' (got {shown(spec)})") from None
-    return tuple(pairs.items())
-
-
-# What one request to `textgen serve` may ask for: each bounds work on the threads every request shares (the event
-# loop, the engine's lanes and emitter), so that no request's fields can slow the others' streams.
-MAX_REQUEST_CHARS = 1_000_000  # characters one continuation may ask for (max_tokens: streamed, they cost as they go)
-MAX_WHOLE_CHARS = 1_000_000  # characters of a non-streamed answer over all its continuations: built and encoded at once
-MAX_PROMPT_CHARS = 1_000_000  # characters of a request's prompts together, whatever --max-body allows
-MAX_PROMPTS = 64  # prompts in one request (each takes n rows)
-MAX_STOPS = 4  # stop sequences of one request, as OpenAI's API allows
-MAX_LOGIT_BIAS = 1024  # characters one request's logit_bias may name (OpenAI's allows 300 tokens)
-MAX_STOP_CHARS = 256  # characters of one stop sequence: each row holds back, and checks, up to this many
-# Log-probabilities one request may ask for: characters scored (echoed prompts x n, and the continuations) x (1 +
-# logprobs), each an entry of the answer's JSON, which the event loop encodes: 20,000 characters with 20
-# alternatives each took ~1 s to encode, 100,000 entries take ~0.25 s.
-MAX_LOGPROB_ENTRIES = 100_000
-LOG_FORMATS = ("text", "json")  # textgen serve --log-format: a line per request, for people or for machines
-
-
-@dataclasses.dataclass(frozen=True)
-class ServeConfig:
-    """How ``textgen serve`` listens, shares its rows and bounds its requests."""
-
-    host: str = "127.0.0.1"
-    port: int = 8000  # 0 lets the system choose a free port
-    slots: int = 64  # rows of LSTM state: continuations generated at once
-    max_queue: int = 256  # requests that may wait for rows; beyond them the answer is 429
-    api_key: str | None = None  # when set, every route but the page's and the probes' needs "Authorization: Bearer"
-    max_body: int = 2**20  # bytes of a request body
-    request_timeout: float = 600.0  # seconds a request may run, queued or generating
-    drain_seconds: float = 3.0  # on SIGTERM or Ctrl-C, how long running streams may go on before they are ended
-    prefill: int = 128  # prompts up to this many characters may be read on arrival, first characters drawn, apart
-    log_format: str = "text"  # one of LOG_FORMATS
-    prompt_cache: int = 4096  # prompt states kept (textgen.promptcache; 0: none)
-
-    def __post_init__(self) -> None:
-        _require(isinstance(self.port, int) and 0 <= self.port <= 65535, "port", "in 0..65535", self.port)
-        _positive_int(self, "slots", "max_body")
-        _require(self.slots <= MAX_SAMPLES, "slots", f"at most {MAX_SAMPLES:,}", self.slots)
-        for name in ("max_queue", "prefill", "prompt_cache"):
-            value = getattr(self, name)
-            _require(isinstance(value, int) and value >= 0, name, "0 or more", value)
-        _require(self.api_key is None or bool(self.api_key.strip()), "api_key", "a non-empty key", "")
-        _require(self.log_format in LOG_FORMATS, "log_format", " or ".join(LOG_FORMATS), self.log_format)
-        for name in ("request_timeout", "drain_seconds"):
-            value = getattr(self, name)
-            _require(_finite(value) and value > 0, name, "a positive number of seconds", value)
-
-    def limits(self) -> dict[str, Any]:
-        """What the server holds and what one request may ask, as its start-up lines say them."""
-        return {
-            "rows": self.slots,
-            "max_queue": self.max_queue,
-            "max_body_bytes": self.max_body,
-            "request_timeout_s": self.request_timeout,
-            "drain_s": self.drain_seconds,
-            "auth": self.api_key is not None,
-            "max_tokens": MAX_REQUEST_CHARS,
-            "max_whole_chars": MAX_WHOLE_CHARS,
-            "max_prompt_chars": MAX_PROMPT_CHARS,
-            "max_stops": MAX_STOPS,
-            "max_stop_chars": MAX_STOP_CHARS,
-            "max_logprob_entries": MAX_LOGPROB_ENTRIES,
-            "prompt_cache_entries": self.prompt_cache,
-        }
-
-
-def max_generated_chars() -> int:
-    """How many characters one sample or REPL call may generate in total: about 32 bytes each (ids,
-    decoded pieces, the joined text) within an eighth of this machine's memory."""
-    return min(INT32_MAX, physical_memory() // 8 // 32)
 
 
 def check_fits_in_memory(model: ModelConfig) -> None:

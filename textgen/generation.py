@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from textgen.config import ModelConfig, SampleConfig
+from textgen.config import ModelConfig
 from textgen.errors import FieldError
+from textgen.genconfig import SampleConfig
 from textgen.layout import MASKED, StreamLayout
 from textgen.npsampling import BAN, uniforms
 from textgen.vocab import UNKNOWN_ID, Vocabulary

@@ -9,8 +9,9 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
-from textgen.config import MAX_SAMPLES, SampleConfig, bias_form, flag, parse_logit_bias
+from textgen.config import MAX_SAMPLES, flag
 from textgen.errors import ConfigError
+from textgen.genconfig import SampleConfig, bias_form, parse_logit_bias
 from textgen.generation import bias_row
 from textgen.vocab import Vocabulary, for_display
 

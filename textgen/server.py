@@ -46,9 +46,10 @@ from textgen.completion import (
     completion_job,
     validation_error,
 )
-from textgen.config import MAX_LOGPROB_ENTRIES, MAX_REQUEST_CHARS, ModelConfig, ServeConfig
+from textgen.config import ModelConfig
 from textgen.engine import Draining, Engine, QueueFull
 from textgen.errors import ConfigError, shown
+from textgen.genconfig import MAX_LOGPROB_ENTRIES, MAX_REQUEST_CHARS, ServeConfig
 from textgen.plot import loss_svg, read_batch_losses, read_history
 from textgen.results import RunSummary
 from textgen.rowtable import Event

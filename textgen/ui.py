@@ -37,7 +37,7 @@ from textgen.results import (
 from textgen.vocab import for_display
 
 if TYPE_CHECKING:
-    from textgen.config import SampleConfig, ServeConfig
+    from textgen.genconfig import SampleConfig, ServeConfig
     from textgen.generation import Piece, Sampler
 
 

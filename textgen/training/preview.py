@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from textgen.config import RunConfig, SampleConfig
+from textgen.config import RunConfig
+from textgen.genconfig import SampleConfig
 
 if TYPE_CHECKING:
     import numpy as np
