@@ -40,7 +40,6 @@ from textgen.completion import (
     Completion,
     CompletionRequest,
     Dispatcher,
-    Metrics,
     ModelCard,
     check_model,
     completion_job,
@@ -54,6 +53,7 @@ from textgen.plot import loss_svg, read_batch_losses, read_history
 from textgen.results import RunSummary
 from textgen.rowtable import Event
 from textgen.runs import run_summaries
+from textgen.servemetrics import Metrics
 
 RETRY_AFTER = 1  # seconds a refused client is told to wait: rows free every few tens of milliseconds under load
 PAGE_INFO = '<script type="application/json" id="info-json">null</script>'  # page.html's place for /info
