@@ -6,7 +6,9 @@
         --budgets 1m --warmups 0 100 300                                        # how long to warm up
 
 ``--base`` is a War and Peace run trained by the default recipe, already in ``--checkpoint-dir`` (this script does
-not train it). The books (``--books``) are Great Expectations (1400-0.txt, a 19th-century novel like War and Peace)
+not train it), or ``base:en``, the base model in the package (docs/base-model.md), which never saw War and Peace
+(``--wp``) nor these books. ``--fine-tuned-only`` leaves out the scratch runs, to set one base beside another (each
+in its own ``--checkpoint-dir``: the runs' names are the same). The books (``--books``) are Great Expectations (1400-0.txt, a 19th-century novel like War and Peace)
 and Plato's Republic in Jowett's translation (pg1497.txt, a dialogue, far from it): of the 30 shared books only
 these, Leviathan and Ulysses have 1 MB of text between Project Gutenberg's markers. Each book's text between the
 markers, as ``textgen train`` keeps it, is cut to its first 50 KB and 1 MB (``--sizes``: UTF-8 bytes, 1 KB = 1,000,
@@ -54,11 +56,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from textgen.basemodel import BASE_NAME
 from textgen.config import DataConfig, ModelConfig
 from textgen.durations import format_seconds, parse_duration
 
 GUTENBERG = Path("../shared/corpora/gutenberg")
 BOOKS = [str(GUTENBERG / "1400-0.txt"), str(GUTENBERG / "pg1497.txt")]
+WAR_AND_PEACE = Path("../shared/corpora/2600-0.txt")
 WINDOW = 20  # characters: a shared window is mostly copied text, not chance (the base run's sample says how much is)
 UNITS = {"k": 1_000, "m": 1_000_000}
 KINDS = {"ft": "fine_tuned", "scratch": "scratch"}
@@ -124,6 +128,19 @@ def run_config(checkpoint_dir: Path, run: str) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
+def base_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The base's config as a run's config.json has it: a run's own, or for base:en (the package's export, which
+    never saw War and Peace) its model and batch size, and War and Peace (``--wp``) as the text to forget."""
+    if args.base != BASE_NAME:
+        return run_config(args.checkpoint_dir, args.base)
+    from textgen.artifact import ArtifactInfo
+    from textgen.basemodel import base_path
+
+    info = ArtifactInfo.read(base_path())
+    data = DataConfig(str(args.wp), batch_size=info.batch_size, seq_len=info.seq_len)
+    return {"model": dataclasses.asdict(info.model), "data": dataclasses.asdict(data)}
+
+
 def shape_flags(model: dict[str, Any]) -> list[str]:
     """The flags that give a scratch run the base's model (and its dropout, as a fine-tuned run has it)."""
     flags = ["--units", str(model["units"]), "--layers", str(model["layers"])]
@@ -184,6 +201,8 @@ def measure_pair(
     for i, budget in enumerate(args.budgets):
         row: dict[str, Any] = {"book": Path(book).name, "size": size, "budget": budget, "seed": seed}
         for kind, name in names.items():
+            if kind == "scratch" and args.fine_tuned_only:
+                continue
             stage: dict[str, Any] = {"run": name, "train": train(kind, name, cut, budget, i == 0, seed, shape, args)}
             if kind == "ft":  # both runs are scored as the same streams: the fine-tuned run's batch
                 streams = str(run_config(args.checkpoint_dir, name).get("data", {}).get("batch_size", streams))
@@ -195,6 +214,8 @@ def measure_pair(
                 print(f"{name} at {budget}: test {stage['test']['nats_per_char']:.4f}", file=sys.stderr, flush=True)
         row["wp_test_after"] = score(names["ft"], args, args.base_streams, wp)
         rows.append(row)
+    if args.fine_tuned_only:
+        return rows
     history = read_history(args.checkpoint_dir / names["scratch"] / "history.csv")
     for row in rows:
         row["scratch_reaches_s"] = time_to_reach(history, row["fine_tuned"]["train"]["best_val_loss"])
@@ -230,16 +251,17 @@ def warmup_table(rows: list[dict[str, Any]], budget: str) -> str:
 
 def flat(row: dict[str, Any]) -> dict[str, Any]:
     """The numbers of a row the tables show."""
-    ft, scratch = row["fine_tuned"]["test"]["nats_per_char"], row["scratch"]["test"]["nats_per_char"]
+    ft, from_scratch = row["fine_tuned"], row.get("scratch")  # none with --fine-tuned-only
+    scratch = from_scratch["test"]["nats_per_char"] if from_scratch else math.nan
     return {
         **{k: row[k] for k in ("book", "size", "budget", "seed")},
-        "ft_test": ft,
+        "ft_test": ft["test"]["nats_per_char"],
         "scratch_test": scratch,
-        "difference": ft - scratch,
-        "scratch_reaches_s": row["scratch_reaches_s"],
+        "difference": ft["test"]["nats_per_char"] - scratch,
+        "scratch_reaches_s": row.get("scratch_reaches_s"),
         "wp_after": row["wp_test_after"]["nats_per_char"],
-        "ft_verbatim": row["fine_tuned"]["verbatim"],
-        "scratch_verbatim": row["scratch"]["verbatim"],
+        "ft_verbatim": ft["verbatim"],
+        "scratch_verbatim": from_scratch["verbatim"] if from_scratch else None,
     }
 
 
@@ -285,7 +307,11 @@ def _share(value: float | None) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--base", required=True, help="the War and Peace run to fine-tune (in --checkpoint-dir)")
+    parser.add_argument(
+        "--base", required=True, help="the War and Peace run to fine-tune (in --checkpoint-dir), or base:en"
+    )
+    parser.add_argument("--wp", type=Path, default=WAR_AND_PEACE, help="War and Peace, for base:en's forgetting")
+    parser.add_argument("--fine-tuned-only", action="store_true", help="no scratch runs (compare bases)")
     parser.add_argument("--checkpoint-dir", type=Path, default=Path("checkpoints"))
     parser.add_argument("--books", nargs="+", default=BOOKS, help="text files no run has seen")
     parser.add_argument("--sizes", nargs="+", default=["50k", "1m"], help="cuts of each book, in UTF-8 bytes")
@@ -304,7 +330,7 @@ def main() -> None:
     if seconds != sorted(set(seconds)):
         raise SystemExit("--budgets must increase: each continues the run trained to the one before")
     work = args.work_dir or args.checkpoint_dir / "finetune-texts"
-    config = run_config(args.checkpoint_dir, args.base)
+    config = base_config(args)
     if not config and not args.dry_run:
         raise SystemExit(f"no run {args.base!r} in {args.checkpoint_dir}/: train it first (the default recipe)")
     model = config.get("model") or dataclasses.asdict(ModelConfig(vocab_size=1))  # a dry run without the base
@@ -318,9 +344,10 @@ def main() -> None:
         "model": model,
         "wp_test_file": str(wp),
         "wp_test_before": score(args.base, args, args.base_streams, wp),
-        "wp_split_test": score(args.base, args, args.base_streams),  # the same text as the file: a check
         "sample": sample(args.base, args),
     }
+    if args.base != BASE_NAME:  # an export has no splits
+        base["wp_split_test"] = score(args.base, args, args.base_streams)  # the same text as the file: a check
     rows, cuts = [], []
     for book in args.books:
         for size in args.sizes:
@@ -347,14 +374,14 @@ def main() -> None:
         settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
         print(json.dumps({"settings": settings, "base": base, "cuts": cuts, "rows": rows, "averages": means}))
         return
-    as_split = base["wp_split_test"]["nats_per_char"]
-    print(f"base {args.base}: War and Peace test {before:.4f} nats/char ({as_split:.4f} scored as its split)\n")
+    as_split = f" ({base['wp_split_test']['nats_per_char']:.4f} scored as its split)" if "wp_split_test" in base else ""
+    print(f"base {args.base}: War and Peace test {before:.4f} nats/char{as_split}\n")
     print(table([flat(r) for r in rows], before, args.budgets[-1], by_seed=True))
     print(f"\naveraged over seeds:\n{table(means, before, args.budgets[-1], by_seed=False)}\n")
     for c in cuts:
         print(f"{c['book']} {c['size']}: the base run's sample has {_share(c['base_verbatim'])} verbatim windows")
     for row in rows:
-        for kind in KINDS.values():
+        for kind in (k for k in KINDS.values() if k in row):
             print(f"\n{row[kind]['run']} at {row['budget']}:\n```\n{row[kind]['sample']}\n```")
 
 
