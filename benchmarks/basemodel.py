@@ -29,7 +29,7 @@ from typing import Any
 
 from textgen import api
 from textgen.basemodel import BASE_CHARS, BASE_NAME, base_dir
-from textgen.config import DataConfig
+from textgen.config import DataConfig, LRSchedule
 from textgen.corpus import read_corpus
 from textgen.durations import parse_duration
 from textgen.idcache import split_sizes
@@ -40,7 +40,7 @@ CORPORA = Path(os.environ.get("TEXTGEN_CORPUS_PATH", "../shared/corpora"))
 HELD_OUT = ("1400-0.txt", "pg1497.txt", "pg3207.txt", "4300-0.txt")
 WAR_AND_PEACE = "2600-0.txt"
 RUN = "base-en"
-RECIPE = {"layers": 2, "units": 512, "dropout": 0.1, "layer_norm": True}
+RECIPE: dict[str, Any] = {"layers": 2, "units": 512, "dropout": 0.1, "layer_norm": True}
 
 
 def train(args: argparse.Namespace) -> None:
@@ -57,7 +57,7 @@ def train(args: argparse.Namespace) -> None:
         run_name=RUN,
         data=DataSettings(base_vocab=BASE_CHARS),
         model=ModelSettings(**RECIPE),
-        training=TrainSettings(time_budget=args.time_budget, lr_schedule="cosine", seed=0, sample_every=0),
+        training=TrainSettings(time_budget=args.time_budget, lr_schedule=LRSchedule.cosine, seed=0, sample_every=0),
     )
     api.train(request, TrainingDisplay(Console(stderr=True)))
     result = api.export(

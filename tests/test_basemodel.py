@@ -80,8 +80,8 @@ def test_an_installation_without_the_base_model_says_so(tmp_path: Path, monkeypa
 
 def test_its_name_is_no_run_s_name(packaged: Path, tmp_path: Path) -> None:
     corpus = write_corpus(tmp_path / "tiny.txt", 300)
-    result = invoke("train", str(corpus), "--name", BASE_NAME, "--checkpoint-dir", str(tmp_path), "--epochs", "1")
-    assert_one_line_error(result, "--name")
+    result = invoke("train", str(corpus), "--run", BASE_NAME, "--checkpoint-dir", str(tmp_path), "--epochs", "1")
+    assert_one_line_error(result, "--run must be 1 to 100 letters")
     # A directory of that name in the checkpoint directory (made by hand) is not what --run base:en opens.
     (tmp_path / BASE_NAME).mkdir()
     (tmp_path / BASE_NAME / "config.json").write_text("{}", encoding="utf-8")
@@ -99,7 +99,7 @@ def test_evaluate_scores_a_file_with_it(packaged: Path, trained_run, tmp_path: P
 
 def test_export_copies_it_and_refuses_what_needs_a_run(packaged: Path, tmp_path: Path) -> None:
     out = tmp_path / "exports" / "mine"
-    result = invoke("export", "--run", BASE_NAME, "-o", str(out))
+    result = invoke("export", "--run", BASE_NAME, "--format", "litert", "-o", str(out))
     assert result.exit_code == 0, result.stderr
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in packaged.iterdir())
     assert (out / "model.tflite").read_bytes() == (packaged / "model.tflite").read_bytes()

@@ -118,7 +118,7 @@ def test_a_prompt_leaving_a_cached_one_keeps_its_state_where_they_part(monkeypat
     assert entry.branch(ids("abcdefgtwo")) == 7
     assert entry.branch(ids("abcdefg")) == 0  # its end: kept anyway
     assert entry.branch(ids("abcdeXgtwo")) == 0  # within BRANCH_MIN of the entry
-    assert entry.branch(ids("abcdefgo and on")) == 8  # all EVERY ids kept are shared: the next checkpoint
+    assert entry.branch(ids("abcdefgo and on")) == 0  # all EVERY ids kept are shared: up to the next checkpoint
     cache.put(ids("abcdefg"), *state(7.0), after=ids("two"))
     found = cache.longest(ids("abcdefgthree"))
     assert found is not None and found.length == 7 and found.logits[0] == 7.0

@@ -86,6 +86,12 @@ def _tuned_from(
     fixed model settings with the run's shape."""
     from textgen.baserun import SHAPE_SETTINGS, Base, check_shape_kept
 
+    if names_base(init_from.source):
+        raise ConfigError(
+            f"textgen tune --init-from takes a run (each trial copies its weights); {BASE_NAME} is the package's "
+            f"export: fine-tune it into a run first ({command(f'train FILE --init-from {BASE_NAME}')}), then tune "
+            "--init-from that run"
+        )
     export = artifact_dir(init_from.source)
     if export is not None:
         run = ArtifactInfo.read(export).run
@@ -148,7 +154,8 @@ def open_generator(
         from textgen.runtime import open_artifact
 
         if adapt_to is not None:
-            raise ConfigError("--adapt adapts a run's weights: give --run, not an exported --model")
+            exported = f"{BASE_NAME}, an export" if is_base_dir(model) else "an exported --model"
+            raise ConfigError(f"--adapt adapts a run's weights: give a run's --run, not {exported}")
         sampler: Sampler = open_artifact(model)[0]
         source = ModelSource(BASE_NAME if names_base(model) or is_base_dir(model) else str(model), note=note)
     else:

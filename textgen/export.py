@@ -339,9 +339,10 @@ def export_base(path: Path, scratch: Path) -> Base:
         raise ConfigError(f"cannot read float weights out of {path} ({one_line(exc)}); {refused}") from None
     except (OSError, tf.errors.OpError, ConverterError) as exc:
         raise CheckpointError(f"reading the weights out of {path} failed: {_reason(exc)}") from None
+    base = is_base_dir(path)
     return Base(
-        source=path.resolve(),
-        name=BASE_NAME if is_base_dir(path) else info.run,
+        source=Path(BASE_NAME) if base else path.resolve(),  # the package's, wherever it is installed
+        name=BASE_NAME if base else info.run,
         weights=Weights(info.weights),
         weights_file=weights_file,
         vocab=info.vocab,

@@ -86,12 +86,14 @@ class Entry:
     def branch(self, ids: np.ndarray) -> int:
         """Where ``ids``, which starts with this entry's prefix, leaves the prompt that kept it: a length to keep
         ``ids``'s state at, so that the prompts after it that share as much start there. 0 when that is within
-        ``BRANCH_MIN`` ids of this entry, or is ``ids``'s end (kept anyway)."""
+        ``BRANCH_MIN`` ids of this entry, or is ``ids``'s end (kept anyway), or ``ids`` goes on as far as the ids kept
+        (the other prompt's next checkpoint or its end: kept there, if at all)."""
         rest = ids[self.length : self.length + len(self.after)]
         differ = np.flatnonzero(rest != self.after[: len(rest)])
-        shared = int(differ[0]) if len(differ) else len(rest)
-        point = self.length + shared
-        return point if shared >= BRANCH_MIN and point < len(ids) else 0
+        if not len(differ):
+            return 0
+        point = self.length + int(differ[0])
+        return point if point - self.length >= BRANCH_MIN else 0
 
 
 class PromptCache:

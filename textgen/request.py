@@ -10,6 +10,7 @@ from typing import Any
 
 from textgen import config as cfgmod
 from textgen.artifact import ArtifactInfo, Quantize, artifact_dir
+from textgen.basemodel import BASE_NAME, is_base_dir
 from textgen.baserun import Base, check_shape_kept
 from textgen.commands import QUICK_START_TRAIN, command
 from textgen.config import (
@@ -153,6 +154,7 @@ def _with_base(checked: CheckedRequest, init_from: InitSettings) -> CheckedReque
         check_shape_kept(model, base.name, base.model)
         return dataclasses.replace(checked, base=base)
     info = ArtifactInfo.read(path)
+    name = BASE_NAME if is_base_dir(path) else info.run  # the run it was exported from, which the base's user lacks
     if info.quantize == Quantize.int8.value:
         raise ConfigError(
             f"--init-from {init_from.source} is an int8 export: its weights were rounded to 8 bits, and training "
@@ -160,8 +162,8 @@ def _with_base(checked: CheckedRequest, init_from: InitSettings) -> CheckedReque
         )
     if init_from.weights != Weights.best and init_from.weights != info.weights:
         raise ConfigError(
-            f"--init-from {init_from.source} holds one set of weights (run {info.run}'s {info.weights}); "
+            f"--init-from {init_from.source} holds one set of weights (run {name}'s {info.weights}); "
             "drop --last, or give the run"
         )
-    check_shape_kept(model, info.run, info.model)
+    check_shape_kept(model, name, info.model)
     return dataclasses.replace(checked, export=path)

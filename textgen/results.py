@@ -92,7 +92,8 @@ class ModelSource:
 
     name: str  # the run's name, or the export's path (base:en for the package's base model)
     weights: str | None = None
-    note: str | None = None  # why this model, when the user named none and it is not the latest run (no run at all)
+    # Why this model, when the user named none and it is not the latest run (there is none): shown, not a field to read
+    note: str | None = field(default=None, repr=False)
 
     def record(self) -> dict[str, str]:
         """What a ``--json`` record says of it."""
