@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from textgen import api
+from textgen.artifact import ExportFormat, Quantize
 from textgen.basemodel import BASE_CHARS, BASE_NAME, base_dir
-from textgen.config import DataConfig, LRSchedule
+from textgen.config import DataConfig, Device, LRSchedule
 from textgen.corpus import read_corpus
 from textgen.durations import parse_duration
 from textgen.idcache import split_sizes
@@ -52,7 +53,7 @@ def train(args: argparse.Namespace) -> None:
     print(f"training {RUN} on {len(books)} books ({sum(p.stat().st_size for p in books):,} bytes)", file=sys.stderr)
     request = TrainRequest(
         tuple(str(p) for p in books),
-        device="cpu",
+        device=Device.cpu,
         checkpoint_dir=args.checkpoint_dir,
         run_name=RUN,
         data=DataSettings(base_vocab=BASE_CHARS),
@@ -61,7 +62,11 @@ def train(args: argparse.Namespace) -> None:
     )
     api.train(request, TrainingDisplay(Console(stderr=True)))
     result = api.export(
-        checkpoint_dir=args.checkpoint_dir, run_name=RUN, format="litert", quantize="float16", path=base_dir()
+        checkpoint_dir=args.checkpoint_dir,
+        run_name=RUN,
+        format=ExportFormat.litert,
+        quantize=Quantize.float16,
+        path=base_dir(),
     )
     print(f"exported {RUN} to {result.path} ({result.bytes:,} bytes)", file=sys.stderr)
 

@@ -133,7 +133,7 @@ def _kept(path: Path) -> str:
     return f"the previous export at {path} is intact" if path.exists() else f"nothing was written to {path}"
 
 
-def _put_in_place(path: Path, kept: str, write: Callable[[Path], None]) -> None:
+def _put_in_place(path: Path, kept: str, write: Callable[[Path], object]) -> None:
     """An export made by ``write`` in a scratch directory beside ``path``, then put at ``path`` in one rename (an
     earlier export there replaced): a failed write (a full disk, TensorFlow's errors too) leaves what ``kept``
     says, and no scratch files."""
