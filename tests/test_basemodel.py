@@ -112,7 +112,7 @@ def test_export_copies_it_and_refuses_what_needs_a_run(packaged: Path, tmp_path:
 def test_a_small_text_trained_from_scratch_is_told_of_the_base(packaged: Path, tmp_path: Path) -> None:
     from textgen.device import CPU
 
-    corpus = str(write_corpus(tmp_path / "small.txt", 500))
+    corpus = str(write_corpus(tmp_path / "small.txt", 3000))
     plan = plan_run(corpus, CPU, checkpoint_dir=tmp_path / "c1", data=DataSettings(**TINY_DATA))
     assert plan.base_hint is not None and f"--init-from {BASE_NAME} --time-budget 2m" in plan.base_hint
     assert "small.txt" in plan.base_hint
