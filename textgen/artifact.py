@@ -128,7 +128,7 @@ class ArtifactInfo:
         except OSError as exc:
             raise ConfigError(f"cannot read {info_path} ({exc.strerror or exc})") from None
         except (ValueError, ConfigError) as exc:
-            raise ConfigError(f"{info_path} is damaged ({exc}); export the run again") from None
+            raise ConfigError(f"{info_path} is damaged ({exc}); {EXPORT_AGAIN}") from None
         if version > ARTIFACT_VERSION:
             raise ConfigError(
                 f"{path} was exported by a newer textgen (export format {version}, this one reads up to "
@@ -234,13 +234,13 @@ def check_files(directory: Path, required: list[str]) -> None:
             if file_digest(directory / name) != record.sha256:
                 raise ConfigError(
                     f"{directory / name} has changed since it was exported (its SHA-256 is not the one in "
-                    f"{MANIFEST_FILE}): damaged or edited; export the run again"
+                    f"{MANIFEST_FILE}): damaged or edited; {EXPORT_AGAIN}"
                 )
     except OSError as exc:
         raise ConfigError(f"cannot read {exc.filename} ({exc.strerror or exc})") from None
     unlisted = [name for name in required if name not in records]
     if unlisted:  # checked last: a textgen.json edited to another format is named as changed, above
-        raise ConfigError(f"{manifest} is damaged (it does not list {', '.join(unlisted)}); export the run again")
+        raise ConfigError(f"{manifest} is damaged (it does not list {', '.join(unlisted)}); {EXPORT_AGAIN}")
 
 
 def _read_manifest(manifest: Path) -> dict[str, FileRecord]:
@@ -259,22 +259,22 @@ def _read_manifest(manifest: Path) -> dict[str, FileRecord]:
             raise ValueError(f"it lists {outside!r}, outside the export")
         return records
     except FileNotFoundError:
-        raise ConfigError(f"{manifest} is missing: the export is incomplete; export the run again") from None
+        raise ConfigError(f"{manifest} is missing: the export is incomplete; {EXPORT_AGAIN}") from None
     except OSError as exc:
         raise ConfigError(f"cannot read {manifest} ({exc.strerror or exc})") from None
     except ValueError as exc:
-        raise ConfigError(f"{manifest} is damaged ({exc}); export the run again") from None
+        raise ConfigError(f"{manifest} is damaged ({exc}); {EXPORT_AGAIN}") from None
 
 
 def _check_size(file: Path, size: int) -> None:
     try:
         actual = file.stat().st_size
     except FileNotFoundError:
-        raise ConfigError(f"{file} is missing: the export is incomplete; export the run again") from None
+        raise ConfigError(f"{file} is missing: the export is incomplete; {EXPORT_AGAIN}") from None
     if actual != size:
         raise ConfigError(
             f"{file} has changed since it was exported ({actual:,} bytes, not {size:,}): truncated, edited or "
-            "replaced; export the run again"
+            f"replaced; {EXPORT_AGAIN}"
         )
 
 
@@ -283,7 +283,7 @@ def check_step(network: Path, model: ModelConfig, inputs: dict[str, int], output
     name) is the network that ``model``, textgen.json's, describes: its layers, units and vocabulary size."""
     if "ids" not in inputs or "h_0" not in inputs or "logits" not in outputs:
         raise ConfigError(
-            f"{network} is not a model textgen exported (it has no {STEP_SIGNATURE} step); export the run again"
+            f"{network} is not a model textgen exported (it has no {STEP_SIGNATURE} step); {EXPORT_AGAIN}"
         )
     found = {
         "layers": sum(name.startswith("h_") for name in inputs),
@@ -295,11 +295,10 @@ def check_step(network: Path, model: ModelConfig, inputs: dict[str, int], output
         if found[what] != value:
             raise ConfigError(
                 f"{network.parent / INFO_FILE} says {what} {value}, but {network.name} has {found[what]}: they are "
-                "not from the same export; export the run again"
+                f"not from the same export; {EXPORT_AGAIN}"
             )
     names = set(state_names(model.layers))
     if set(inputs) != {"ids", *names} or set(outputs) != {"logits", *names}:
         raise ConfigError(
-            f"{network}'s step has inputs {sorted(inputs)} and outputs {sorted(outputs)}, not textgen's; "
-            "export the run again"
+            f"{network}'s step has inputs {sorted(inputs)} and outputs {sorted(outputs)}, not textgen's; {EXPORT_AGAIN}"
         )
