@@ -48,7 +48,8 @@ def test_top_level_help_shows_a_quick_start() -> None:
     assert result.exit_code == 0
     out = squash(result.stdout)
     assert "train" in out
-    assert "textgen train 2600-0.txt --device cpu" in out, "textgen --help should show how to start"
+    assert "textgen sample --temp 0.8" in out, "textgen --help should show the base model's sample first"
+    assert "textgen train FILE --init-from base:en" in out and "textgen train 2600-0.txt --device cpu" in out
 
 
 @pytest.mark.parametrize("command", [[], ["train"], ["sample"], ["repl"], ["tune"], ["runs"]])

@@ -14,7 +14,8 @@ import pytest
 from helpers import subprocess_env
 
 from textgen import commands
-from textgen.commands import FIRST_STUDY, QUICK_START_SAMPLE, QUICK_START_TRAIN, program, quick_start
+from textgen.basemodel import BASE_NAME
+from textgen.commands import FINE_TUNE, FIRST_STUDY, QUICK_START_SAMPLE, QUICK_START_TRAIN, program, quick_start
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = Path(sys.executable).parent / "textgen"  # the venv's console script
@@ -54,12 +55,15 @@ def test_the_program_is_written_as_the_user_started_it(
 
 
 def test_the_readmes_quick_start_is_the_one_textgen_suggests(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The README's first command and the CLI's hints come from one place: a change to either shows here."""
+    """The README's first commands and the CLI's hints come from one place: a change to either shows here."""
     monkeypatch.setattr(commands, "program", lambda: ".venv/bin/textgen")  # as the README runs it, from the clone
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    block = re.search(r"## Quick start\n.*?```bash\n(.*?)```", readme, re.DOTALL)
-    assert block is not None
-    assert quick_start() in block.group(1)
+    section = re.search(r"## Quick start\n(.*?)\n## ", readme, re.DOTALL)
+    assert section is not None
+    blocks = re.findall(r"```bash\n(.*?)```", section.group(1), re.DOTALL)
+    first, own_text, scratch = quick_start()
+    assert blocks[0].rstrip().endswith(f"&& {first}")  # the install, then the base model's sample
+    assert own_text in blocks[1] and scratch in blocks[2]
 
 
 def _called(monkeypatch: pytest.MonkeyPatch, hint: str) -> tuple[str, dict[str, Any]]:
@@ -98,6 +102,12 @@ def test_a_suggested_first_run_fetches_its_corpus_and_ends_in_minutes(
     assert budget is not None and budget <= 3600  # the defaults run for hours
 
 
+def test_the_suggested_fine_tune_starts_from_the_base_in_minutes(monkeypatch: pytest.MonkeyPatch) -> None:
+    name, kwargs = _called(monkeypatch, f"textgen {FINE_TUNE}")
+    assert name == "train" and kwargs["init_from"].source == BASE_NAME
+    assert kwargs["training"].time_budget == 120
+
+
 def test_the_suggested_sample_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _called(monkeypatch, f"textgen {QUICK_START_SAMPLE}")[0] == "open_generator"
 
@@ -115,7 +125,9 @@ def test_hints_name_the_program_as_the_user_typed_it(tmp_path: Path) -> None:
     empty.mkdir()
     runs = _textgen(["runs", "--checkpoint-dir", str(empty)], ROOT)
     assert runs.returncode == 0, runs.stderr
-    assert f"train one: {typed} {QUICK_START_TRAIN} --checkpoint-dir {empty}" in runs.stdout
+    assert f"use the base model {BASE_NAME}" in runs.stdout  # the package's, which sample would use
+    assert f"from the base: {typed} {FINE_TUNE} --checkpoint-dir {empty}" in runs.stdout
+    assert f"from scratch: {typed} {QUICK_START_TRAIN} --checkpoint-dir {empty}" in runs.stdout
     study = _textgen(["tune", "--show", "--checkpoint-dir", str(empty)], ROOT)
     assert f"start one: {typed} {FIRST_STUDY} --checkpoint-dir {empty}" in study.stderr
     helped = _textgen(["--help"], ROOT, module=True)

@@ -20,7 +20,7 @@ from textgen.artifact import ArtifactInfo, ExportFormat, Quantize, artifact_dir,
 from textgen.basemodel import BASE_NAME, base_path, has_base, is_base_dir, names_base
 from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, checkpoint_dir_flag
 from textgen.cluster import cluster_role, make_strategy
-from textgen.commands import command
+from textgen.commands import command, fine_tune
 from textgen.config import MAX_SAMPLES, Split, TrainConfig, Weights, settings_given
 from textgen.corpus import resolve_corpora
 from textgen.device import apply_profile, configure_for_inference, import_tensorflow, resolve_profile
@@ -89,7 +89,7 @@ def _tuned_from(
     if names_base(init_from.source):
         raise ConfigError(
             f"textgen tune --init-from takes a run (each trial copies its weights); {BASE_NAME} is the package's "
-            f"export: fine-tune it into a run first ({command(f'train FILE --init-from {BASE_NAME}')}), then tune "
+            f"export: fine-tune it into a run first ({fine_tune()}), then tune "
             "--init-from that run"
         )
     export = artifact_dir(init_from.source)
@@ -126,7 +126,7 @@ def _run_or_model(
     if names_base(run_name):
         return None, base_path(), None
     if fallback and run_name is None and model is None and not list_runs(checkpoint_dir) and has_base():
-        train = command(f"train FILE --init-from {BASE_NAME}{checkpoint_dir_flag(checkpoint_dir)}")
+        train = fine_tune() + checkpoint_dir_flag(checkpoint_dir)
         note = f"no trained run in {checkpoint_dir}/: using the base model {BASE_NAME}; train your own: {train}"
         return None, base_path(), note
     return run_name, model, None
@@ -305,7 +305,7 @@ def evaluate_dynamic(
     if names_base(run_name):
         raise ConfigError(
             f"--dynamic adapts a run's weights, and {BASE_NAME} is an export; score it without --dynamic, or "
-            f"fine-tune it into a run first: {command(f'train FILE --init-from {BASE_NAME}')}"
+            f"fine-tune it into a run first: {fine_tune()}"
         )
     run = find_run(checkpoint_dir, run_name, weights)
     if file is not None:  # a missing or empty file is said at once, not after TensorFlow's ~3 s

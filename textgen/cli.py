@@ -69,11 +69,15 @@ def _show_version(asked: bool) -> None:
 # The help's first lines, with the quick start as the user runs textgen (``.venv/bin/textgen``, say): runnable as shown.
 HELP = f"""Train character-level LSTM language models on a book, and play with them.
 
-Quick start, War and Peace on the CPU, then a sample of what the model learned:
-
-`{commands.command(commands.QUICK_START_TRAIN)}`
+Quick start: the base model that comes with textgen writes English at once, with no run trained:
 
 `{commands.command(commands.QUICK_START_SAMPLE)}`
+
+Fine-tune it on your text (FILE) in 2 minutes, or train a model of War and Peace from scratch:
+
+`{commands.fine_tune()}`
+
+`{commands.command(commands.QUICK_START_TRAIN)}`
 """
 
 

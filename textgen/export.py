@@ -57,7 +57,7 @@ from textgen.artifact import (
 from textgen.basemodel import BASE_NAME, is_base_dir
 from textgen.baserun import Base
 from textgen.checkpoint import Run
-from textgen.commands import command
+from textgen.commands import fine_tune
 from textgen.config import Weights
 from textgen.errors import CheckpointError, ConfigError, ExportInterrupted, one_line
 from textgen.files import fsync_path, fsync_tree
@@ -114,10 +114,9 @@ def copy_export(source: Path, format: str, quantize: str, path: Path | None = No
     keeps (its weights are float16 already); another format needs a run."""
     info = ArtifactInfo.read(source)
     if format != info.format or quantize not in (Quantize.none.value, info.quantize):
-        fine_tune = command(f"train FILE --init-from {BASE_NAME}")
         raise ConfigError(
             f"{BASE_NAME} ships as a {info.format} {info.quantize} export, which textgen export copies as it is; "
-            f"for --format {format} --quantize {quantize}, fine-tune it into a run and export that: {fine_tune}"
+            f"for --format {format} --quantize {quantize}, fine-tune it into a run and export that: {fine_tune()}"
         )
     name = BASE_NAME.replace(":", "-")
     path = Path(path) if path is not None else default_export_path(name, info.format, info.quantize)

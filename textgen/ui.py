@@ -21,9 +21,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from textgen.basemodel import BASE_NAME
+from textgen.basemodel import BASE_NAME, has_base
 from textgen.checkpoint import checkpoint_dir_flag
-from textgen.commands import QUICK_START_TRAIN, command
+from textgen.commands import QUICK_START_TRAIN, command, fine_tune
 from textgen.errors import TextgenError, TrainingInterrupted
 from textgen.generation import bias_row
 from textgen.results import (
@@ -285,8 +285,16 @@ def show_runs(console: Console, runs: list[RunSummary], checkpoint_dir: Path, as
             print(json_line(summary))
         return
     if not runs:
-        first = command(QUICK_START_TRAIN + checkpoint_dir_flag(checkpoint_dir))
-        console.print(f"no runs in {checkpoint_dir}/; train one: {first}", markup=False)
+        flag = checkpoint_dir_flag(checkpoint_dir)
+        scratch = command(QUICK_START_TRAIN + flag)
+        if not has_base():
+            console.print(f"no runs in {checkpoint_dir}/; train one: {scratch}", markup=False)
+            return
+        console.print(
+            f"no runs in {checkpoint_dir}/: sample, repl and serve use the base model {BASE_NAME}", markup=False
+        )
+        console.print(f"train one on your text, from the base: {fine_tune() + flag}", markup=False)
+        console.print(f"or one from scratch: {scratch}", markup=False)
         return
     rows = [
         (
