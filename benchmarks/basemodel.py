@@ -14,6 +14,7 @@
 3. Scores the export, without TensorFlow, on the test split of each held-out book and of War and Peace (the last 5%
    of its kept text, as ``textgen train`` splits a single file; written to ``--work-dir``), read as one stream
    (``textgen evaluate --run base:en FILE --streams 1``), and prints the card's table (``--json``: one record).
+4. Measures its size and ``textgen sample``'s time to a first character with no run trained (on the base).
 
 Two hours of training on 2 cores: run nothing else meanwhile.
 """
@@ -23,9 +24,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
+
+from deploy import disk_size, first_character_seconds, gzip_size
 
 from textgen import api
 from textgen.artifact import ExportFormat, Quantize
@@ -90,6 +95,19 @@ def score(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
+def startup(repeats: int = 5) -> dict[str, Any]:
+    """What a newcomer meets: the package's model on disk, and ``textgen sample`` with no run trained (so on the
+    base model) from a fresh process's start to its first character, the median of ``repeats``."""
+    with tempfile.TemporaryDirectory() as empty:
+        seconds = [first_character_seconds(["--checkpoint-dir", empty]) for _ in range(repeats)]
+    return {
+        "bytes": disk_size(base_dir()),
+        "gzipped_bytes": gzip_size(base_dir()),
+        "first_char_s": statistics.median(seconds),
+        "first_char_s_max": max(seconds),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--time-budget", type=parse_duration, default=parse_duration("120m"))
@@ -101,12 +119,18 @@ def main() -> None:
     if not args.score_only:
         train(args)
     rows = score(args)
+    first_use = startup()
     if args.json:
-        print(json.dumps({"model": BASE_NAME, "test": rows}))
+        print(json.dumps({"model": BASE_NAME, "test": rows, "startup": first_use}))
         return
     print("| held-out text (test split) | characters | nats/char |\n|---|---:|---:|")
     for row in rows:
         print(f"| {row['book']} | {row['chars']:,} | {row['nats_per_char']:.4f} |")
+    print(
+        f"\n{first_use['bytes'] / 1e6:.2f} MB in the package ({first_use['gzipped_bytes'] / 1e6:.2f} MB gzipped); "
+        f"`textgen sample` with no run, start to first character: {first_use['first_char_s']:.2f} s median of 5 "
+        f"(max {first_use['first_char_s_max']:.2f} s)"
+    )
 
 
 if __name__ == "__main__":
