@@ -157,3 +157,17 @@ def test_its_vocabulary_covers_english_text() -> None:
     assert len(set(BASE_CHARS)) == len(BASE_CHARS)
     for text in ("Hello, world! 42 ~ {x}", "café naïve Æsop façade", "“Quoted” — ‘single’ … it’s", "\u00a0\t\n"):
         assert set(text) <= set(BASE_CHARS), text
+
+
+def test_the_packaged_base_model_is_checked_and_writes_english(tmp_path: Path) -> None:
+    """The model the package ships (not a stand-in): its files match their manifest, its vocabulary starts with
+    what users' text holds, and with no run trained, ``textgen sample`` writes English words with it."""
+    from textgen.artifact import ArtifactInfo
+
+    info = ArtifactInfo.read(basemodel.base_dir())  # checksums verified, or one line naming the damage
+    assert (info.format, info.quantize) == ("litert", "float16")
+    assert "".join(info.vocab.chars).startswith(BASE_CHARS)
+    records, stderr = sample_json("--checkpoint-dir", str(tmp_path / "checkpoints"), "--temp", "0.5", "--length", "400")
+    assert records[0]["model"] == BASE_NAME and "using the base model" in stderr
+    words = set(records[0]["text"].lower().split())
+    assert len(words & {"the", "and", "of", "to", "a", "in", "he", "she", "was", "that", "his", "her", "it"}) >= 4

@@ -16,6 +16,7 @@ import pytest
 import tensorflow as tf
 from helpers import assert_one_line_error, invoke, run_textgen, subprocess_env, train_tiny_run
 
+from textgen import basemodel
 from textgen.checkpoint import Run
 from textgen.genconfig import SampleConfig
 from textgen.model import build_model
@@ -347,7 +348,8 @@ def test_no_unknown_character_warning_for_a_known_prime(checkpoint_dir: Path) ->
 
 
 @pytest.mark.parametrize("command", ["sample", "repl"])
-def test_no_checkpoint_yet(tmp_path: Path, command: str) -> None:
+def test_no_checkpoint_yet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str) -> None:
+    monkeypatch.setattr(basemodel, "base_dir", lambda: tmp_path / "missing")  # else the base model answers
     result = invoke(command, "--checkpoint-dir", str(tmp_path / "empty"))
     assert_one_line_error(result, "no trained run", "textgen train")
 
