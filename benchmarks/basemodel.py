@@ -6,7 +6,7 @@
 1. Trains run ``base-en`` in ``--checkpoint-dir`` on the Project Gutenberg books of CORPUS/gutenberg/ (their text
    between Gutenberg's markers, as ``textgen train`` keeps it), **leaving out** the four books of at least 1 MB that
    ``benchmarks/finetune.py`` measures on (``HELD_OUT``), so that fine-tuning figures are of text the base never
-   saw. The recipe is the best 2-hour one of docs/quality.md (two layer-normalized layers of 512, dropout 0.1,
+   saw, and the two that are not in the public domain (``NOT_PUBLIC_DOMAIN``). The recipe is the best 2-hour one of docs/quality.md (two layer-normalized layers of 512, dropout 0.1,
    cosine schedule), seed 0; the vocabulary starts with ``basemodel.BASE_CHARS`` (what users' English text holds)
    and is extended by the books' own characters.
 2. Exports its best weights as LiteRT float16 into textgen/base/en/ (the package's data: run nothing else from the
@@ -44,6 +44,10 @@ from textgen.settings import DataSettings, ModelSettings, TrainRequest, TrainSet
 CORPORA = Path(os.environ.get("TEXTGEN_CORPUS_PATH", "../shared/corpora"))
 # The books benchmarks/finetune.py fine-tunes on (the shared books with at least 1 MB of text): never trained on.
 HELD_OUT = ("1400-0.txt", "pg1497.txt", "pg3207.txt", "4300-0.txt")
+# Not public domain: Project Gutenberg carries them with their copyright holders' permission ("This is a COPYRIGHTED
+# Project Gutenberg eBook": Barrie's Peter Pan, Wyllie's translation of Metamorphosis). The model is of public-domain
+# text only.
+NOT_PUBLIC_DOMAIN = ("16-0.txt", "pg5200.txt")
 WAR_AND_PEACE = "2600-0.txt"
 RUN = "base-en"
 RECIPE: dict[str, Any] = {"layers": 2, "units": 512, "dropout": 0.1, "layer_norm": True}
@@ -54,7 +58,7 @@ def train(args: argparse.Namespace) -> None:
 
     from textgen.trainview import TrainingDisplay
 
-    books = sorted(p for p in (CORPORA / "gutenberg").glob("*.txt") if p.name not in HELD_OUT)
+    books = sorted(p for p in (CORPORA / "gutenberg").glob("*.txt") if p.name not in HELD_OUT + NOT_PUBLIC_DOMAIN)
     print(f"training {RUN} on {len(books)} books ({sum(p.stat().st_size for p in books):,} bytes)", file=sys.stderr)
     request = TrainRequest(
         tuple(str(p) for p in books),
