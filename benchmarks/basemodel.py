@@ -6,9 +6,9 @@
 1. Trains run ``base-en`` in ``--checkpoint-dir`` on the Project Gutenberg books of CORPUS/gutenberg/ (their text
    between Gutenberg's markers, as ``textgen train`` keeps it), **leaving out** the four books of at least 1 MB that
    ``benchmarks/finetune.py`` measures on (``HELD_OUT``), so that fine-tuning figures are of text the base never
-   saw, and the two that are not in the public domain (``NOT_PUBLIC_DOMAIN``). The recipe is the best 2-hour one of docs/quality.md (two layer-normalized layers of 512, dropout 0.1,
-   cosine schedule), seed 0; the vocabulary starts with ``basemodel.BASE_CHARS`` (what users' English text holds)
-   and is extended by the books' own characters.
+   saw, and the two that are not in the public domain (``NOT_PUBLIC_DOMAIN``). The recipe is the best 2-hour one of
+   docs/quality.md (two layer-normalized layers of 512, dropout 0.1, cosine schedule), seed 0; the vocabulary starts
+   with ``basemodel.BASE_CHARS`` (what users' English text holds) and is extended by the books' own characters.
 2. Exports its best weights as LiteRT float16 into textgen/base/en/ (the package's data: run nothing else from the
    checkout meanwhile).
 3. Scores the export, without TensorFlow, on the test split of each held-out book and of War and Peace (the last 5%
