@@ -68,6 +68,10 @@ def test_a_damaged_base_model_gets_one_line(packaged: Path, tmp_path: Path) -> N
     network.write_bytes(bytes(data))
     result = invoke("sample", "--run", BASE_NAME, "--checkpoint-dir", str(tmp_path))
     assert_one_line_error(result, f"the packaged base model {BASE_NAME} is damaged", "reinstall textgen")
+    (tmp_path / "site-packages" / ".git").mkdir()  # the package is a clone's (an editable install): git restores it
+    result = invoke("sample", "--run", BASE_NAME, "--checkpoint-dir", str(tmp_path))
+    clone = tmp_path / "site-packages"
+    assert_one_line_error(result, "is damaged", f"restore it: git -C {clone} checkout -- textgen/base/en")
 
 
 def test_an_installation_without_the_base_model_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

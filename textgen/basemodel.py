@@ -13,7 +13,6 @@ from pathlib import Path
 from textgen.errors import ConfigError
 
 BASE_NAME = "base:en"
-REINSTALL = "reinstall textgen (pip install --force-reinstall textgen)"
 
 # The characters the base model's vocabulary starts with, in id order, whatever its books hold: what users' English
 # text holds, so that a prompt or a text to fine-tune on rarely has a character the model has never had an id for.
@@ -45,12 +44,20 @@ def has_base() -> bool:
     return (base_dir() / "textgen.json").is_file()
 
 
+def restore() -> str:
+    """What brings the package's copy back: in a clone (an editable install), git has it; else the install."""
+    clone = base_dir().parents[2]
+    if (clone / ".git").exists():
+        return f"restore it: git -C {clone} checkout -- textgen/base/en"
+    return "reinstall textgen as you installed it (pip install --force-reinstall ...)"
+
+
 def base_path() -> Path:
     """The base model's directory, or one clear error when this installation lacks it."""
     if not has_base():
         raise ConfigError(
             f"{BASE_NAME}: this installation of textgen has no base model ({base_dir()} is missing); "
-            f"{REINSTALL}, or build it: python benchmarks/basemodel.py"
+            f"{restore()}, or build it: python benchmarks/basemodel.py"
         )
     return base_dir()
 
@@ -59,4 +66,4 @@ def damaged(exc: ConfigError, advice: str) -> ConfigError:
     """``exc``, an export's check failing on the base model's files, with what to do about a damaged install
     instead of ``advice`` (to export the run again)."""
     problem = str(exc).removesuffix(f"; {advice}")
-    return ConfigError(f"the packaged base model {BASE_NAME} is damaged: {problem}; {REINSTALL}")
+    return ConfigError(f"the packaged base model {BASE_NAME} is damaged: {problem}; {restore()}")
