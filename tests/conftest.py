@@ -25,6 +25,15 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 
 @pytest.fixture
+def no_base_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An installation without the base model: commands given no run fail as they did before it shipped, rather
+    than fall back to it (in this process only)."""
+    from textgen import basemodel
+
+    monkeypatch.setattr(basemodel, "base_dir", lambda: tmp_path / "no-base-model")
+
+
+@pytest.fixture
 def tiny_corpus(tmp_path: Path) -> Path:
     """About 13,700 characters of random words in tmp_path/tiny.txt."""
     return write_corpus(tmp_path / "tiny.txt", 3000)

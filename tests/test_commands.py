@@ -109,7 +109,8 @@ def test_the_suggested_fine_tune_starts_from_the_base_in_minutes(monkeypatch: py
 
 
 def test_the_suggested_sample_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert _called(monkeypatch, f"textgen {QUICK_START_SAMPLE}")[0] == "open_generator"
+    name, kwargs = _called(monkeypatch, f"textgen {QUICK_START_SAMPLE}")
+    assert name == "open_generator" and kwargs["fallback"] is True  # with no run, the base model
 
 
 def _textgen(args: list[str], cwd: Path, *, module: bool = False) -> subprocess.CompletedProcess[str]:
@@ -132,3 +133,14 @@ def test_hints_name_the_program_as_the_user_typed_it(tmp_path: Path) -> None:
     assert f"start one: {typed} {FIRST_STUDY} --checkpoint-dir {empty}" in study.stderr
     helped = _textgen(["--help"], ROOT, module=True)
     assert f"{os.path.relpath(sys.executable, ROOT)} -m textgen {QUICK_START_TRAIN}" in helped.stdout
+
+
+def test_with_no_base_model_an_empty_runs_list_suggests_training_from_scratch(
+    tmp_path: Path, no_base_model: None
+) -> None:
+    from helpers import invoke
+
+    result = invoke("runs", "--checkpoint-dir", str(tmp_path))
+    assert result.exit_code == 0, result.stderr
+    assert f"no runs in {tmp_path}/; train one: textgen {QUICK_START_TRAIN}" in " ".join(result.stdout.split())
+    assert BASE_NAME not in result.stdout

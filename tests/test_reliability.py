@@ -508,7 +508,7 @@ def test_bad_training_values(tmp_path: Path, flags: list[str], fragment: str) ->
         (["--seed", str(2**40)], "--seed must be an integer in [0, 2**31)"),
     ],
 )
-def test_bad_sampling_values(tmp_path: Path, flags: list[str], fragment: str) -> None:
+def test_bad_sampling_values(tmp_path: Path, no_base_model: None, flags: list[str], fragment: str) -> None:
     assert_one_line_error(invoke("sample", "--checkpoint-dir", str(tmp_path / "none"), *flags), fragment)
 
 

@@ -441,7 +441,10 @@ def colour_escapes(raw: bytes) -> set[str]:
 
 @pytest.mark.parametrize(
     ("args", "last"),
-    [(["train", "--help"], r"Show this message and exit"), (["sample", "--checkpoint-dir", "nowhere"], r"error: .*\n")],
+    [
+        (["train", "--help"], r"Show this message and exit"),
+        (["evaluate", "--checkpoint-dir", "nowhere"], r"error: .*\n"),
+    ],
     ids=["help on stdout", "error on stderr"],
 )
 def test_no_color_takes_the_colours_out_of_a_terminal(tmp_path: Path, args: list[str], last: str) -> None:

@@ -16,7 +16,6 @@ import pytest
 import tensorflow as tf
 from helpers import assert_one_line_error, invoke, run_textgen, subprocess_env, train_tiny_run
 
-from textgen import basemodel
 from textgen.checkpoint import Run
 from textgen.genconfig import SampleConfig
 from textgen.model import build_model
@@ -348,8 +347,7 @@ def test_no_unknown_character_warning_for_a_known_prime(checkpoint_dir: Path) ->
 
 
 @pytest.mark.parametrize("command", ["sample", "repl"])
-def test_no_checkpoint_yet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str) -> None:
-    monkeypatch.setattr(basemodel, "base_dir", lambda: tmp_path / "missing")  # else the base model answers
+def test_no_checkpoint_yet(tmp_path: Path, no_base_model: None, command: str) -> None:
     result = invoke(command, "--checkpoint-dir", str(tmp_path / "empty"))
     assert_one_line_error(result, "no trained run", "textgen train")
 
@@ -431,7 +429,7 @@ def test_bad_sample_flags(checkpoint_dir: Path, flags: list[str], fragment: str)
         assert_one_line_error(invoke("repl", "--checkpoint-dir", str(checkpoint_dir), *flags), fragment)
 
 
-def test_bad_flags_are_reported_before_the_missing_checkpoint(tmp_path: Path) -> None:
+def test_bad_flags_are_reported_before_the_missing_checkpoint(tmp_path: Path, no_base_model: None) -> None:
     assert_one_line_error(invoke("sample", "--checkpoint-dir", str(tmp_path), "--temp", "-1"), "--temp")
 
 

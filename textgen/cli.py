@@ -109,6 +109,7 @@ TRAIN_EXAMPLES = """
     textgen train my_book.txt --layers 2 --layer-norm --time-budget 2h
     textgen train my_book.txt --from-study my_book    # tune's best recipe
     textgen train other.txt --config checkpoints/studies/my_book/best.json
+    textgen train letters.txt --init-from base:en --time-budget 2m  # from the base
     textgen train my_book.txt --init-from 2600-0 --time-budget 10m  # fine-tune
     textgen train tiny.txt --init-from 2600-0 --freeze embedding --run tiny
     TF_CONFIG='{...}' textgen train books/ --strategy multiworker --run lib
@@ -304,7 +305,8 @@ def _train_from_run(
 SAMPLE_EXAMPLES = """
 **Examples**
 
-    textgen sample --temp 0.8                  # the latest run, 500 characters
+    textgen sample --temp 0.8                  # the latest run (none: base:en)
+    textgen sample --run base:en --prime "It was"   # the base model
     textgen sample --run 2600-0 --prime "Prince Andrew" --num 8 --seed 7
     textgen sample --temp 0 --top-k 5 --top-p 0.9 --json
     textgen sample --temp 0 --frequency-penalty 0.01 --logit-bias '\\n=-100'
@@ -356,7 +358,7 @@ def sample(
 REPL_EXAMPLES = """
 **Examples**
 
-    textgen repl                               # the latest run
+    textgen repl                               # the latest run (none: base:en)
     textgen repl --run 2600-0 --temp 0.5 --length 300
 
 In the REPL, type :help for commands (:temp, :len, :topk, :topp, :freq, :presence, :bias, :seed, :num, :context,
@@ -404,7 +406,7 @@ def repl(
 SERVE_EXAMPLES = """
 **Examples**
 
-    textgen serve                                 # the latest run, on http://127.0.0.1:8000 (open it for the page)
+    textgen serve                                 # latest run (or base:en): http://127.0.0.1:8000
     textgen serve --run 2600-0 --port 9000
     textgen serve --model exports/2600-0-litert   # an export, without TensorFlow
     TEXTGEN_API_KEY=secret textgen serve --host 0.0.0.0

@@ -9,8 +9,9 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+from textgen.basemodel import has_base
 from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, Run, RunLock, check_run_name, checkpoint_dir_flag
-from textgen.commands import QUICK_START_TRAIN, command
+from textgen.commands import QUICK_START_TRAIN, command, fine_tune
 from textgen.config import Weights
 from textgen.errors import CheckpointError, ConfigError, WeightsError
 
@@ -98,9 +99,11 @@ def find_run(
                 "use --last, or train it further",
                 runs[0].path,
             )
+    flag = checkpoint_dir_flag(checkpoint_dir)
+    scratch = f"train one first: {command(QUICK_START_TRAIN + flag)}"
     raise CheckpointError(
         f"no trained run in {checkpoint_dir}/; "
-        f"train one first: {command(QUICK_START_TRAIN + checkpoint_dir_flag(checkpoint_dir))}"
+        + (f"{scratch}, or fine-tune the base model on your text: {fine_tune() + flag}" if has_base() else scratch)
     )
 
 
