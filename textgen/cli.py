@@ -109,7 +109,7 @@ TRAIN_EXAMPLES = """
     textgen train my_book.txt --layers 2 --layer-norm --time-budget 2h
     textgen train my_book.txt --from-study my_book    # tune's best recipe
     textgen train other.txt --config checkpoints/studies/my_book/best.json
-    textgen train letters.txt --init-from base:en --time-budget 2m  # from the base
+    textgen train poems.txt --init-from base:en --time-budget 2m  # the base
     textgen train my_book.txt --init-from 2600-0 --time-budget 10m  # fine-tune
     textgen train tiny.txt --init-from 2600-0 --freeze embedding --run tiny
     TF_CONFIG='{...}' textgen train books/ --strategy multiworker --run lib
