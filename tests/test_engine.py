@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from textgen import engine as engine_module
 from textgen import promptcache
-from textgen.engine import Draining, Engine, QueueFull
+from textgen.engine import FIRST_CHARS, Draining, Engine, QueueFull
 from textgen.genconfig import MAX_STOP_CHARS, SampleConfig
 from textgen.promptcache import PromptCache
 from textgen.rowtable import Event, Finish, Job
@@ -556,6 +556,31 @@ def test_prompts_sharing_a_preamble_start_where_it_ends(sampler, monkeypatch, la
         assert engine.cache.longest(sampler.encode_prompts([preamble + "four"])[0]).length == 250  # type: ignore[union-attr]
     finally:
         engine.close()
+
+
+def test_a_prompt_the_cache_holds_whole_draws_its_first_characters_at_once(sampler, monkeypatch) -> None:
+    """A request whose whole prompt the cache holds is ready to draw: its first FIRST_CHARS characters come from a
+    call of their own, before the batch's call of many steps, and its text is `textgen sample`'s."""
+    monkeypatch.setattr(promptcache, "EVERY", 100)
+    prompt = ("the quick brown fox jumps over the lazy dog " * 9)[:300]
+    job = Job((prompt,), max_chars=120, temperature=1.0, seed=7)
+    engine = cached_engine(sampler)
+    try:
+        run_job(engine, job)  # read, and kept at its end
+        calls: list[tuple[int, int]] = []
+        generate = sampler.generate_steps
+
+        def spy(logits, states, uniforms, settings, forced=None, counts=None):
+            calls.append((len(logits), len(uniforms)))
+            return generate(logits, states, uniforms, settings, forced, counts)
+
+        monkeypatch.setattr(sampler, "generate_steps", spy)
+        texts, started_past = run_job(engine, job)
+    finally:
+        engine.close()
+    assert started_past == 300
+    assert calls[:2] == [(1, FIRST_CHARS), (1, 120 - FIRST_CHARS)]
+    assert texts[0] == sampler.generate([prompt], SampleConfig(length=120, temperature=1.0, seed=7))[0]
 
 
 def test_the_cache_keeps_its_bound_in_entries(sampler, monkeypatch) -> None:
