@@ -111,7 +111,7 @@ def wp_test_text(data: dict[str, Any]) -> str:
     from textgen.corpus import read_corpus
     from textgen.idcache import split_sizes
 
-    if data.get("files"):
+    if len(data.get("files") or []) > 1:  # a run of one file lists it too
         raise SystemExit("the base run trained on several files; give one trained on War and Peace alone")
     text = read_corpus(data["corpus"], data["strip_boilerplate"], data["encoding"])
     _, _, test = split_sizes(len(text), data["val_fraction"], data["test_fraction"])
