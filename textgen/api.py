@@ -18,10 +18,9 @@ from typing import TYPE_CHECKING, Any
 from textgen import __version__
 from textgen.artifact import ArtifactInfo, ExportFormat, Quantize, artifact_dir, default_export_path
 from textgen.basemodel import BASE_NAME, base_path, has_base, is_base_dir, names_base
-from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, checkpoint_dir_flag
 from textgen.cluster import cluster_role, make_strategy
-from textgen.commands import command, fine_tune
-from textgen.config import MAX_SAMPLES, Split, TrainConfig, Weights, settings_given
+from textgen.commands import checkpoint_dir_flag, command, fine_tune
+from textgen.config import DEFAULT_CHECKPOINT_DIR, MAX_SAMPLES, Split, TrainConfig, Weights, settings_given
 from textgen.corpus import resolve_corpora
 from textgen.device import apply_profile, configure_for_inference, import_tensorflow, resolve_profile
 from textgen.errors import ConfigError, WeightsError
@@ -126,7 +125,7 @@ def _run_or_model(
     if names_base(run_name):
         return None, base_path(), None
     if fallback and run_name is None and model is None and not list_runs(checkpoint_dir) and has_base():
-        train = fine_tune() + checkpoint_dir_flag(checkpoint_dir)
+        train = fine_tune(checkpoint_dir=checkpoint_dir)
         note = f"no trained run in {checkpoint_dir}/: using the base model {BASE_NAME}; train your own: {train}"
         return None, base_path(), note
     return run_name, model, None

@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from textgen.commands import command
-from textgen.config import DEFAULT_CHECKPOINT_DIR, DataConfig, RunConfig, Weights
+from textgen.commands import checkpoint_dir_flag, command
+from textgen.config import DataConfig, RunConfig, Weights
 from textgen.corpus import check_unchanged
 from textgen.errors import CheckpointError, ConfigError, WeightsError, one_line, shown
 from textgen.files import MAX_JSON_BYTES, TEMPORARY, atomic_path, atomic_write_text, read_json_object
@@ -545,11 +545,6 @@ def resume_hint(run: Run, more: str = "", what: str = "continue with") -> str:
     """How to continue ``run`` from the command line; ``more``: the flags a finished run needs to train further,
     ``what``: what they do (``train 30 more minutes``)."""
     return f"{what}: {command('train --resume')} --run {run.name}{checkpoint_dir_flag(run.path.parent)}{more}"
-
-
-def checkpoint_dir_flag(checkpoint_dir: Path) -> str:
-    """`` --checkpoint-dir DIR`` for a command shown to the user, unless ``DIR`` is the default."""
-    return "" if Path(checkpoint_dir) == DEFAULT_CHECKPOINT_DIR else f" --checkpoint-dir {checkpoint_dir}"
 
 
 def check_run_name(name: str, flag: str = "--run") -> str:

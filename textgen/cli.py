@@ -19,7 +19,6 @@ from rich.markup import escape
 from textgen import api, commands, trainview, tuneview, ui
 from textgen import cliopts as o
 from textgen.artifact import ExportFormat, Quantize
-from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR
 from textgen.cliapp import TextgenCommand, TextgenGroup, console, err_console, errors
 from textgen.cliopts import (
     CheckpointDirOption,
@@ -32,7 +31,7 @@ from textgen.cliopts import (
     TopKOption,
     TopPOption,
 )
-from textgen.config import Device, PruneConfig, Split, Weights, flag
+from textgen.config import DEFAULT_CHECKPOINT_DIR, Device, PruneConfig, Split, Weights, flag
 from textgen.corpus import read_prompt_file
 from textgen.durations import parse_budget, parse_duration
 from textgen.errors import ConfigError

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from textgen.basemodel import BASE_NAME
+from textgen.config import DEFAULT_CHECKPOINT_DIR
 
 CORPUS = "2600-0.txt"  # War and Peace: --download fetches it from Project Gutenberg where it is absent
 # A first run that works on a fresh clone: the corpus fetched if absent, and a budget (without one, 30 epochs take
@@ -60,9 +61,14 @@ def command(args: str) -> str:
     return f"{program()} {args}"
 
 
-def fine_tune(file: str = "FILE") -> str:
-    """The command that fine-tunes the base model on ``file`` (a placeholder unless given)."""
-    return command(FINE_TUNE.replace("FILE", file, 1))
+def checkpoint_dir_flag(checkpoint_dir: Path) -> str:
+    """`` --checkpoint-dir DIR`` for a command shown to the user, unless ``DIR`` is the default."""
+    return "" if Path(checkpoint_dir) == DEFAULT_CHECKPOINT_DIR else f" --checkpoint-dir {checkpoint_dir}"
+
+
+def fine_tune(file: str = "FILE", checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR) -> str:
+    """The command that fine-tunes the base model on ``file`` (a placeholder unless given) into ``checkpoint_dir``."""
+    return command(FINE_TUNE.replace("FILE", file, 1)) + checkpoint_dir_flag(checkpoint_dir)
 
 
 def quick_start() -> tuple[str, str, str]:

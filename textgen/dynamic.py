@@ -26,8 +26,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from textgen.checkpoint import Run, checkpoint_dir_flag
-from textgen.commands import command
+from textgen.checkpoint import Run
+from textgen.commands import checkpoint_dir_flag, command
 from textgen.config import DeviceProfile, DynamicConfig, Split, Weights
 from textgen.errors import CheckpointError, ConfigError, one_line
 from textgen.evaluate import split_ids, text_ids

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from textgen.basemodel import has_base
-from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, Run, RunLock, check_run_name, checkpoint_dir_flag
-from textgen.commands import QUICK_START_TRAIN, command, fine_tune
-from textgen.config import Weights
+from textgen.checkpoint import Run, RunLock, check_run_name
+from textgen.commands import QUICK_START_TRAIN, checkpoint_dir_flag, command, fine_tune
+from textgen.config import DEFAULT_CHECKPOINT_DIR, Weights
 from textgen.errors import CheckpointError, ConfigError, WeightsError
 
 
@@ -103,7 +103,11 @@ def find_run(
     scratch = f"train one first: {command(QUICK_START_TRAIN + flag)}"
     raise CheckpointError(
         f"no trained run in {checkpoint_dir}/; "
-        + (f"{scratch}, or fine-tune the base model on your text: {fine_tune() + flag}" if has_base() else scratch)
+        + (
+            f"{scratch}, or fine-tune the base model on your text: {fine_tune(checkpoint_dir=checkpoint_dir)}"
+            if has_base()
+            else scratch
+        )
     )
 
 

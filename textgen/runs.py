@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, ResumeState, Run
-from textgen.config import RunConfig, Weights
+from textgen.checkpoint import ResumeState, Run
+from textgen.config import DEFAULT_CHECKPOINT_DIR, RunConfig, Weights
 from textgen.errors import CheckpointError
 from textgen.results import RunSummary, bits, lstm_shape
 from textgen.rundirs import list_runs

@@ -14,8 +14,9 @@ import optuna
 import sqlalchemy.exc
 from optuna.trial import FrozenTrial, TrialState
 
-from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, Run, checkpoint_dir_flag
-from textgen.commands import FIRST_STUDY, command
+from textgen.checkpoint import Run
+from textgen.commands import FIRST_STUDY, checkpoint_dir_flag, command
+from textgen.config import DEFAULT_CHECKPOINT_DIR
 from textgen.corpus import corpus_stem, resolve_corpora
 from textgen.errors import CheckpointError, ConfigError
 from textgen.recipe import BEST_RECIPE, Recipe, base_of, read_recipe, recipe_of, write_recipe

@@ -27,8 +27,8 @@ import keras
 import optuna
 from optuna.trial import TrialState
 
-from textgen.checkpoint import DEFAULT_CHECKPOINT_DIR, Run, RunLock
-from textgen.config import DeviceProfile, Freeze, Split, Weights, flag_setting, settings_given
+from textgen.checkpoint import Run, RunLock
+from textgen.config import DEFAULT_CHECKPOINT_DIR, DeviceProfile, Freeze, Split, Weights, flag_setting, settings_given
 from textgen.corpus import check_unchanged, corpus_fingerprint
 from textgen.data import load_splits
 from textgen.device import apply_profile, resolve_profile

@@ -14,8 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from textgen.checkpoint import checkpoint_dir_flag
-from textgen.commands import command
+from textgen.commands import checkpoint_dir_flag, command
 from textgen.durations import format_seconds
 from textgen.results import EpochLog, StudyResult, StudyStop, TrialStatus, TrialSummary, bits, lstm_shape
 from textgen.trainview import chars_per_second

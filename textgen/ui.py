@@ -22,8 +22,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from textgen.basemodel import BASE_NAME, has_base
-from textgen.checkpoint import checkpoint_dir_flag
-from textgen.commands import QUICK_START_TRAIN, command, fine_tune
+from textgen.commands import QUICK_START_TRAIN, checkpoint_dir_flag, command, fine_tune
 from textgen.errors import TextgenError, TrainingInterrupted
 from textgen.generation import bias_row
 from textgen.results import (
@@ -293,7 +292,9 @@ def show_runs(console: Console, runs: list[RunSummary], checkpoint_dir: Path, as
         console.print(
             f"no runs in {checkpoint_dir}/: sample, repl and serve use the base model {BASE_NAME}", markup=False
         )
-        console.print(f"train one on your text, from the base: {fine_tune() + flag}", markup=False)
+        console.print(
+            f"train one on your text, from the base: {fine_tune(checkpoint_dir=checkpoint_dir)}", markup=False
+        )
         console.print(f"or one from scratch: {scratch}", markup=False)
         return
     rows = [

@@ -17,7 +17,7 @@ import numpy as np
 from textgen import config as cfgmod
 from textgen.basemodel import has_base
 from textgen.baserun import Base
-from textgen.checkpoint import ResumeState, Run, RunLock, check_corpus_unchanged, checkpoint_dir_flag, resume_hint
+from textgen.checkpoint import ResumeState, Run, RunLock, check_corpus_unchanged, resume_hint
 from textgen.commands import fine_tune
 from textgen.config import (
     DataConfig,
@@ -162,10 +162,8 @@ def _base_hint(checked: CheckedRequest, splits: Splits) -> str | None:
     if checked.base is not None or checked.request.init_from is not None or chars >= SMALL_TEXT or not has_base():
         return None
     corpus = " ".join(shlex.quote(name) for name in checked.request.corpus)
-    flag = checkpoint_dir_flag(checked.request.checkpoint_dir)
-    return (
-        f"a small text ({chars:,} characters): starting from the base model is likely better: {fine_tune(corpus)}{flag}"
-    )
+    train = fine_tune(corpus, checked.request.checkpoint_dir)
+    return f"a small text ({chars:,} characters): starting from the base model is likely better: {train}"
 
 
 def _init_config(run: Run, base: Base, freeze: Freeze) -> InitConfig:
