@@ -25,7 +25,11 @@ numbers are of a continued run, not of one planned for 10 m, alike for both runs
 
 * test nats/char: ``textgen evaluate --run R --split test --streams S`` (best weights), S the fine-tuned run's batch
   size for both runs (their batch layouts are the same anyway: same text); difference: fine-tuned minus scratch
-  (negative: fine-tuning is better);
+  (negative: fine-tuning is better). A 50 KB cut's test split is 2.5 KB: in 64 streams of 39 characters, each read
+  from the zero state as training reads, so the figure is mostly that of text read cold. Also in one stream
+  (``--streams 1``), the way a reader meets it;
+* the base with no fine-tuning, on each cut's test split (written to WORK/BOOK-SIZE.test.txt) in S streams and in one:
+  what fine-tuning buys over using the base as it is;
 * scratch reaches fine-tuned: the first row of the scratch run's history.csv (a row per epoch, read after the last
   budget) whose validation loss is at or below the fine-tuned run's best validation loss at that budget; its
   ``seconds`` column, the run's own training clock over all invocations (what --time-budget counts). Accurate to an
@@ -118,6 +122,14 @@ def wp_test_text(data: dict[str, Any]) -> str:
     return text[len(text) - test :]
 
 
+def test_part(text: str) -> str:
+    """The part of ``text`` textgen tests on: the last, with the default split fractions."""
+    from textgen.idcache import split_sizes
+
+    _, _, test = split_sizes(len(text), DataConfig.val_fraction, DataConfig.test_fraction)
+    return text[len(text) - test :]
+
+
 def write(path: Path, text: str) -> None:
     if not path.is_file() or path.read_text(encoding="utf-8") != text:  # a run's corpus must not change under it
         path.write_text(text, encoding="utf-8")
@@ -207,6 +219,7 @@ def measure_pair(
             if kind == "ft":  # both runs are scored as the same streams: the fine-tuned run's batch
                 streams = str(run_config(args.checkpoint_dir, name).get("data", {}).get("batch_size", streams))
             stage["test"] = score(name, args, streams)
+            stage["test_one_stream"] = score(name, args, "1")
             stage["sample"] = sample(name, args)
             stage["verbatim"] = verbatim(stage["sample"], seen)
             row[KINDS[kind]] = stage
@@ -257,6 +270,8 @@ def flat(row: dict[str, Any]) -> dict[str, Any]:
         **{k: row[k] for k in ("book", "size", "budget", "seed")},
         "ft_test": ft["test"]["nats_per_char"],
         "scratch_test": scratch,
+        "ft_test_1": ft["test_one_stream"]["nats_per_char"],
+        "scratch_test_1": from_scratch["test_one_stream"]["nats_per_char"] if from_scratch else math.nan,
         "difference": ft["test"]["nats_per_char"] - scratch,
         "scratch_reaches_s": row.get("scratch_reaches_s"),
         "wp_after": row["wp_test_after"]["nats_per_char"],
@@ -273,7 +288,8 @@ def averages(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     means = []
     for (book, size, budget), group in groups.items():
         reached = [r["scratch_reaches_s"] for r in group if r["scratch_reaches_s"] is not None]
-        numbers = ("ft_test", "scratch_test", "difference", "wp_after", "ft_verbatim", "scratch_verbatim")
+        numbers = ("ft_test", "scratch_test", "difference", "ft_test_1", "scratch_test_1", "wp_after")
+        numbers += ("ft_verbatim", "scratch_verbatim")
         mean = {k: statistics.fmean(math.nan if r[k] is None else r[k] for r in group) for k in numbers}
         reach = statistics.fmean(reached) if reached else None
         means.append({"book": book, "size": size, "budget": budget, "seeds": len(group), "reached": len(reached)})
@@ -286,16 +302,16 @@ def table(rows: list[dict[str, Any]], before: float, last: str, by_seed: bool) -
     first = "seed" if by_seed else "seeds (reached)"
     lines = [
         f"| book | size | budget | {first} | fine-tuned test nats/char | scratch test nats/char | difference | "
-        "scratch reaches fine-tuned val loss at | WP test before → after | verbatim 20-char windows, fine-tuned / "
-        "scratch |",
-        "|---|---|---|---|---:|---:|---:|---:|---:|---:|",
+        "one stream, fine-tuned / scratch | scratch reaches fine-tuned val loss at | WP test before → after | "
+        "verbatim 20-char windows, fine-tuned / scratch |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         who = r["seed"] if by_seed else f"{r['seeds']} ({r['reached']})"
         reach = format_seconds(r["scratch_reaches_s"]) if r["scratch_reaches_s"] is not None else f"not in {last}"
         lines.append(
             f"| {r['book']} | {r['size']} | {r['budget']} | {who} | {r['ft_test']:.4f} | {r['scratch_test']:.4f} | "
-            f"{r['difference']:+.4f} | {reach} | {before:.4f} → {r['wp_after']:.4f} | "
+            f"{r['difference']:+.4f} | {r['ft_test_1']:.4f} / {r['scratch_test_1']:.4f} | {reach} | {before:.4f} → {r['wp_after']:.4f} | "
             f"{_share(r['ft_verbatim'])} / {_share(r['scratch_verbatim'])} |"
         )
     return "\n".join(lines)
@@ -363,6 +379,12 @@ def main() -> None:
                 continue
             for seed in args.seeds:
                 rows += measure_pair(book, size, cut, seen, seed, shape, wp, args)
+            streams = str(rows[-1]["fine_tuned"]["test"].get("streams", "FT_BATCH_SIZE"))
+            test = work / f"{Path(book).stem}-{size}.test.txt"
+            if not args.dry_run:
+                write(test, test_part(text))
+            cuts[-1]["base_test"] = score(args.base, args, streams, test)
+            cuts[-1]["base_test_one_stream"] = score(args.base, args, "1", test)
     if args.dry_run:
         return
     if args.warmups:
@@ -379,7 +401,11 @@ def main() -> None:
     print(table([flat(r) for r in rows], before, args.budgets[-1], by_seed=True))
     print(f"\naveraged over seeds:\n{table(means, before, args.budgets[-1], by_seed=False)}\n")
     for c in cuts:
-        print(f"{c['book']} {c['size']}: the base run's sample has {_share(c['base_verbatim'])} verbatim windows")
+        as_is = (
+            f"{c['base_test']['nats_per_char']:.4f} ({c['base_test_one_stream']['nats_per_char']:.4f} in one stream)"
+        )
+        print(f"{c['book']} {c['size']}: the base with no fine-tuning scores {as_is} on test", end="")
+        print(f"; its sample has {_share(c['base_verbatim'])} verbatim windows")
     for row in rows:
         for kind in (k for k in KINDS.values() if k in row):
             print(f"\n{row[kind]['run']} at {row['budget']}:\n```\n{row[kind]['sample']}\n```")
