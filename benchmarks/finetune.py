@@ -288,8 +288,8 @@ def averages(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     means = []
     for (book, size, budget), group in groups.items():
         reached = [r["scratch_reaches_s"] for r in group if r["scratch_reaches_s"] is not None]
-        numbers = ("ft_test", "scratch_test", "difference", "ft_test_1", "scratch_test_1", "wp_after")
-        numbers += ("ft_verbatim", "scratch_verbatim")
+        numbers = ["ft_test", "scratch_test", "difference", "ft_test_1", "scratch_test_1", "wp_after"]
+        numbers += ["ft_verbatim", "scratch_verbatim"]
         mean = {k: statistics.fmean(math.nan if r[k] is None else r[k] for r in group) for k in numbers}
         reach = statistics.fmean(reached) if reached else None
         means.append({"book": book, "size": size, "budget": budget, "seeds": len(group), "reached": len(reached)})
