@@ -102,32 +102,24 @@ def cut_text(book: Path, size: int) -> str:
     return text[: text.rfind("\n") + 1]
 
 
-def training_part(text: str) -> str:
-    """The part of ``text`` textgen trains on: the first, with the default split fractions."""
+def split_text(
+    text: str, val_fraction: float = DataConfig.val_fraction, test_fraction: float = DataConfig.test_fraction
+) -> tuple[str, str]:
+    """The parts of ``text`` textgen trains and tests on: the first and the last (the default split fractions)."""
     from textgen.idcache import split_sizes
 
-    train, _, _ = split_sizes(len(text), DataConfig.val_fraction, DataConfig.test_fraction)
-    return text[:train]
+    train, _, test = split_sizes(len(text), val_fraction, test_fraction)
+    return text[:train], text[len(text) - test :]
 
 
 def wp_test_text(data: dict[str, Any]) -> str:
     """The test split of the base run's corpus (``data``: its config's data section), as text."""
     from textgen.corpus import read_corpus
-    from textgen.idcache import split_sizes
 
     if len(data.get("files") or []) > 1:  # a run of one file lists it too
         raise SystemExit("the base run trained on several files; give one trained on War and Peace alone")
     text = read_corpus(data["corpus"], data["strip_boilerplate"], data["encoding"])
-    _, _, test = split_sizes(len(text), data["val_fraction"], data["test_fraction"])
-    return text[len(text) - test :]
-
-
-def test_part(text: str) -> str:
-    """The part of ``text`` textgen tests on: the last, with the default split fractions."""
-    from textgen.idcache import split_sizes
-
-    _, _, test = split_sizes(len(text), DataConfig.val_fraction, DataConfig.test_fraction)
-    return text[len(text) - test :]
+    return split_text(text, data["val_fraction"], data["test_fraction"])[1]
 
 
 def write(path: Path, text: str) -> None:
@@ -368,11 +360,11 @@ def main() -> None:
     for book in args.books:
         for size in args.sizes:
             text, cut = cut_text(Path(book), parse_size(size)), work / f"{Path(book).stem}-{size}.txt"
-            seen = set() if args.dry_run else windows(training_part(text))  # 1 MB: ~1M windows, ~100 MB
+            seen = set() if args.dry_run else windows(split_text(text)[0])  # 1 MB: ~1M windows, ~100 MB
             if not args.dry_run:
                 write(cut, text)
             cut_record = {"book": Path(book).name, "size": size, "path": str(cut), "bytes": len(text.encode())}
-            cut_record.update(chars=len(text), train_chars=len(training_part(text)))
+            cut_record.update(chars=len(text), train_chars=len(split_text(text)[0]))
             cuts.append({**cut_record, "base_verbatim": verbatim(base["sample"], seen)})
             if args.warmups:
                 rows += measure_warmups(book, size, cut, args)
@@ -382,7 +374,7 @@ def main() -> None:
             streams = str(rows[-1]["fine_tuned"]["test"].get("streams", "FT_BATCH_SIZE"))
             test = work / f"{Path(book).stem}-{size}.test.txt"
             if not args.dry_run:
-                write(test, test_part(text))
+                write(test, split_text(text)[1])
             cuts[-1]["base_test"] = score(args.base, args, streams, test)
             cuts[-1]["base_test_one_stream"] = score(args.base, args, "1", test)
     if args.dry_run:
