@@ -4,6 +4,8 @@
     python benchmarks/finetune.py --base wp --seeds 0 --budgets 2m --dry-run   # the commands, run nothing
     python benchmarks/finetune.py --base wp --sizes 50k --books ../shared/corpora/gutenberg/1400-0.txt \\
         --budgets 1m --warmups 0 100 300                                        # how long to warm up
+    python benchmarks/finetune.py --base base:en --train-flags "--weight-drop 0.25 --seq-len 64"   # every new run
+    python benchmarks/finetune.py --base base:en --train-flags=--layer-norm   # one flag alone needs the =
 
 ``--base`` is a War and Peace run trained by the default recipe, already in ``--checkpoint-dir`` (this script does
 not train it), or ``base:en``, the base model in the package (docs/base-model.md), which never saw War and Peace
@@ -17,7 +19,10 @@ validation, then 5% test).
 
 For each book x size x seed (``--seeds``), two runs: ``train CUT --init-from BASE`` (fine-tuned) and ``train CUT``
 with the base's --units, --layers, --embedding-dim, --dropout and --layer-norm from its config.json (scratch), both
-``--sample-every 0`` (a sample after each of a 50 KB text's many short epochs would eat the budget). Each is trained
+``--sample-every 0`` (a sample after each of a 50 KB text's many short epochs would eat the budget), and both
+``--train-flags``. A fine-tune of a text under 100,000 characters has weight-drop and locked output dropout by
+default, a scratch run not: give ``--train-flags "--weight-drop 0.25 --locked-output-dropout 0.2"`` to set the two
+alike (tables measured before that default, docs/finetuning.md, compare the unregularized fine-tune). Each is trained
 to the first of ``--budgets``, measured, then continued with ``train --resume --time-budget NEXT`` (a whole-run
 budget) and measured again: 10 m costs 10 m, not 2 + 10. The cosine schedule anneals over the budget the run has at
 the time, so a run continued from 2 m to 10 m restarts near its peak rate (90% of it at 2/10 of the way): the later
@@ -183,9 +188,11 @@ def train(
     else:
         start = ["--init-from", args.base] if kind == "ft" else shape
         command = ["train", str(cut), *start, "--run", name, "--seed", str(seed), "--device", args.device]
+        command += shlex.split(args.train_flags)
     command += ["--time-budget", budget, "--sample-every", "0", "--checkpoint-dir", str(args.checkpoint_dir)]
     done = textgen(command, args.dry_run)[-1]
-    return {k: done.get(k) for k in ("epochs", "seconds", "best_val_loss", "stop_reason", "session_seconds")}
+    keys = ("epochs", "seconds", "best_val_loss", "start_val_loss", "stop_reason", "session_seconds")
+    return {k: done.get(k) for k in keys}
 
 
 def time_to_reach(history: dict[str, list[float]], target: float | None) -> float | None:
@@ -235,6 +242,7 @@ def measure_warmups(book: str, size: str, cut: Path, args: argparse.Namespace) -
             name = f"warmup{warmup}-{Path(book).stem}-{size}-s{seed}"
             command = ["train", str(cut), "--init-from", args.base, "--warmup", str(warmup), "--run", name, "--seed"]
             command += [str(seed), "--device", args.device, "--time-budget", args.budgets[0], "--sample-every", "0"]
+            command += shlex.split(args.train_flags)
             textgen([*command, "--checkpoint-dir", str(args.checkpoint_dir)], args.dry_run)
             batch = str(run_config(args.checkpoint_dir, name).get("data", {}).get("batch_size", "FT_BATCH_SIZE"))
             test = score(name, args, batch).get("nats_per_char", math.nan)
@@ -327,6 +335,11 @@ def main() -> None:
     parser.add_argument("--budgets", nargs="+", default=["2m", "10m"], help="textgen durations, increasing")
     parser.add_argument("--work-dir", type=Path, help="where the cut texts go (default: CHECKPOINT_DIR/finetune-texts)")
     parser.add_argument("--device", default="cpu", help="textgen train --device of the new runs")
+    parser.add_argument(
+        "--train-flags",
+        default="",
+        help='more textgen train flags for every new run, fine-tuned or scratch: "--dropout 0.3"',
+    )
     parser.add_argument("--sample-length", type=int, default=300)
     parser.add_argument("--json", action="store_true", help="one JSON object instead of the tables")
     parser.add_argument("--dry-run", action="store_true", help="print the textgen commands without running them")

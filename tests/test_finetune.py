@@ -3,25 +3,28 @@ kept exactly before any update; the run's provenance, resume, evaluation and fro
 
 from __future__ import annotations
 
+import io
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
-from helpers import TINY_DATA, assert_one_line_error, invoke, make_text, plan_run
+from helpers import TINY_DATA, assert_one_line_error, invoke, make_text, plan_run, read_history
 from hypothesis import given
 from hypothesis import strategies as st
 
 from textgen.checkpoint import Run
-from textgen.config import Freeze
+from textgen.config import Freeze, InitConfig, LRSchedule, ModelConfig
 from textgen.data import corpus_source
 from textgen.device import CPU
 from textgen.errors import ConfigError
 from textgen.model import build_model
-from textgen.settings import DataSettings, InitSettings
+from textgen.results import StopReason
+from textgen.settings import DataSettings, InitSettings, ModelSettings, TrainSettings
 from textgen.training.schedules import warmup_factor
 from textgen.training.warmstart import NEW_CHAR_MARGIN, extended_output, freeze, start_from_base
 from textgen.vocab import DOCUMENT_BOUNDARY, Vocabulary, char_counts
@@ -117,6 +120,89 @@ def test_a_fine_tuned_run_predicts_as_its_base_before_training(checkpoints: Path
         plan.lock.release()
 
 
+def test_a_fine_tune_that_only_gets_worse_keeps_its_base_s_weights(
+    checkpoints: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from textgen.training import loop
+
+    real_build = loop.build_trainer
+    noise = np.random.default_rng(0)
+
+    def damaging_trainer(cfg, strategy=None):  # every update also adds noise to every weight
+        trainer = real_build(cfg, strategy)
+        update = trainer.train_step
+
+        def train_step(x, y):
+            loss = update(x, y)
+            for weight in trainer.model.trainable_weights:
+                weight.assign(np.asarray(weight) + noise.normal(0, 0.05, weight.shape).astype(np.float32))
+            return loss
+
+        trainer.train_step = train_step
+        return trainer
+
+    monkeypatch.setattr(loop, "build_trainer", damaging_trainer)
+    plan = plan_run(
+        str(new_text(tmp_path / "new.txt")),
+        CPU,
+        checkpoint_dir=checkpoints,
+        run_name="worse",
+        data=DataSettings(**TINY_DATA),
+        training=TrainSettings(epochs=6, patience=2, lr_schedule=LRSchedule.cosine),  # no hold: every epoch counts
+        init_from=InitSettings(BASE),
+    )
+    result = loop.train(plan)
+    start = result.start_val_loss
+    assert start is not None and math.isfinite(start)
+    assert result.best_val_loss == start == plan.run.best_weights_loss()
+    assert all(row["val_loss"] > start for row in read_history(plan.run.path))
+    # Early stopping counted from the base: two epochs that did not beat it, not three after a first "best" one.
+    assert (result.stop_reason, result.epochs) == (StopReason.EARLY_STOPPING, 2)
+    started = build_model(plan.config.model, 1, stateful=False)
+    start_from_base(started, plan.run, plan.config)
+    best = build_model(plan.config.model, 1, stateful=False)
+    plan.run.load_weights(best, "best")
+    base_chars = Run(checkpoints / BASE).load_vocab().size
+    for layer in best.layers:  # a new character's embedding row is drawn at random: the base's rows are its weights
+        for kept, base in zip(layer.get_weights(), started.get_layer(layer.name).get_weights(), strict=True):
+            rows = base_chars if layer.name == "embedding" else len(kept)
+            np.testing.assert_array_equal(kept[:rows], base[:rows])
+    assert "(the base's weights: no epoch beat them)" in _summary(result)
+
+
+def _summary(result) -> str:
+    from rich.console import Console
+
+    from textgen.trainview import show_train_result
+
+    console = Console(record=True, width=400, file=io.StringIO())
+    show_train_result(console, result, as_json=False)
+    return console.export_text()
+
+
+def test_a_small_text_is_fine_tuned_with_weight_drop_and_locked_output_dropout(
+    checkpoints: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = str(new_text(tmp_path / "new.txt"))
+
+    def planned(name: str, **request) -> tuple[ModelConfig, str | None]:
+        plan = plan_run(text, CPU, checkpoint_dir=checkpoints, run_name=name, data=DataSettings(**TINY_DATA), **request)
+        assert plan.lock is not None
+        plan.lock.release()
+        return plan.config.model, plan.fit_note
+
+    model, note = planned("small", init_from=InitSettings(BASE))
+    assert (model.weight_drop, model.locked_output_dropout) == (0.25, 0.2)
+    assert note is not None and "weight-drop 0.25 and locked output dropout 0.2" in note
+    model, note = planned("given", init_from=InitSettings(BASE), model=ModelSettings(locked_output_dropout=0.1))
+    assert (model.weight_drop, model.locked_output_dropout, note) == (0.0, 0.1, None)  # either rate given: as given
+    model, note = planned("scratch-fit")  # only fine-tunes: the base's weights are what it would overfit away
+    assert (model.weight_drop, model.locked_output_dropout, note) == (0.0, None, None)
+    monkeypatch.setattr(InitConfig, "REGULARIZE_BELOW", 1000)  # the same text, counted as a large one
+    model, note = planned("large", init_from=InitSettings(BASE))
+    assert (model.weight_drop, model.locked_output_dropout, note) == (0.0, None, None)
+
+
 def test_a_fine_tuned_corpus_has_its_own_cache_entry(checkpoints: Path, tmp_path: Path) -> None:
     text = new_text(tmp_path / "new.txt")
     plan = plan_run(
@@ -148,6 +234,14 @@ def test_fine_tune_resume_evaluate_and_runs_from_the_cli(checkpoints: Path, tmp_
         f"{base_loss:.4f} nats/char ({base_loss / math.log(2):.3f} bits/char) on tiny.txt"
     ) in result.stdout
     assert "learning rate 0.002 (rising from 0 over the first 100 updates: the warm-up) held, then" in result.stdout
+    # The base's weights are scored first; the summary sets the best against them.
+    start = float(re.search(r"base      its weights score (\d+\.\d+) nats/char", result.stdout)[1])
+    best = float(re.search(r"best validation (\d+\.\d+) nats/char", result.stdout)[1])
+    assert best <= start
+    kept = "(the base's weights: no epoch beat them)"
+    assert (
+        kept if best == start else f"better than the base's weights before fine-tuning ({start:.4f})"
+    ) in result.stdout
     config = json.loads((checkpoints / "ft" / "config.json").read_text())
     base = json.loads((checkpoints / BASE / "config.json").read_text())
     init = config["init_from"]
@@ -192,7 +286,7 @@ def test_a_frozen_embedding_stays_as_the_base_left_it(checkpoints: Path, tmp_pat
     base = build_model(config.init_from.model, 1, stateful=False)
     Run(checkpoints / BASE).load_weights(base, "best")
     trained = build_model(config.model, 1, stateful=False)
-    run.load_weights(trained, "best")
+    run.load_weights(trained, "last")  # the best may be the base's own
     (base_rows,), (rows,) = base.get_layer("embedding").get_weights(), trained.get_layer("embedding").get_weights()
     assert np.array_equal(rows[: len(base_rows)], base_rows)
     assert not np.array_equal(base.get_layer("lstm_0").get_weights()[0], trained.get_layer("lstm_0").get_weights()[0])

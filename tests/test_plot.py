@@ -35,7 +35,7 @@ def test_one_epoch_is_its_numbers_not_a_chart() -> None:
     assert lines == [
         "epoch  train bits/char  validation bits/char  trained",
         "    1            3.500                 2.250    1m30s",
-        "best validation 2.250 bits/char at epoch 1; 1 epoch in 1m30s",
+        "best epoch 1: validation 2.250 bits/char; 1 epoch in 1m30s",
     ]
 
 
@@ -58,7 +58,7 @@ def test_chart_puts_the_highest_value_on_top_and_the_lowest_at_the_bottom() -> N
     assert sum(line.count("o") for line in chart[:8]) == 4
     assert sum(line.count("*") for line in chart[:8]) == 4
     assert chart[9].split() == ["1", "2", "3", "4", "epoch"]
-    assert chart[-1] == "best validation 1.000 bits/char at epoch 4; 4 epochs"
+    assert chart[-1] == "best epoch 4: validation 1.000 bits/char; 4 epochs"
 
 
 def test_500_epochs_fit_the_width_with_round_epoch_labels() -> None:
@@ -67,7 +67,7 @@ def test_500_epochs_fit_the_width_with_round_epoch_labels() -> None:
     assert {len(line) for line in plot} == {len("4.200 |") + 60}
     assert chart[11].split() == ["1", "100", "200", "300", "400", "500", "epoch"]
     assert "the mean of up to 9 epochs" in chart[12]
-    assert chart[-1].startswith("best validation 1.4") and chart[-1].endswith("500 epochs in 12h30m")
+    assert chart[-1].startswith("best epoch 500: validation 1.4") and chart[-1].endswith("500 epochs in 12h30m")
 
 
 def test_values_that_are_not_finite_are_left_out_of_the_chart_and_shown_in_the_table() -> None:
@@ -75,7 +75,7 @@ def test_values_that_are_not_finite_are_left_out_of_the_chart_and_shown_in_the_t
     chart = loss_chart(broken, height=6).splitlines()
     assert sum(line.count("o") for line in chart[:6]) == 3
     assert sum(line.count("*") for line in chart[:6]) == 4
-    assert chart[-1].startswith("best validation 1.800 bits/char at epoch 5")
+    assert chart[-1].startswith("best epoch 5: validation 1.800 bits/char")
     table = loss_chart({"bpc": [math.nan, math.inf], "val_bpc": [math.nan, 2.0]}).splitlines()
     assert table[1].split()[1:3] == ["nan", "nan"] and table[2].split()[1:3] == ["inf", "2.000"]
     assert loss_chart({"bpc": [math.nan] * 5}).startswith("no finite losses to chart")

@@ -58,6 +58,7 @@ def test_json_is_every_field_of_the_result(tmp_path: Path) -> None:
         "chief": True,
         "stop_requested": None,
         "batches_into_epoch": 0,
+        "start_val_loss": None,
         "best_val_bpc": pytest.approx(1.5 / math.log(2)),
     }
 

@@ -376,7 +376,8 @@ class Run:
 
     def is_usable(self, weights: Weights | None = None) -> bool:
         """Whether ``check_usable`` passes, and the ``best`` weights exist when those are asked for (a run
-        saves its first best weights at its first epoch's end, after its first resume point)."""
+        saves its first best weights at its first epoch's end, after its first resume point; a fine-tuned one, its
+        base's, before its first update)."""
         try:
             self.check_usable()
         except CheckpointError:

@@ -149,13 +149,15 @@ SPECS: dict[str, Spec] = {
         "Weight-drop (AWD-LSTM): drop this fraction of each LSTM's recurrent weights while training, one mask for "
         "all of an update's timesteps and streams",
         MODEL_PANEL,
-        MODEL.weight_drop,
+        f"{MODEL.weight_drop:g}; {InitConfig.WEIGHT_DROP:g} fine-tuning a text under {InitConfig.REGULARIZE_BELOW:,} "
+        "characters",
     ),
     "locked_output_dropout": Spec(
         "Drop the LSTM's output at this rate with one mask per stream for all of a batch's timesteps (locked, as "
         "its inputs are), instead of per element at --dropout, which then drops the inputs only",
         MODEL_PANEL,
-        "off: per element at --dropout",
+        f"off: per element at --dropout; {InitConfig.LOCKED_OUTPUT_DROPOUT:g} fine-tuning a text under "
+        f"{InitConfig.REGULARIZE_BELOW:,} characters",
     ),
     # Optimisation
     "lr": Spec("Peak learning rate", OPTIMISATION, f"{TRAINING.lr:g}; sgd: {SGD_DEFAULTS['lr']:g}"),

@@ -39,6 +39,11 @@ class Splits:
     test: np.ndarray
     encoded: EncodedCorpus  # documents, characters, and what --max-vocab left out
 
+    @property
+    def chars(self) -> int:
+        """The corpus's characters, all three parts."""
+        return len(self.train) + len(self.val) + len(self.test)
+
 
 def corpus_source(cfg: DataConfig) -> CorpusSource:
     """What the ids of ``cfg``'s corpus depend on: its files, their encodings and bytes, the cleaning."""

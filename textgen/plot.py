@@ -65,14 +65,14 @@ def loss_chart(history: dict[str, list[float]], height: int = 12, width: int = 6
 
 
 def summary(history: dict[str, list[float]]) -> str:
-    """One line: the best validation bits/char and its epoch, and the epochs and time trained, counted as textgen
+    """One line: the best epoch's validation bits/char (a fine-tuned run may keep its base's weights instead), and the epochs and time trained, counted as textgen
     counts them everywhere (an epoch a time budget cut, the last row, says so in its ``partial`` column)."""
     epochs = _epochs(history)
     parts = []
     val = [(v, e) for v, e in zip(history.get("val_bpc", []), epochs, strict=False) if math.isfinite(v)]
     if val:
         best, at = min(val)
-        parts.append(f"best validation {best:.3f} bits/char at epoch {at}")
+        parts.append(f"best epoch {at}: validation {best:.3f} bits/char")
     seconds = history.get("seconds", [])
     trained = f" in {format_seconds(seconds[-1])}" if seconds and math.isfinite(seconds[-1]) else ""
     cut = history.get("partial", [0.0])[-1] == 1  # history.csv written before the column: every epoch whole

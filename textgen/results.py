@@ -144,6 +144,7 @@ class TrainResult:
     chief: bool = True  # whether this process wrote the run (the other workers of a cluster do not)
     stop_requested: str | None = None  # a stop signal that came as the last epoch ended (the run finished anyway)
     batches_into_epoch: int = 0  # of the epoch a time budget cut (the run resumes there), as RunSummary's
+    start_val_loss: float | None = None  # a new fine-tuned run's starting weights on validation, before training
     best_val_bpc: float = field(init=False)
 
     def __post_init__(self) -> None:

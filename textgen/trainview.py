@@ -159,6 +159,7 @@ class TrainingDisplay:
                 *(f"{label:<9} {escape(text)}" for label, text in describe_run(cfg)),
                 *([f"layout    {escape(plan.layout_note)}"] if plan.layout_note else []),
                 *([f"hint      {escape(plan.base_hint)}"] if plan.base_hint else []),
+                *([f"overfit   {escape(plan.fit_note)}"] if plan.fit_note else []),
                 f"device    {cfg.profile.name}: {cfg.profile.notes}{' (the run keeps its profile)' if plan.resume_state else ''}",
                 *_derived_from(cfg),
             ):
@@ -236,6 +237,14 @@ class TrainingDisplay:
         else:
             self.console.print(sample_lines(text, self.console.width), highlight=False, markup=False, style="dim")
 
+    def base_scored(self, val_loss: float) -> None:
+        if not self.as_json:
+            self.console.print(
+                f"base      its weights score {val_loss:.4f} nats/char ({bits(val_loss):.3f} bits/char) on this "
+                "text's validation split: the run keeps them unless an epoch beats them",
+                highlight=False,
+            )
+
     def validating(self) -> None:
         self.validating_since = time.monotonic()
         self.progress.update(self.task, description="validating")
@@ -290,13 +299,23 @@ def show_train_result(console: Console, result: TrainResult, as_json: bool) -> N
     )
     console.print(
         f"done ({result.stop_reason.label}) after {epochs_done(result.epochs, result.batches_into_epoch)} in {trained}: "
-        f"best validation {result.best_val_loss:.4f} nats/char ({result.best_val_bpc:.3f} bits/char), "
+        f"best validation {result.best_val_loss:.4f} nats/char ({result.best_val_bpc:.3f} bits/char){_against_start(result)}, "
         f"last epoch {result.chars_per_sec:,.0f} chars/s",
         highlight=False,
     )
     console.print(run.loss_curve_path.read_text(encoding="utf-8"), markup=False, end="")
     console.print(f"loss curves: {run.loss_svg_path}", markup=False)
     console.print(f"saved to {run.path}; {further(run, result)}", markup=False)
+
+
+def _against_start(result: TrainResult) -> str:
+    """A fine-tuned run's best against its base's weights as they were, scored on the same validation text."""
+    start = result.start_val_loss
+    if start is None:
+        return ""
+    if result.best_val_loss >= start:
+        return " (the base's weights: no epoch beat them)"
+    return f", {start - result.best_val_loss:.4f} better than the base's weights before fine-tuning ({start:.4f})"
 
 
 def further(run: Run, result: TrainResult) -> str:

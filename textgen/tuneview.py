@@ -118,6 +118,7 @@ class TrialLine:
         )
 
     def sample(self, text: str) -> None: ...  # trials do not sample
+    def base_scored(self, val_loss: float) -> None: ...  # a trial's line shows its epochs
 
     def validating(self) -> None:
         self.window = None  # the rate counts training only: it starts again after the validation

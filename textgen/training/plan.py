@@ -81,6 +81,7 @@ class TrainPlan:
     saved: RunConfig | None = None  # a resumed run's config as read, which the run's own file still holds
     layout_note: str | None = None  # why a small text got a smaller batch layout than the default
     base_hint: str | None = None  # that a small text trained from scratch would likely do better from the base model
+    fit_note: str | None = None  # how a fine-tune of a small text is regularized, and why
 
     def saved_note(self) -> str:
         """Where the run was saved and how to continue it, for messages."""
@@ -137,9 +138,12 @@ def _plan_new(checked: CheckedRequest, profile: DeviceProfile, checkpoint_dir: P
         data_cfg, layout_note = fit_small_corpus(data_cfg, cache_dir, accumulate, set(data_given))
         splits = load_splits(data_cfg, cache_dir, train_streams=data_cfg.batch_size * accumulate)
         model_given = request.model.given()
+        fit_note = None
         if base is not None and request.init_from is not None:
-            model_cfg = cfgmod.replace(base.model, vocab_size=splits.vocab.size, **model_given)
+            regularized = small_text_regularization(splits.chars, set(model_given))
+            model_cfg = cfgmod.replace(base.model, vocab_size=splits.vocab.size, **regularized, **model_given)
             init_cfg: InitConfig | None = _init_config(run, base, request.init_from.freeze)
+            fit_note = _fit_note(splits.chars, regularized)
         else:
             model_cfg, init_cfg = ModelConfig(vocab_size=splits.vocab.size, **model_given), None
         check_fits_in_memory(model_cfg)
@@ -148,7 +152,15 @@ def _plan_new(checked: CheckedRequest, profile: DeviceProfile, checkpoint_dir: P
     except BaseException:
         discard_reserved(run, lock)
         raise
-    return TrainPlan(run, config, splits, lock=lock, layout_note=layout_note, base_hint=_base_hint(checked, splits))
+    return TrainPlan(
+        run,
+        config,
+        splits,
+        lock=lock,
+        layout_note=layout_note,
+        base_hint=_base_hint(checked, splits),
+        fit_note=fit_note,
+    )
 
 
 # Under this many characters a text fine-tuned from the base model beats one trained from scratch by a wide margin
@@ -156,9 +168,29 @@ def _plan_new(checked: CheckedRequest, profile: DeviceProfile, checkpoint_dir: P
 SMALL_TEXT = 1_000_000
 
 
+def small_text_regularization(chars: int, given: set[str]) -> dict[str, float]:
+    """The regularization a fine-tune of ``chars`` characters gets: none if its command, recipe or tuning trial
+    (``given``) sets either rate, since they go together (a trial always sets weight-drop, so its locked dropout,
+    "off" included, stays as searched)."""
+    if chars >= InitConfig.REGULARIZE_BELOW or given & {"weight_drop", "locked_output_dropout"}:
+        return {}
+    return {"weight_drop": InitConfig.WEIGHT_DROP, "locked_output_dropout": InitConfig.LOCKED_OUTPUT_DROPOUT}
+
+
+def _fit_note(chars: int, regularized: dict[str, float]) -> str | None:
+    """The start-up line on a small text's regularization, if it has the default's."""
+    if not regularized:
+        return None
+    return (
+        f"a small text ({chars:,} characters) overfits within a minute: weight-drop {regularized['weight_drop']:g} and "
+        f"locked output dropout {regularized['locked_output_dropout']:g}, the best on 50 KB (give --weight-drop or "
+        "--locked-output-dropout to set your own)"
+    )
+
+
 def _base_hint(checked: CheckedRequest, splits: Splits) -> str | None:
     """For a small text trained from scratch, the command that starts it from the base model instead."""
-    chars = len(splits.train) + len(splits.val) + len(splits.test)
+    chars = splits.chars
     if checked.base is not None or checked.request.init_from is not None or chars >= SMALL_TEXT or not has_base():
         return None
     corpus = " ".join(shlex.quote(name) for name in checked.request.corpus)

@@ -62,6 +62,14 @@ class RunCheckpoint(keras.callbacks.Callback):
             for key, value in values.items():
                 setattr(self.stateful_callbacks[name], key, value)
 
+    def start_best(self, val_loss: float) -> None:
+        """Make the starting weights, scored ``val_loss`` on validation, the run's first best."""
+        self.best_val_loss = val_loss
+        self.run.save_best(self.model, val_loss)
+        # An epoch must beat them to count as an improvement: to early stopping and to the plateau schedule alike.
+        for callback in self.stateful_callbacks.values():
+            callback.best = val_loss
+
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         logs = logs or {}
         if logs["val_loss"] < self.best_val_loss and self.eligible():
