@@ -65,8 +65,9 @@ def loss_chart(history: dict[str, list[float]], height: int = 12, width: int = 6
 
 
 def summary(history: dict[str, list[float]]) -> str:
-    """One line: the best epoch's validation bits/char (a fine-tuned run may keep its base's weights instead), and the epochs and time trained, counted as textgen
-    counts them everywhere (an epoch a time budget cut, the last row, says so in its ``partial`` column)."""
+    """One line: the best epoch's validation bits/char (a fine-tuned run may keep its base's weights instead), and the
+    epochs and time trained, counted as textgen counts them everywhere (an epoch a time budget cut, the last row, says
+    so in its ``partial`` column)."""
     epochs = _epochs(history)
     parts = []
     val = [(v, e) for v, e in zip(history.get("val_bpc", []), epochs, strict=False) if math.isfinite(v)]

@@ -191,8 +191,9 @@ class _Session:
     def score_start(self) -> None:
         """Validate the base's weights before the first update and make them the run's first best."""
         # A fine-tune is then never worse than its base on its own validation text: on a text like the base's, two
-        # minutes on 50 KB had left runs worse than the base as it was (Great Expectations: 1.5611 nats/char on test
-        # against 1.5103, docs/finetuning.md). Quietly: the display has no epoch to show "validating" in yet.
+        # minutes on 50 KB leave a run behind the base as it is (Great Expectations read in one stream: 1.2545
+        # nats/char on test against 1.2158, docs/finetuning.md). Quietly: the display has no epoch to show
+        # "validating" in yet.
         val_loss = validate(self.trainer, self.plan.splits.val, self.plan.config.data, keras.callbacks.CallbackList(),
                             NoProgress())  # fmt: skip
         if math.isfinite(val_loss):  # a base that scores NaN here is no best; the first epoch says what went wrong
