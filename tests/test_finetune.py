@@ -170,6 +170,31 @@ def test_a_fine_tune_that_only_gets_worse_keeps_its_base_s_weights(
     assert "(the base's weights: no epoch beat them)" in _summary(result)
 
 
+def test_a_resumed_fine_tune_still_compares_with_its_base_s_weights(checkpoints: Path, tmp_path: Path) -> None:
+    from textgen.training import loop
+
+    first = loop.train(
+        plan_run(
+            str(new_text(tmp_path / "new.txt")),
+            CPU,
+            checkpoint_dir=checkpoints,
+            run_name="resumed",
+            data=DataSettings(**TINY_DATA),
+            training=TrainSettings(epochs=1),
+            init_from=InitSettings(BASE),
+        )
+    )
+    assert first.start_val_loss is not None
+    resumed = loop.train(
+        plan_run(
+            None, CPU, checkpoint_dir=checkpoints, run_name="resumed", resume=True, training=TrainSettings(epochs=2)
+        )
+    )
+    assert resumed.epochs == 2
+    assert resumed.start_val_loss == first.start_val_loss  # scored once, before the first update, and kept
+    assert "the base's weights" in _summary(resumed)  # the end line compares with them, as the first session's did
+
+
 def _summary(result) -> str:
     from rich.console import Console
 

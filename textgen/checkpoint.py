@@ -88,6 +88,7 @@ class ResumeState:
     step: int = 0  # optimizer updates so far
     seconds: float = 0.0  # of training, all invocations
     best_val_loss: float = math.inf
+    start_val_loss: float | None = None  # a fine-tuned run's starting weights on validation, scored before training
     last_weights: str = ""  # the files of this resume point (named by ``save_resume_point``)
     optimizer: str = ""
     stream_states: str | None = None  # the streams' LSTM states, mid-epoch
@@ -117,7 +118,10 @@ class ResumeState:
         problem = json_problem(values, cls, "")
         if problem:
             raise damaged(problem)
-        bounds = {"epoch": 2**53, "batch": 2**53, "step": 2**53, "seconds": 2**53, "best_val_loss": math.inf}
+        bounds = {
+            "epoch": 2**53, "batch": 2**53, "step": 2**53, "seconds": 2**53, "best_val_loss": math.inf,
+            "start_val_loss": math.inf,
+        }  # fmt: skip
         for key, most in bounds.items():
             if not 0 <= values.get(key, 0) <= most:  # NaN too
                 raise damaged(f"{key}={shown(values[key])}")

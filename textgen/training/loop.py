@@ -137,7 +137,7 @@ def _train(
         chief=plan.chief,
         unknown_chars=plan.splits.encoded.unknown,
         stop_requested=stopper.signal_name,
-        start_val_loss=session.start_val_loss,
+        start_val_loss=checkpoint.start_val_loss,
     )
 
 
@@ -160,7 +160,6 @@ class _Session:
     first_batch_at: float | None = None  # this invocation's agreed seconds when its first batch ended
     end_seconds: float | None = None  # the last epoch end's save, validation and sample took, agreed by the workers
     sampled_at: float = 0.0  # this invocation's seconds at the last sample
-    start_val_loss: float | None = None  # a new fine-tuned run's starting weights on validation, before training
 
     def __post_init__(self) -> None:
         self.clock = self.stopper.clock
@@ -197,7 +196,6 @@ class _Session:
         val_loss = validate(self.trainer, self.plan.splits.val, self.plan.config.data, keras.callbacks.CallbackList(),
                             NoProgress())  # fmt: skip
         if math.isfinite(val_loss):  # a base that scores NaN here is no best; the first epoch says what went wrong
-            self.start_val_loss = val_loss
             self.checkpoint.start_best(val_loss)
             self.progress.base_scored(val_loss)
 

@@ -41,6 +41,7 @@ class RunCheckpoint(keras.callbacks.Callback):
         self.stream_states = stream_states  # saved with mid-epoch resume points, if given
         self.streams_at: list[np.ndarray] | None = None  # their values at the last mid-epoch resume point
         self.best_val_loss = math.inf
+        self.start_val_loss: float | None = None  # set by ``start_best``, kept across resumes
         self.history: tuple[dict[str, float], ...] = ()  # one row per epoch, committed with every resume point
         self.saved_at = time.monotonic()
         self.resume_at: tuple[int, int, EpochProgress | None] = (0, 0, None)  # set by the loop before an epoch end
@@ -52,6 +53,7 @@ class RunCheckpoint(keras.callbacks.Callback):
         # The best weights file carries its own loss: if a kill came between replacing it and the next
         # commit, it is better than the state says, and a worse epoch must not replace it.
         self.best_val_loss = min(state.best_val_loss, self.run.best_weights_loss())
+        self.start_val_loss = state.start_val_loss
         self.history = state.history if state.history is not None else _csv_rows(self.run.history_path)
         unknown = sorted(set(state.callbacks) - set(self.stateful_callbacks))
         if unknown:  # a hand edit: this run's schedule has no such callback
@@ -64,7 +66,7 @@ class RunCheckpoint(keras.callbacks.Callback):
 
     def start_best(self, val_loss: float) -> None:
         """Make the starting weights, scored ``val_loss`` on validation, the run's first best."""
-        self.best_val_loss = val_loss
+        self.best_val_loss = self.start_val_loss = val_loss
         self.run.save_best(self.model, val_loss)
         # An epoch must beat them to count as an improvement: to early stopping and to the plateau schedule alike.
         for callback in self.stateful_callbacks.values():
@@ -104,6 +106,7 @@ class RunCheckpoint(keras.callbacks.Callback):
             step=int(self.optimizer.iterations.numpy()),
             seconds=seconds,
             best_val_loss=self.best_val_loss,
+            start_val_loss=self.start_val_loss,
             callbacks={name: _callback_state(cb) for name, cb in self.stateful_callbacks.items()},
             history=self.history,
             epoch_progress=position,
