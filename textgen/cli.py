@@ -189,8 +189,13 @@ def train(
             from_study=from_study,
             init_from=o.init_settings(init_from, last, freeze),
         )
-        result = api.train(request, trainview.TrainingDisplay(console, as_json=as_json))
-        trainview.show_train_result(console, result, as_json)
+        _train(request, as_json)
+
+
+def _train(request: TrainRequest, as_json: bool) -> None:
+    """Train as ``request`` says, showing progress live (or JSON lines), then the result."""
+    result = api.train(request, trainview.TrainingDisplay(console, as_json=as_json))
+    trainview.show_train_result(console, result, as_json)
 
 
 DISTILL_EXAMPLES = """
@@ -297,8 +302,7 @@ def _train_from_run(
             distill=derived_from if isinstance(derived_from, DistillSettings) else None,
             prune=derived_from if isinstance(derived_from, PruneSettings) else None,
         )
-        result = api.train(request, trainview.TrainingDisplay(console, as_json=as_json))
-        trainview.show_train_result(console, result, as_json)
+        _train(request, as_json)
 
 
 SAMPLE_EXAMPLES = """
@@ -347,7 +351,7 @@ def sample(
             raise ConfigError("give --prime or --prime-file, not both")
         document = read_prompt_file(prime_file) if prime_file is not None else None
         sampler, source = api.open_generator(
-            checkpoint_dir=checkpoint_dir, run_name=run, weights=Weights.last if last else Weights.best, model=model,
+            checkpoint_dir=checkpoint_dir, run_name=run, weights=Weights.of(last), model=model,
             adapt_to=document if adapt else None, fallback=True,
         )  # fmt: skip
         prompt = prime if document is None else document
@@ -388,10 +392,10 @@ def repl(
             presence_penalty=presence_penalty, logit_bias=parse_logit_bias(logit_bias or []),
         )  # fmt: skip
         document = read_prompt_file(prime_file) if prime_file is not None else None
-        weights = Weights.last if last else Weights.best
         sampler, source = api.open_generator(
-            checkpoint_dir=checkpoint_dir, run_name=run, weights=weights, model=model, warm_up=True, fallback=True
-        )
+            checkpoint_dir=checkpoint_dir, run_name=run, weights=Weights.of(last), model=model, warm_up=True,
+            fallback=True,
+        )  # fmt: skip
         bias_row(settings.logit_bias, sampler.vocab)
     session = Session(sampler, settings, sys.stdout, lambda msg: err_console.print(f"[yellow]{escape(msg)}[/]"))
     ui.note(err_console, source.note)
@@ -477,7 +481,7 @@ def evaluate(
     with errors():
         if retune and not dynamic:
             raise ConfigError("--retune tunes --dynamic's settings: add --dynamic")
-        weights = Weights.last if last else Weights.best
+        weights = Weights.of(last)
         if dynamic:  # a run's weights, read as one stream
             if model is not None or streams is not None:
                 raise ConfigError(
@@ -490,15 +494,9 @@ def evaluate(
             ui.show_dynamic_evaluation(console, err_console, adapted, as_json)
             return
         result = api.evaluate(
-            checkpoint_dir=checkpoint_dir,
-            run_name=run,
-            split=split,
-            file=file,
-            weights=weights,
-            encoding=encoding,
-            model=model,
-            streams=streams,
-        )
+            checkpoint_dir=checkpoint_dir, run_name=run, split=split, file=file, weights=weights, encoding=encoding,
+            model=model, streams=streams,
+        )  # fmt: skip
         ui.show_evaluation(console, err_console, result, as_json)
 
 
@@ -534,13 +532,9 @@ def export(
     """Export a run as a self-contained model for LiteRT or TensorFlow Serving."""
     with errors():
         result = api.export(
-            checkpoint_dir=checkpoint_dir,
-            run_name=run,
-            format=format,
-            quantize=quantize,
-            path=output,
-            weights=Weights.last if last else Weights.best,
-        )
+            checkpoint_dir=checkpoint_dir, run_name=run, format=format, quantize=quantize, path=output,
+            weights=Weights.of(last),
+        )  # fmt: skip
         ui.show_export(console, result, as_json)
 
 

@@ -102,7 +102,7 @@ def init_settings(init_from: str | None, last: bool, freeze: Freeze | None) -> I
         if last or freeze is not None:
             raise ConfigError(f"{'--last' if last else '--freeze'} goes with --init-from RUN (fine-tuning a run)")
         return None
-    return InitSettings(init_from, Weights.last if last else Weights.best, freeze or Freeze.none)
+    return InitSettings(init_from, Weights.of(last), freeze or Freeze.none)
 
 
 ENCODING_HELP = "The text's encoding: auto tries UTF-8, then Windows-1252, then Latin-1; or a codec name such as utf-16"

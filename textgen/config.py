@@ -262,6 +262,11 @@ class Weights(Choice):
     best = "best"
     last = "last"
 
+    @classmethod
+    def of(cls, last: bool) -> Weights:
+        """What ``--last`` asks for: the last resume point's weights, else the best validated."""
+        return cls.last if last else cls.best
+
 
 class Device(Choice):
     """What ``--device`` accepts: a device profile's name, or ``auto`` (gpu when TensorFlow sees one)."""
