@@ -983,3 +983,29 @@ def test_a_budget_without_epochs_has_no_epoch_cap(tmp_path: Path, tiny_corpus: P
     assert TrainConfig.of().epochs == 30  # no budget: the default cap
     with pytest.raises(ConfigError, match="--epochs must be a positive integer"):
         TrainConfig(epochs=None)  # neither: a run that would never end
+
+
+def test_weight_drop_starts_after_its_epochs_and_a_resume_keeps_the_schedule(tmp_path: Path) -> None:
+    """--weight-drop-after N: the first N epochs are the plain run's update for update, the next ones are not; a
+    run resumed across the start trains as the uninterrupted one does (the plateau schedule: a rate that does not
+    depend on how many epochs a run plans)."""
+    corpus = write_corpus(tmp_path / "c.txt", 3000)
+
+    def history(name: str, epochs: int, **model: float) -> list[dict]:
+        model_settings = ModelSettings(**TINY_MODEL, **model)
+        training = TrainSettings(epochs=epochs, lr_schedule="plateau")
+        plan = plan_run(str(corpus), CPU, checkpoint_dir=tmp_path / "ck", run_name=name, data=DataSettings(**TINY_DATA),
+                        model=model_settings, training=training)  # fmt: skip
+        return read_history(train(plan).path)
+
+    def losses(rows: list[dict]) -> list[tuple[float, float]]:
+        return [(row["loss"], row["val_loss"]) for row in rows]
+
+    plain, from_start = history("plain", 2), history("start", 2, weight_drop=0.5)
+    delayed = history("delayed", 2, weight_drop=0.5, weight_drop_after=1)
+    assert losses(delayed)[0] == losses(plain)[0] != losses(from_start)[0]
+    assert losses(delayed)[1] != losses(plain)[1]
+    history("resumed", 1, weight_drop=0.5, weight_drop_after=1)
+    resumed = plan_run(None, CPU, checkpoint_dir=tmp_path / "ck", run_name="resumed", resume=True,
+                       training=TrainSettings(epochs=2))  # fmt: skip
+    np.testing.assert_allclose(losses(read_history(train(resumed).path)), losses(delayed), rtol=1e-6)

@@ -135,6 +135,7 @@ def train(
     dropout: o.Dropout = None,
     layer_norm: o.LayerNorm = None,
     weight_drop: o.WeightDrop = None,
+    weight_drop_after: o.WeightDropAfter = None,
     locked_output_dropout: o.LockedOutputDropout = None,
     lr: o.LR = None,
     optimizer: o.OptimizerOption = None,

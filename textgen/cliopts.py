@@ -152,6 +152,12 @@ SPECS: dict[str, Spec] = {
         f"{MODEL.weight_drop:g}; {InitConfig.WEIGHT_DROP:g} fine-tuning a text under {InitConfig.REGULARIZE_BELOW:,} "
         "characters",
     ),
+    "weight_drop_after": Spec(
+        "Train this many epochs before weight-drop starts: it slows early learning and pays once a run has made many "
+        "passes over its text (docs/quality.md)",
+        MODEL_PANEL,
+        MODEL.weight_drop_after,
+    ),
     "locked_output_dropout": Spec(
         "Drop the LSTM's output at this rate with one mask per stream for all of a batch's timesteps (locked, as "
         "its inputs are), instead of per element at --dropout, which then drops the inputs only",
@@ -290,6 +296,7 @@ EmbeddingDim = Annotated[int | None, option("embedding_dim")]
 Dropout = Annotated[float | None, option("dropout")]
 LayerNorm = Annotated[bool | None, option("layer_norm")]
 WeightDrop = Annotated[float | None, option("weight_drop")]
+WeightDropAfter = Annotated[int | None, option("weight_drop_after")]
 LockedOutputDropout = Annotated[float | None, option("locked_output_dropout")]
 # Optimisation
 LR = Annotated[float | None, option("lr")]

@@ -166,6 +166,9 @@ class ModelConfig:
     layer_norm: bool = False  # layer-normalized LSTMs (textgen.model.LayerNormLSTMCell)
     # Weight-drop (Merity et al., 2017): DropConnect on every LSTM's recurrent kernel, one mask per update; 0: off.
     weight_drop: float = 0.0
+    # Epochs trained before weight-drop starts: it slows a run's early learning and pays only once the run makes
+    # many passes over its text (docs/quality.md). 0: from the first update.
+    weight_drop_after: int = 0
     # The last LSTM's output dropout. None: each element dropped at ``dropout``, anew at every timestep. A rate: a
     # mask per stream shared by the batch's timesteps (locked, as on the LSTM inputs), ``dropout`` then the inputs'.
     locked_output_dropout: float | None = None
@@ -177,6 +180,9 @@ class ModelConfig:
         "layers": POSITIVE_INT,
         "dropout": RATE,
         "weight_drop": RATE,
+        "weight_drop_after": Rule(
+            lambda v: isinstance(v, int) and 0 <= v <= 1_000_000, "a number of epochs from 0 to 1,000,000"
+        ),
         "locked_output_dropout": RATE.or_none(),  # None: per element at ``dropout``
         "layer_norm": SWITCH,
     }

@@ -20,7 +20,16 @@ from textgen.typedjson import from_dict, to_dict
 
 RECIPE_FIELDS: dict[str, tuple[str, ...]] = {
     "data": ("batch_size", "seq_len", "max_vocab", "shift_windows"),
-    "model": ("embedding_dim", "units", "layers", "dropout", "layer_norm", "weight_drop", "locked_output_dropout"),
+    "model": (
+        "embedding_dim",
+        "units",
+        "layers",
+        "dropout",
+        "layer_norm",
+        "weight_drop",
+        "weight_drop_after",
+        "locked_output_dropout",
+    ),
     "training": ("lr", "lr_schedule", "anneal", "clip_norm", "optimizer", "weight_decay", "momentum", "accumulate"),
 }
 Recipe = dict[str, dict[str, Any]]  # section -> settings

@@ -83,6 +83,10 @@ class SearchSpace:
                 "dropout": pick("model", "dropout", trial.suggest_float, 0.0, 0.4, step=0.05),
                 "layer_norm": pick("model", "layer_norm", trial.suggest_categorical, [False, True]),
                 "weight_drop": pick("model", "weight_drop", trial.suggest_float, 0.0, 0.5, step=0.05),
+                # Not searched: a trial is too short to reach the epochs it would start at.
+                "weight_drop_after": self.fixed.get("model", {}).get(
+                    "weight_drop_after", ModelConfig.weight_drop_after
+                ),
                 # None: the output dropped per element at dropout, as textgen train's default does.
                 "locked_output_dropout": pick(
                     "model", "locked_output_dropout", trial.suggest_categorical, [None, 0.0, 0.1, 0.2, 0.3, 0.4]

@@ -72,6 +72,7 @@ class ModelSettings(Settings):
     dropout: float | None = None
     layer_norm: bool | None = None
     weight_drop: float | None = None
+    weight_drop_after: int | None = None
     locked_output_dropout: float | None = None
 
 

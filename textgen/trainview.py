@@ -40,6 +40,8 @@ def describe_run(cfg: RunConfig) -> list[tuple[str, str]]:
         dropout += f" on the inputs, {model.locked_output_dropout:g} locked on the output"
     if model.weight_drop:
         dropout += f", weight-drop {model.weight_drop:g}"
+        if model.weight_drop_after:
+            dropout += f" from epoch {model.weight_drop_after + 1}"
     accumulated = f", {training.accumulate} batches per update" if training.accumulate > 1 else ""
     limits = [f"{training.epochs} epoch{'s' if training.epochs > 1 else ''}"] if training.epochs else []
     if training.time_budget:

@@ -215,10 +215,11 @@ class _Session:
         if self.clock.expired():  # a run killed past its budget before validating resumes only to validate
             return done, StopReason.TIME_BUDGET
         batches = distributed_batches(trainer.strategy, self.plan.splits.train, layout, start.batch)
+        train_step = trainer.step_for(epoch)
         for batch, (x, y) in enumerate(batches, start=start.batch):
             started = time.monotonic()
             self.callbacks.on_train_batch_begin(batch)
-            loss = float(trainer.train_step(x, y))
+            loss = float(train_step(x, y))
             if not math.isfinite(loss):  # the update already happened: save nothing from here on
                 raise TrainingDiverged(
                     f"training diverged: the loss became {loss} at epoch {epoch + 1}, batch {batch + 1}",

@@ -36,6 +36,15 @@ class Trainer:
     group_states: list[list[keras.Variable]]  # with --accumulate, each group's copy of the LSTM states
     teacher: keras.Model | None = None  # ``textgen distill``'s teacher, reading the same streams
     masks: list[tuple[keras.Variable, keras.Variable]] = field(default_factory=list)  # (kernel, mask) when pruning
+    # The update without weight-drop, for a run's first ``ModelConfig.weight_drop_after`` epochs (None: no such epochs).
+    plain_step: Callable[[Any, Any], tf.Tensor] | None = None
+    weight_drop_after: int = 0
+
+    def step_for(self, epoch: int) -> Callable[[Any, Any], tf.Tensor]:
+        """The update of epoch ``epoch`` (from 0): without weight-drop until it starts."""
+        if self.plain_step is not None and epoch < self.weight_drop_after:
+            return self.plain_step
+        return self.train_step
 
     def stream_states(self) -> list[keras.Variable]:
         """Every LSTM state the streams carry from one batch to the next: the model's, the teacher's and each
@@ -88,17 +97,21 @@ def build_trainer(cfg: RunConfig, strategy: tf.distribute.Strategy | None = None
         ]
     parts = Trainer(model, optimizer, _not_compiled, compile_eval_step(model, cfg.profile, strategy), strategy,
                     group_states, teacher, masks)  # fmt: skip
-    return dataclasses.replace(parts, train_step=_compile_train_step(cfg, parts))
+    rate, after = cfg.model.weight_drop, cfg.model.weight_drop_after
+    # Each step is traced when first called: a run that never reaches its weight-drop never traces that step.
+    plain_step = _compile_train_step(cfg, parts, 0.0) if rate > 0 and after > 0 else None
+    return dataclasses.replace(parts, train_step=_compile_train_step(cfg, parts, rate), plain_step=plain_step,
+                               weight_drop_after=after)  # fmt: skip
 
 
 def _not_compiled(x: Any, y: Any) -> tf.Tensor:
     raise AssertionError("build_trainer returns its trainer with the compiled step")
 
 
-def _compile_train_step(cfg: RunConfig, parts: Trainer) -> Callable[[Any, Any], tf.Tensor]:
-    """One update on a batch, as a tf.function over the replicas of ``parts`` (a trainer whose step is not yet
-    compiled): the gradients of each accumulation group (its own LSTM states swapped in) summed and applied,
-    then the pruning masks applied again."""
+def _compile_train_step(cfg: RunConfig, parts: Trainer, weight_drop: float) -> Callable[[Any, Any], tf.Tensor]:
+    """One update on a batch with recurrent kernels dropped at ``weight_drop``, as a tf.function over the replicas
+    of ``parts`` (a trainer whose step is not yet compiled): the gradients of each accumulation group (its own LSTM
+    states swapped in) summed and applied, then the pruning masks applied again."""
     model, optimizer, teacher, strategy = parts.model, parts.optimizer, parts.teacher, parts.strategy
     groups, profile, seed0 = cfg.training.accumulate, cfg.profile, cfg.training.seed
     chars_per_update = cfg.data.batch_size * groups * cfg.data.seq_len
@@ -114,7 +127,7 @@ def _compile_train_step(cfg: RunConfig, parts: Trainer) -> Callable[[Any, Any], 
         # Weight-drop's masks: one per update, the same for every group and replica (no replica in the seed).
         update = tf.cast(optimizer.iterations, tf.int64)
         update_seed = tf.stack([tf.constant(seed0 + WEIGHT_DROP_SEED, tf.int64), update])
-        with tf.GradientTape() as tape, recurrent_kernels_dropped(model, cfg.model.weight_drop, update_seed):
+        with tf.GradientTape() as tape, recurrent_kernels_dropped(model, weight_drop, update_seed):
             logits = model_logits(model, profile, x, True, seed)
             loss = summed_cross_entropy(y, logits) / chars_per_update
             objective = loss
