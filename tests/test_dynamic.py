@@ -261,3 +261,16 @@ def test_the_benchmark_prints_the_test_split_and_the_documents_table(trained_run
     assert result.returncode == 0, result.stderr
     assert "static" in result.stdout and "ratio" in result.stdout
     assert "other.txt" in result.stdout and "mean" in result.stdout
+
+
+@pytest.mark.slow  # a subprocess that imports TensorFlow and times a few segments: ~20 s
+def test_the_step_profile_times_the_chain_and_both_steps(trained_run, tmp_path: Path) -> None:
+    run = trained_run.copy_to(tmp_path / "checkpoints")
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "profile_dynamic_step.py"
+    result = run_python([str(script), "--run-dir", str(run.path), "--segments", "5", "--compile-whole"])
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "steps compiled whole; 5 segments of 50" in lines[0]
+    for line, what in zip(lines[1:4], ("matvec chain", "static step", "dynamic step"), strict=True):
+        assert line.split()[:2] == what.split() and float(line.split()[2]) > 0
+    assert "the whole test split dynamically" in lines[4]
