@@ -42,20 +42,20 @@ def main() -> None:
     tf.config.threading.set_inter_op_parallelism_threads(inter)
     from textgen.checkpoint import Run
     from textgen.config import DynamicConfig, Split, Weights
-    from textgen.dynamic import DynamicEvaluator, mean_squares, read_settings, segments
+    from textgen.dynamic import DynamicEvaluator, mean_squares, open_evaluator, read_settings, segments
     from textgen.evaluate import split_ids
-    from textgen.model import build_model, lstm_layers
+    from textgen.model import lstm_layers
     from textgen.scoring import compile_eval_step
 
     run = Run(args.run_dir.resolve())
     cfg = run.load_config()
     settings = read_settings(run) or DynamicConfig()
     length = settings.segment_len
-    model = build_model(cfg.model, 1, cfg.profile.precision)
-    run.load_weights(model, Weights.best)
-    profile = dataclasses.replace(cfg.profile, jit_compile=True) if args.compile_whole else cfg.profile
-    evaluator = DynamicEvaluator(model, profile)
-    evaluator.set_mean_squares(mean_squares(run, Weights.best, evaluator, length))
+    evaluator = open_evaluator(run, Weights.best, length)
+    if args.compile_whole:  # the same model and MS (the run's cache), its steps compiled whole
+        evaluator = DynamicEvaluator(evaluator.model, dataclasses.replace(evaluator.profile, jit_compile=True))
+        evaluator.set_mean_squares(mean_squares(run, Weights.best, evaluator, length))
+    model, profile = evaluator.model, evaluator.profile
     with tempfile.TemporaryDirectory(prefix="textgen-profile-") as scratch:
         test = np.asarray(split_ids(run, Split.test, Path(scratch)), np.int32)
     test_segments = -(-(len(test) - 1) // length)
