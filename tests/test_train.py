@@ -985,6 +985,16 @@ def test_a_budget_without_epochs_has_no_epoch_cap(tmp_path: Path, tiny_corpus: P
         TrainConfig(epochs=None)  # neither: a run that would never end
 
 
+def test_weight_drop_after_without_a_rate_is_refused_not_ignored(tmp_path: Path) -> None:
+    corpus = str(write_corpus(tmp_path / "c.txt", 3000))
+    with pytest.raises(ConfigError, match=r"--weight-drop-after 2 delays weight-drop, .* add --weight-drop RATE"):
+        plan_run(corpus, CPU, checkpoint_dir=tmp_path / "ck", model=ModelSettings(weight_drop_after=2))
+    assert not (tmp_path / "ck").exists()  # refused before a run is made
+    plan = plan_run(corpus, CPU, checkpoint_dir=tmp_path / "ck", data=DataSettings(**TINY_DATA),
+                    model=ModelSettings(**TINY_MODEL, weight_drop=0.0, weight_drop_after=2))  # fmt: skip
+    assert plan.config.model.weight_drop_after == 2  # a rate given, 0 included (as a tuning trial gives it)
+
+
 def test_weight_drop_starts_after_its_epochs_and_a_resume_keeps_the_schedule(tmp_path: Path) -> None:
     """--weight-drop-after N: the first N epochs are the plain run's update for update, the next ones are not; a
     run resumed across the start trains as the uninterrupted one does (the plateau schedule: a rate that does not

@@ -153,8 +153,8 @@ SPECS: dict[str, Spec] = {
         "characters",
     ),
     "weight_drop_after": Spec(
-        "Train this many epochs before weight-drop starts: it slows early learning and pays once a run has made many "
-        "passes over its text (docs/quality.md)",
+        "Train this many epochs before --weight-drop starts (it needs a rate): weight-drop slows early learning and "
+        "pays once a run has made many passes over its text (docs/quality.md)",
         MODEL_PANEL,
         MODEL.weight_drop_after,
     ),
