@@ -101,6 +101,14 @@ def test_evaluate_scores_a_file_with_it(packaged: Path, trained_run, tmp_path: P
     assert_one_line_error(invoke("evaluate", "--run", BASE_NAME, "--dynamic"), "--dynamic adapts a run's weights")
 
 
+def test_sample_adapt_needs_a_run_and_says_how_to_make_one(packaged: Path, tmp_path: Path) -> None:
+    prime = tmp_path / "doc.txt"
+    prime.write_text("It was the best of times.\n", encoding="utf-8")
+    empty = tmp_path / "no-runs"  # no run trained: sample falls back to the base model
+    result = invoke("sample", "--checkpoint-dir", str(empty), "--prime-file", str(prime), "--adapt")
+    assert_one_line_error(result, f"{BASE_NAME} is an export; drop --adapt, or fine-tune", "--init-from base:en")
+
+
 def test_export_copies_it_and_refuses_what_needs_a_run(packaged: Path, tmp_path: Path) -> None:
     out = tmp_path / "exports" / "mine"
     result = invoke("export", "--run", BASE_NAME, "--format", "litert", "-o", str(out))

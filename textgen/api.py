@@ -152,9 +152,13 @@ def open_generator(
     if model is not None:
         from textgen.runtime import open_artifact
 
+        if adapt_to is not None and is_base_dir(model):
+            raise ConfigError(
+                f"--adapt adapts a trained run's weights, and {BASE_NAME} is an export; drop --adapt, or fine-tune "
+                f"it into a run first: {fine_tune(checkpoint_dir=checkpoint_dir)}"
+            )
         if adapt_to is not None:
-            exported = f"{BASE_NAME}, an export" if is_base_dir(model) else "an exported --model"
-            raise ConfigError(f"--adapt adapts a run's weights: give a run's --run, not {exported}")
+            raise ConfigError("--adapt adapts a trained run's weights, not an exported --model; give its --run")
         sampler: Sampler = open_artifact(model)[0]
         source = ModelSource(BASE_NAME if names_base(model) or is_base_dir(model) else str(model), note=note)
     else:
