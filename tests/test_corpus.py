@@ -723,3 +723,45 @@ def test_fingerprint_changes_with_any_edit(tmp_path: Path) -> None:
 def test_fingerprint_of_a_missing_file(tmp_path: Path) -> None:
     with pytest.raises(CorpusError, match=r"cannot read .*nope\.txt"):
         fingerprint(tmp_path / "nope.txt")
+
+
+def piped(monkeypatch: pytest.MonkeyPatch, data: bytes) -> None:
+    """Standard input as a pipe carrying ``data``."""
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(data)))
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        "naïve café\r\nline two\n".encode(),
+        "\ufeffnaïve café\n".encode(),  # UTF-8 with a BOM
+        "naïve “café”\n".encode("cp1252"),
+        b"caf\xe9 \x81\n",  # not cp1252 either (0x81 is unassigned): latin-1
+        "naïve café\n".encode("utf-16"),
+        "naïve café\n".encode("utf-32"),
+    ],
+)
+def test_a_prompt_reads_the_same_from_a_file_and_from_stdin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data: bytes
+) -> None:
+    path = tmp_path / "prompt.txt"
+    path.write_bytes(data)
+    piped(monkeypatch, data)
+    from_file, from_stdin = corpus.read_prompt_file(str(path)), corpus.read_prompt_file("-")
+    assert from_file == from_stdin and "\r" not in from_file and not from_file.startswith("\ufeff")
+    assert from_file.startswith(("naïve", "caf"))
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"", "standard input is empty; pipe some text in"),
+        (b" \n\n", "standard input is empty"),
+        (b"abc\x00def", "standard input looks binary"),
+        (codecs.BOM_UTF16_LE + b"a\x00b", "standard input is not valid UTF-16 text"),
+    ],
+)
+def test_a_bad_prompt_on_stdin_is_one_error(monkeypatch: pytest.MonkeyPatch, data: bytes, message: str) -> None:
+    piped(monkeypatch, data)
+    with pytest.raises(CorpusError, match=message):
+        corpus.read_prompt_file("-")

@@ -236,8 +236,10 @@ def test_an_undecodable_or_binary_prime_is_one_line(trained_run, tmp_path: Path)
     binary = tmp_path / "binary.txt"
     binary.write_bytes(b"abc\x00def")
     assert_one_line_error(invoke(*sample_args(trained_run, "--prime-file", str(binary))), "binary")
-    result = CliRunner().invoke(app, sample_args(trained_run, "--prime-file", "-"), input=b"caf\xe9 \xff")
-    assert_one_line_error(result, "standard input", "UTF-8")
+    result = CliRunner().invoke(app, sample_args(trained_run, "--prime-file", "-"), input=b"abc\x00def")
+    assert_one_line_error(result, "standard input", "binary")
+    empty = CliRunner().invoke(app, sample_args(trained_run, "--prime-file", "-"), input=b" \n")
+    assert_one_line_error(empty, "standard input is empty")
 
 
 def test_repl_reads_the_prime_file_as_its_first_prompt(trained_run, tmp_path: Path) -> None:

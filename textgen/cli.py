@@ -32,7 +32,6 @@ from textgen.cliopts import (
     TopPOption,
 )
 from textgen.config import DEFAULT_CHECKPOINT_DIR, Device, PruneConfig, Split, Weights, flag
-from textgen.corpus import read_prompt_file
 from textgen.durations import parse_budget, parse_duration
 from textgen.errors import ConfigError
 from textgen.genconfig import SampleConfig, ServeConfig, parse_logit_bias
@@ -350,7 +349,7 @@ def sample(
             raise ConfigError("--adapt adapts the weights to a document: add --prime-file PATH")
         if prime_file is not None and prime:
             raise ConfigError("give --prime or --prime-file, not both")
-        document = read_prompt_file(prime_file) if prime_file is not None else None
+        document = ui.read_prime_file(err_console, prime_file)
         sampler, source = api.open_generator(
             checkpoint_dir=checkpoint_dir, run_name=run, weights=Weights.of(last), model=model,
             adapt_to=document if adapt else None, fallback=True,
@@ -392,7 +391,7 @@ def repl(
             length=length, temperature=temp, top_k=top_k, top_p=top_p, seed=seed, frequency_penalty=frequency_penalty,
             presence_penalty=presence_penalty, logit_bias=parse_logit_bias(logit_bias or []),
         )  # fmt: skip
-        document = read_prompt_file(prime_file) if prime_file is not None else None
+        document = ui.read_prime_file(err_console, prime_file)
         sampler, source = api.open_generator(
             checkpoint_dir=checkpoint_dir, run_name=run, weights=Weights.of(last), model=model, warm_up=True,
             fallback=True,

@@ -242,16 +242,20 @@ def _ascii_based(codec: str) -> bool:
     return _ASCII_PROBE.decode(codec, errors="replace") == _ASCII_PROBE.decode("ascii")
 
 
+def marked_encoding(head: bytes) -> str | None:
+    """UTF-16 or UTF-32 if ``head`` starts with its byte-order mark, else None."""
+    return next((label for bom, label in _BOMS if head.startswith(bom)), None)
+
+
 def _check_head(path: Path) -> None:
     """Refuse UTF-16/32 text and binary files, judging by the first ``HEAD_BYTES``."""
     with _opened(path) as fh:
         head = fh.read(HEAD_BYTES)
-    for bom, label in _BOMS:
-        if head.startswith(bom):
-            raise CorpusError(
-                f"{path} is {label} text; pass --encoding {label.lower()}, or convert it to UTF-8, "
-                f"e.g. iconv -f {label.lower()} -t utf-8"
-            )
+    if label := marked_encoding(head):
+        raise CorpusError(
+            f"{path} is {label} text; pass --encoding {label.lower()}, or convert it to UTF-8, "
+            f"e.g. iconv -f {label.lower()} -t utf-8"
+        )
     if b"\x00" in head:
         raise CorpusError(f"{path} looks like a binary file (it contains NUL bytes); give a plain-text file")
 
@@ -508,21 +512,39 @@ def corpus_stem(names: list[str], files: list[Path]) -> str:
 
 
 def read_prompt_file(name: str) -> str:
-    """The text of a prompt file (``-``: standard input), decoded as a corpus file is (``--encoding auto``; line
-    endings as \\n), kept whole (no boilerplate stripped). A missing, unreadable, binary or undecodable file is one
-    ``CorpusError``."""
+    """The text of a prompt file (``-``: standard input), kept whole (no boilerplate stripped), line endings as
+    \\n. Decoded as ``--encoding auto`` decodes a corpus, except that a UTF-16 or UTF-32 byte-order mark is read as
+    what it says (a prompt has no ``--encoding`` to give). A missing, empty, unreadable, binary or undecodable file is
+    one ``CorpusError``."""
     if name == "-":
-        data = sys.stdin.buffer.read()
-        try:
-            text = data.decode("utf-8-sig")
-        except UnicodeDecodeError as exc:
-            raise CorpusError(
-                f"the prompt on standard input is not UTF-8 text ({exc.reason} at byte {exc.start})"
-            ) from None
-        if "\x00" in text:
-            raise CorpusError("the prompt on standard input looks binary (it contains NUL bytes); give plain text")
-        return text.replace("\r\n", "\n").replace("\r", "\n")
+        return _decode_prompt(sys.stdin.buffer.read())
     path = Path(os.path.expanduser(name))
     if not path.exists():
         raise CorpusError(f"--prime-file {name}: no such file; give the path of a plain-text file, or - for stdin")
-    return read_corpus(path, strip_boilerplate=False, encoding="auto")
+    with _opened(path) as fh:
+        head = fh.read(HEAD_BYTES)
+    return read_corpus(path, strip_boilerplate=False, encoding=(marked_encoding(head) or "auto").lower())
+
+
+def _decode_auto(data: bytes) -> str:
+    """``data`` decoded as UTF-8 (a BOM dropped), else cp1252, else latin-1, which decodes any bytes."""
+    for codec in ("utf-8-sig", "cp1252"):
+        with contextlib.suppress(UnicodeDecodeError):
+            return data.decode(codec)
+    return data.decode("latin-1")
+
+
+def _decode_prompt(data: bytes) -> str:
+    """A prompt piped in, decoded as ``read_prompt_file`` decodes a file: by its byte-order mark, else as the first
+    of UTF-8, cp1252 and latin-1 that decodes all of it (``resolve_encoding``'s order)."""
+    where = "the prompt on standard input"
+    marked = marked_encoding(data)
+    if marked is None and b"\x00" in data:
+        raise CorpusError(f"{where} looks binary (it contains NUL bytes); give plain text")
+    try:
+        text = data.decode(marked.lower()) if marked else _decode_auto(data)
+    except UnicodeDecodeError as exc:
+        raise CorpusError(f"{where} is not valid {marked} text ({exc.reason} at byte {exc.start})") from None
+    if not text.strip():
+        raise CorpusError(f"{where} is empty; pipe some text in, or drop --prime-file")
+    return text.replace("\r\n", "\n").replace("\r", "\n")

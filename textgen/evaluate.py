@@ -66,7 +66,7 @@ def text_ids(
         path = resolve_corpus(file)
         text = read_corpus(path, cfg.data.strip_boilerplate, resolve_encoding(path, encoding))
         return write_id_file(vocab.encode_compact(text), scratch / "ids"), file
-    return split_ids(run, split, scratch, cache_dir), f"{split} split of {cfg.data.corpus_name}"
+    return split_ids(run, split, scratch, cache_dir), f"the {split} split of {cfg.data.corpus_name}"
 
 
 def split_ids(run: Run, split: str, scratch: Path, cache_dir: Path | None = None) -> np.ndarray:
