@@ -10,13 +10,21 @@ by side. The target: with the start state, the one-letter share no higher than t
     PYTHONPATH=. python benchmarks/short_prompts.py --run checkpoints/2600-0 --seeds 4
     PYTHONPATH=. python benchmarks/short_prompts.py --run a --run b --start saved --json
     PYTHONPATH=. python benchmarks/short_prompts.py --run checkpoints/2600-0 --seeds 20 --ablate   # which state
+    PYTHONPATH=. python benchmarks/short_prompts.py --no-prompt base:en --seeds 100
+
+``--no-prompt MODEL`` (a run directory, an export, or ``base:en``) samples with no prompt at all instead, ``--seeds``
+samples, and counts those whose first line is a heading (``CHAPTER``, ``BOOK``, ``PART`` or a line of capitals):
+started from the start state's own logits, as textgen samples, against reading a newline there first, as it did
+before the start kept its logits.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
+import re
 import string
 import time
 from pathlib import Path
@@ -25,7 +33,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from textgen.generation import Sampler, States
+    from textgen.generation import Sampler
     from textgen.vocab import Vocabulary
 
 RARE = 1e-5  # a character seen fewer than once in 100,000 is garbage at a sample's start
@@ -72,6 +80,7 @@ def ablate(run_dir: Path, seeds: int, chars: int, weights: str) -> dict[str, tup
     from textgen import api
     from textgen.checkpoint import Run
     from textgen.config import Weights
+    from textgen.generation import Start
     from textgen.startstate import candidate_states, train_ids
 
     sampler, _ = api.open_generator(checkpoint_dir=run_dir.parent, run_name=run_dir.name, weights=Weights(weights))
@@ -79,11 +88,11 @@ def ablate(run_dir: Path, seeds: int, chars: int, weights: str) -> dict[str, tup
     if ids is None:
         raise SystemExit(f"{run_dir}: its corpus is gone or changed; the benchmark needs its training split")
     rare, letters = rare_ids(ids, sampler.vocab.size), list(string.ascii_uppercase)
-    saved, candidates = sampler.start, candidate_states(sampler, ids)  # it searches the first SEARCHED itself
-    starts: dict[str, States | None] = {
-        f"candidate {row}": tuple(c[row : row + 1] for c in candidates) for row in (0, 17, 40)
+    saved, (_, candidates) = sampler.start, candidate_states(sampler, ids)  # it searches the first SEARCHED itself
+    starts: dict[str, Start | None] = {
+        f"candidate {row}": Start(tuple(c[row : row + 1] for c in candidates)) for row in (0, 17, 40)
     }
-    starts["the candidates' mean"] = tuple(c.mean(axis=0, keepdims=True) for c in candidates)
+    starts["the candidates' mean"] = Start(tuple(c.mean(axis=0, keepdims=True) for c in candidates))
     starts["saved (the candidate nearest the mean)"] = saved
     sampler.start = None
     result = {"zeros, a blank line before": garbage(sampler, ["\n\n" + c for c in letters], seeds, chars, rare)[:2]}
@@ -122,9 +131,36 @@ def measure(run_dir: Path, seeds: int, chars: int, starts: list[str], weights: s
     return result
 
 
+HEADING = re.compile(r"CHAPTER|BOOK|PART|^[A-Z0-9 .,'-]{4,}$")
+
+
+def no_prompt(model: str, samples: int, chars: int) -> dict[str, int]:
+    """How many of ``samples`` unprompted samples of ``model`` begin with a heading line, and with a newline, from the
+    start state's logits and after reading a newline at the start state."""
+    from textgen import api
+    from textgen.basemodel import names_base
+    from textgen.genconfig import SampleConfig
+
+    path = Path(model)
+    if names_base(model) or not (path / "config.json").is_file():
+        sampler, _ = api.open_generator(model=path)
+    else:
+        sampler, _ = api.open_generator(checkpoint_dir=path.parent, run_name=path.name)
+    if sampler.start is None or sampler.start.logits is None:
+        raise SystemExit(f"{model} has no start state with its logits: export it, or sample the run, again")
+    result = {}
+    for name, start in (("from the start's logits", sampler.start), ("a newline read first", None)):
+        sampler.start = start or dataclasses.replace(sampler.start, logits=None)
+        texts = sampler.generate([""] * samples, SampleConfig(length=chars, temperature=0.8, seed=1, num=samples))
+        result[f"{name}: a heading"] = sum(bool(HEADING.search(t.strip("\n").split("\n")[0])) for t in texts)
+        result[f"{name}: a newline"] = sum(t.startswith("\n") for t in texts)
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run", action="append", required=True, type=Path, help="a run directory (repeatable)")
+    parser.add_argument("--run", action="append", default=[], type=Path, help="a run directory (repeatable)")
+    parser.add_argument("--no-prompt", metavar="MODEL", help="unprompted samples of a run, an export or base:en")
     parser.add_argument("--seeds", type=int, default=4)
     parser.add_argument("--chars", type=int, default=60, help="generated characters checked per sample")
     parser.add_argument("--start", choices=["zeros", "saved", "both"], default="both")
@@ -132,6 +168,12 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--ablate", action="store_true", help="one-letter prompts from other start states instead")
     args = parser.parse_args()
+    if args.no_prompt:
+        for name, count in no_prompt(args.no_prompt, args.seeds, args.chars).items():
+            print(f"{args.no_prompt}  no prompt, {name}: {count}/{args.seeds}")
+        return
+    if not args.run:
+        parser.error("give --run (or --no-prompt)")
     if args.ablate:
         for run_dir in args.run:
             for name, (bad, total) in ablate(run_dir, args.seeds, args.chars, args.weights).items():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -324,8 +325,19 @@ def test_characters_outside_the_vocabulary_are_skipped(gen1: Generator) -> None:
 
 @pytest.mark.parametrize("settings", [GREEDY, SampleConfig(length=40, temperature=1.0, seed=3)])
 def test_a_prompt_of_only_unknown_characters_starts_like_an_empty_one(gen1: Generator, settings: SampleConfig) -> None:
-    # Reading nothing at all would leave zero logits: a first character chosen without the model.
-    assert gen1.generate(["ÉQ"], settings) == gen1.generate([""], settings) == gen1.generate(["\n"], settings)
+    # Both start at the start state's logits (a paragraph's start), not after reading a third newline.
+    assert gen1.start is not None and gen1.start.logits is not None
+    assert gen1.generate(["ÉQ"], settings) == gen1.generate([""], settings) != gen1.generate(["\n"], settings)
+    if settings.temperature == 0:  # greedy: the start's likeliest character comes first
+        first = next(gen1.stream([""], settings, first_chunk=1)).texts
+        assert first == [gen1.vocab.decode([int(np.argmax(gen1.start.logits[0, 1:])) + 1])]
+    # A start without its logits (an export from before them): reading nothing would leave zero logits, a first
+    # character chosen without the model, so an empty prompt reads a newline first.
+    gen1.start, kept = dataclasses.replace(gen1.start, logits=None), gen1.start
+    try:
+        assert gen1.generate(["ÉQ"], settings) == gen1.generate([""], settings) == gen1.generate(["\n"], settings)
+    finally:
+        gen1.start = kept
 
 
 # --- textgen sample: errors, warnings and output ----------------------------------------------

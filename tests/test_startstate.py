@@ -18,6 +18,7 @@ from textgen.artifact import INFO_FILE, START_FILE, write_manifest
 from textgen.checkpoint import Run
 from textgen.config import Split, Weights
 from textgen.genconfig import SampleConfig
+from textgen.generation import Start
 from textgen.startstate import (
     candidate_states,
     compute_start,
@@ -66,36 +67,38 @@ def test_paragraph_starts_follow_blank_lines_else_line_starts() -> None:
 
 def test_the_start_is_the_real_candidate_nearest_their_mean(run: Run, generator) -> None:
     ids = train_ids(run, None)
-    candidates = candidate_states(generator, ids)
-    assert candidates[0].shape[0] > 1
+    logits, candidates = candidate_states(generator, ids)
+    assert candidates[0].shape[0] > 1 and logits.shape == (candidates[0].shape[0], generator.vocab.size)
     row = nearest_to_mean(candidates)
     flat = np.concatenate(candidates, axis=1)
     distances = np.linalg.norm(flat - flat.mean(axis=0), axis=1)
     assert distances[row] == distances.min()
-    for start, candidate in zip(generator.start, candidates, strict=True):
+    for start, candidate in zip(generator.start.states, candidates, strict=True):
         np.testing.assert_array_equal(start[0], candidate[row])  # a real state, not the mean
-    assert np.abs(generator.start[0]).max() > 0
+    np.testing.assert_array_equal(generator.start.logits[0], logits[row])  # and the logits there
+    assert np.abs(generator.start.states[0]).max() > 0
 
 
 def test_it_is_saved_with_the_weights_checksum_and_read_back(run: Run, generator, monkeypatch) -> None:
     from textgen import startstate
     from textgen.sampling import Generator
 
-    states, checksum = load_start(start_path(run, Weights.best), 1, generator.cfg.units)
+    saved, checksum = load_start(start_path(run, Weights.best), 1, generator.cfg.units, generator.cfg.vocab_size)
     assert checksum == weights_checksum(run, Weights.best)
-    for saved, used in zip(states, generator.start, strict=True):
-        np.testing.assert_array_equal(saved, used)
+    for array, used in zip(saved.states, generator.start.states, strict=True):
+        np.testing.assert_array_equal(array, used)
+    np.testing.assert_array_equal(saved.logits, generator.start.logits)
 
     def not_again(*args):
         raise AssertionError("computed again, though saved")
 
     monkeypatch.setattr(startstate, "compute_start", not_again)
     again = Generator.from_run(run)
-    for saved, used in zip(states, again.start, strict=True):
-        np.testing.assert_array_equal(saved, used)
+    for array, used in zip(saved.states, again.start.states, strict=True):
+        np.testing.assert_array_equal(array, used)
 
 
-@pytest.mark.parametrize("damage", ["stale", "garbage", "empty", "other shape"])
+@pytest.mark.parametrize("damage", ["stale", "garbage", "empty", "other shape", "no logits", "other logits"])
 def test_a_stale_or_damaged_file_is_computed_again_and_rewritten(
     damage: str, run: Run, generator, tmp_path: Path
 ) -> None:
@@ -103,17 +106,24 @@ def test_a_stale_or_damaged_file_is_computed_again_and_rewritten(
 
     copy = fresh_copy(run, tmp_path)
     path = start_path(copy, Weights.best)
-    units, checksum = generator.cfg.units, weights_checksum(copy, Weights.best)
+    units, vocab_size, checksum = generator.cfg.units, generator.cfg.vocab_size, weights_checksum(copy, Weights.best)
+    ones = tuple(np.ones([1, units], np.float32) for _ in range(2))
     if damage == "stale":
-        save_start(path, tuple(np.ones([1, units], np.float32) for _ in range(2)), "0" * 64)
+        save_start(path, Start(ones, np.ones([1, vocab_size], np.float32)), "0" * 64)
     elif damage == "other shape":
-        save_start(path, tuple(np.ones([1, units + 1], np.float32) for _ in range(2)), checksum)
+        save_start(path, Start(tuple(np.ones([1, units + 1], np.float32) for _ in range(2))), checksum)
+    elif damage == "no logits":  # a file from before they were kept
+        save_start(path, Start(ones), checksum)
+    elif damage == "other logits":
+        save_start(path, Start(ones, np.ones([1, vocab_size + 1], np.float32)), checksum)
     else:
         path.write_bytes(b"" if damage == "empty" else b"PK\x03\x04 not a zip")
     again = Generator.from_run(copy)
-    for want, got in zip(generator.start, again.start, strict=True):
+    for want, got in zip(generator.start.states, again.start.states, strict=True):
         np.testing.assert_allclose(got, want, atol=1e-6)
-    assert load_start(path, 1, units)[1] == checksum
+    np.testing.assert_allclose(again.start.logits, generator.start.logits, atol=1e-5)
+    rewritten, saved_for = load_start(path, 1, units, vocab_size)
+    assert saved_for == checksum and rewritten.logits is not None
 
 
 def test_the_last_weights_have_their_own(run: Run, tmp_path: Path) -> None:
@@ -143,7 +153,7 @@ def test_a_read_only_run_directory_computes_it_without_saving(
         again = Generator.from_run(copy)
     finally:
         copy.path.chmod(0o755)
-    for want, got in zip(generator.start, again.start, strict=True):
+    for want, got in zip(generator.start.states, again.start.states, strict=True):
         np.testing.assert_allclose(got, want, atol=1e-6)
     assert not start_path(copy, Weights.best).exists()
     assert sorted(p.name for p in copy.path.iterdir()) == sorted(
@@ -164,7 +174,7 @@ def test_without_its_corpus_a_run_samples_from_zeros(run: Run, tmp_path: Path) -
 def test_sampling_reads_prompts_from_the_start_state(run: Run, generator) -> None:
     sampler, _ = api.open_generator(checkpoint_dir=run.path.parent, run_name=run.name)
     prompt = sampler.encode_prompts(["t"])[0]
-    logits, _ = sampler.read(prompt[None, :], generator.start)
+    logits, _ = sampler.read(prompt[None, :], generator.start.states)
     fed = sampler.feed([prompt])
     np.testing.assert_allclose(fed.logits, logits, atol=1e-6)
     zero_logits, _ = sampler.read(prompt[None, :], sampler.zero_states(1))
@@ -204,9 +214,10 @@ def test_an_export_carries_the_start_state_and_samples_as_its_run(
     result = api.export(checkpoint_dir=copy.path.parent, run_name=copy.name, format=format, path=tmp_path / "export")
     assert json.loads((result.path / INFO_FILE).read_text())["textgen_artifact"] == 3
     sampler, _ = api.open_generator(model=result.path)
-    for want, got in zip(generator.start, sampler.start, strict=True):
+    for want, got in zip(generator.start.states, sampler.start.states, strict=True):
         np.testing.assert_array_equal(got, want)
-    assert sampler.generate(["t", "a"], SETTINGS) == generator.generate(["t", "a"], SETTINGS)
+    np.testing.assert_array_equal(sampler.start.logits, generator.start.logits)
+    assert sampler.generate(["t", "a", ""], SETTINGS) == generator.generate(["t", "a", ""], SETTINGS)
 
 
 @pytest.fixture(scope="module")
@@ -260,5 +271,6 @@ def test_scoring_still_starts_from_zeros(run: Run, generator, tmp_path: Path) ->
 
 def test_compute_start_is_one_row_per_array(generator, run: Run) -> None:
     start = compute_start(generator, train_ids(run, None))
-    assert [s.shape for s in start] == [(1, generator.cfg.units)] * 2
-    assert all(s.dtype == np.float32 for s in start)
+    assert [s.shape for s in start.states] == [(1, generator.cfg.units)] * 2
+    assert start.logits is not None and start.logits.shape == (1, generator.vocab.size)
+    assert all(s.dtype == np.float32 for s in (*start.states, start.logits))

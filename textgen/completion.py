@@ -294,8 +294,12 @@ class Completion:
             scorer = CharScorer(self.sampler, top)
             if self.sampler.encode_prompts([prompt], fallback=False)[0].size:
                 read = scorer.score(prompt)
-            else:  # nothing the model knows: the engine reads its fallback (a newline), which is not echoed
-                scorer.score(self.sampler.vocab.decode(ids))
+            else:  # nothing the model knows: the engine starts at the start state's logits, or reads its fallback (a
+                # newline, not echoed) where the start has none
+                if ids.size:
+                    scorer.score(self.sampler.vocab.decode(ids))
+                else:
+                    scorer.state = self.sampler.feed([ids])
                 read = Logprobs()
             scorer.offset = len(prompt) if self.body.echo else 0  # where the continuation starts in the choice's text
             for _ in range(self.job.n):

@@ -61,6 +61,7 @@ from textgen.commands import fine_tune
 from textgen.config import Weights
 from textgen.errors import CheckpointError, ConfigError, ExportInterrupted, one_line
 from textgen.files import fsync_path, fsync_tree
+from textgen.generation import Start
 from textgen.model import build_model
 from textgen.results import ExportResult
 from textgen.sampling import RECURRENT_BLOCKS, Generator
@@ -187,7 +188,7 @@ def _write(generator: Generator, info: ArtifactInfo, directory: Path, check_stop
         check_stop()
         (directory / LITERT_FILE).write_bytes(litert_bytes(str(step), info.quantize))
         shutil.rmtree(step)
-    start = generator.start_states(1)  # zeros for a run whose start state could not be computed
+    start = generator.start or Start(generator.zero_states(1))  # zeros for a run whose start could not be computed
     save_start(directory / START_FILE, start, "")  # the manifest checks it; no weights file to belong to
     (directory / INFO_FILE).write_text(info.to_json(), encoding="utf-8")
     write_manifest(directory)

@@ -128,15 +128,24 @@ class Piece:
     state: GenerationState
 
 
+@dataclass(frozen=True)
+class Start:
+    """Where every prompt is read from (``textgen.startstate``): a state (one row per array), and the logits there
+    (1, V), from which a prompt with nothing to read draws its first character; None in a file from before they were
+    kept (such a prompt then reads a newline first)."""
+
+    states: States
+    logits: np.ndarray | None = None
+
+
 class Sampler(ABC):
     """Prompts in, continuations out, over a next-token ``read`` and a strategy's ``generate_steps``."""
 
     concurrent_calls = False  # whether two threads may call generate_steps at once (a server's lanes)
 
-    def __init__(self, cfg: ModelConfig, vocab: Vocabulary, start: States | None = None) -> None:
+    def __init__(self, cfg: ModelConfig, vocab: Vocabulary, start: Start | None = None) -> None:
         self.cfg, self.vocab = cfg, vocab
-        # The state every prompt is read from (a row per array; ``textgen.startstate``), None for zeros.
-        self.start = start
+        self.start = start  # where every prompt is read from; None: zeros
 
     @abstractmethod
     def read(self, ids: np.ndarray, states: States) -> tuple[np.ndarray, States]:
@@ -176,26 +185,35 @@ class Sampler(ABC):
         the model knows, or zeros for a sampler without one (scoring always reads from zeros, as training does)."""
         if self.start is None:
             return self.zero_states(batch)
-        return tuple(np.repeat(s, batch, axis=0) for s in self.start)
+        return tuple(np.repeat(s, batch, axis=0) for s in self.start.states)
+
+    @property
+    def start_logits(self) -> np.ndarray | None:
+        """The logits (1, V) at the start state, if it has them: a prompt with nothing to read starts from them."""
+        return None if self.start is None else self.start.logits
 
     def encode_prompts(self, prompts: Sequence[str], fallback: bool = True) -> list[np.ndarray]:
         """Each prompt's ids, without characters outside the vocabulary (``Vocabulary.unknown_chars`` names them).
 
         With ``fallback``, an empty prompt (or one with no known character) becomes a newline, as if at the start
         of a paragraph: reading nothing from zero states would leave all-zero logits, a uniform (greedy: always
-        id 1) first character. (On a carried state, reading nothing goes on from that state's logits.)
+        id 1) first character. Not with a start state that has its logits: such a prompt starts from them, at a
+        paragraph's start. (On a carried state, reading nothing goes on from that state's logits.)
         """
         newline = self.vocab.encode("\n ")
         newline = newline[newline != UNKNOWN_ID][:1]
         if not newline.size:  # neither a newline nor a space in the vocabulary
             newline = np.array([1], np.int32)
         encoded = [ids[ids != UNKNOWN_ID] for ids in (self.vocab.encode(p) for p in prompts)]
+        fallback = fallback and self.start_logits is None
         return [newline if fallback and not ids.size else ids for ids in encoded]
 
     def feed(self, encoded: Sequence[np.ndarray], state: GenerationState | None = None) -> GenerationState:
         """Read one encoded prompt per sequence, on top of ``state`` (or from the start state): where generation
         starts. An empty prompt on a ``state`` goes on from it."""
-        logits, states = (state.logits, state.states) if state is not None else (None, self.start_states(1))
+        logits, states = (
+            (state.logits, state.states) if state is not None else (self.start_logits, self.start_states(1))
+        )
         batch = len(encoded)
         if states[0].shape[0] == 1 and all(np.array_equal(ids, encoded[0]) for ids in encoded):
             # One prompt from one state: read it once, then copy the result to every row.

@@ -121,6 +121,8 @@ class RowTable:
         self.logits = np.zeros([slots, sampler.vocab.size], np.float32)
         self.states = sampler.start_states(slots)
         self.start = sampler.start_states(1)  # each new row's state, before its prompt (``textgen.startstate``)
+        # ... and its logits, which a row with no prompt to read draws from (zeros: every prompt has something)
+        self.start_logits = sampler.start_logits if sampler.start_logits is not None else self.logits[:1].copy()
         self.temperature = np.zeros(slots, np.float32)
         self.top_k = np.zeros(slots, np.int32)
         self.top_p = np.ones(slots, np.float32)
@@ -165,6 +167,7 @@ class RowTable:
                 slot = next(free)
                 for state, start in zip(self.states, self.start, strict=True):
                     state[slot] = start[0]
+                self.logits[slot] = self.start_logits[0]
                 self.temperature[slot], self.top_k[slot], self.top_p[slot] = job.temperature, job.top_k, job.top_p
                 self.seeds[slot] = job.seed
                 self.penalized[slot], self.bias[slot], self.counts[slot] = job.penalized, bias, 0.0

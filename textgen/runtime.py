@@ -20,7 +20,7 @@ from textgen.artifact import (
 )
 from textgen.corpus import read_corpus, resolve_corpus, resolve_encoding
 from textgen.errors import ConfigError, TextgenWarning, one_line
-from textgen.generation import Sampler, States
+from textgen.generation import Sampler, Start
 from textgen.layout import scoring_layout
 from textgen.litert import LiteRTGenerator
 from textgen.results import Evaluation
@@ -50,14 +50,14 @@ def open_artifact(path: Path, inference: bool = True) -> tuple[Sampler, Artifact
     return sampler, info
 
 
-def _start(path: Path, info: ArtifactInfo) -> States | None:
+def _start(path: Path, info: ArtifactInfo) -> Start | None:
     """The start state an export carries (``textgen.startstate``); None, for zeros, in an export from before it
     did (``ArtifactInfo.read`` has required it of one since)."""
     start = path / START_FILE
     if not start.exists():
         return None
     try:
-        return load_start(start, info.model.layers, info.model.units)[0]
+        return load_start(start, info.model.layers, info.model.units, info.model.vocab_size)[0]
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{start} is damaged ({one_line(exc)}); export the run again") from None
 

@@ -6,8 +6,10 @@ reaches at the start of a paragraph: the model reads the ``CONTEXT`` characters 
 paragraph starts of the run's training split (the text right after a blank line), and of the states it reaches
 just before each paragraph's first character, the one nearest their mean is kept: a real state, not the mean.
 
-It is saved in the run directory as ``start-best.npz`` / ``start-last.npz`` (one per weights file), with the
-weights file's checksum: a missing, stale (other weights) or damaged file is computed again (~1 s for the default
+With it are kept the logits there, what the model expects a paragraph to begin with: a prompt with nothing to read
+(``textgen sample`` with no ``--prime``) starts from them, at a paragraph's start, rather than reading a newline
+first (a third one after the blank line: a chapter heading, in a book). It is saved in the run directory as
+``start-best.npz`` / ``start-last.npz`` (one per weights file), with the weights file's checksum: a missing, stale (other weights) or damaged file is computed again (~1 s for the default
 model on 2 cores) and rewritten atomically; a read-only run directory computes it each time. Exports carry it in
 their own ``start.npz``. Scoring (``evaluate``, validation) still starts from zeros, as training does.
 """
@@ -26,7 +28,7 @@ from textgen.checkpoint import Run, check_corpus_unchanged
 from textgen.config import Weights
 from textgen.errors import TextgenError
 from textgen.files import atomic_path
-from textgen.generation import Sampler, States
+from textgen.generation import Sampler, Start, States
 from textgen.vocab import DOCUMENT_BOUNDARY, UNKNOWN_ID, Vocabulary
 from textgen.weightsfile import weights_checksum as checksum_of
 
@@ -66,16 +68,15 @@ def paragraph_starts(ids: np.ndarray, vocab: Vocabulary, count: int = CANDIDATES
     return found[picked]
 
 
-def candidate_states(sampler: Sampler, ids: np.ndarray) -> States:
-    """The states (h, c of every layer; a row per candidate) that ``sampler`` reaches just before each paragraph
-    start of ``ids`` (of its first ``SEARCHED`` characters), having read the ``CONTEXT`` characters before it from
-    zeros."""
+def candidate_states(sampler: Sampler, ids: np.ndarray) -> tuple[np.ndarray, States]:
+    """The logits and the states (h, c of every layer; a row per candidate) that ``sampler`` reaches just before each
+    paragraph start of ``ids`` (of its first ``SEARCHED`` characters), having read the ``CONTEXT`` characters before
+    it from zeros."""
     ids = ids[:SEARCHED]
     starts = paragraph_starts(ids, sampler.vocab)
     context = min(CONTEXT, int(starts.min()))
     rows = np.stack([np.asarray(ids[s - context : s], np.int32) for s in starts])
-    _, states = sampler.read(rows, sampler.zero_states(len(rows)))
-    return states
+    return sampler.read(rows, sampler.zero_states(len(rows)))
 
 
 def nearest_to_mean(states: States) -> int:
@@ -84,22 +85,26 @@ def nearest_to_mean(states: States) -> int:
     return int(np.argmin(np.square(flat - flat.mean(axis=0)).sum(axis=1)))
 
 
-def compute_start(sampler: Sampler, ids: np.ndarray) -> States:
-    """The start state (one row per array) of ``sampler`` for a training text ``ids``: the candidate nearest the
-    candidates' mean."""
-    states = candidate_states(sampler, ids)
+def compute_start(sampler: Sampler, ids: np.ndarray) -> Start:
+    """The start state of ``sampler`` for a training text ``ids``: the candidate nearest the candidates' mean."""
+    logits, states = candidate_states(sampler, ids)
     row = nearest_to_mean(states)
-    return tuple(np.ascontiguousarray(s[row : row + 1], np.float32) for s in states)
+    return Start(
+        tuple(np.ascontiguousarray(s[row : row + 1], np.float32) for s in states),
+        np.ascontiguousarray(logits[row : row + 1], np.float32),
+    )
 
 
-def save_start(path: Path, states: States, checksum: str) -> None:
+def save_start(path: Path, start: Start, checksum: str) -> None:
     """Write a start state, with the checksum of the weights it belongs to, atomically."""
     with atomic_path(path) as tmp, open(tmp, "wb") as fh:
-        arrays: dict[str, Any] = {f"state_{i}": s for i, s in enumerate(states)}
+        arrays: dict[str, Any] = {f"state_{i}": s for i, s in enumerate(start.states)}
+        if start.logits is not None:
+            arrays["logits"] = start.logits
         np.savez(fh, version=np.array(START_VERSION), checksum=np.array(checksum), **arrays)
 
 
-def load_start(path: Path, layers: int, units: int) -> tuple[States, str]:
+def load_start(path: Path, layers: int, units: int, vocab_size: int) -> tuple[Start, str]:
     """A saved start state and its weights' checksum; ``ValueError`` (or ``OSError``) if it is damaged, of another
     model or of another format."""
     try:
@@ -108,16 +113,18 @@ def load_start(path: Path, layers: int, units: int) -> tuple[States, str]:
                 raise ValueError(f"format {int(saved['version'])}, not {START_VERSION}")
             checksum = str(saved["checksum"])
             states = tuple(saved[f"state_{i}"] for i in range(2 * layers))
+            logits = saved["logits"] if "logits" in saved.files else None
     except (KeyError, EOFError) as exc:  # a missing member; an empty file
         raise ValueError(f"incomplete ({exc})") from None
     except Exception as exc:  # numpy and zipfile raise many kinds for a damaged file
         if isinstance(exc, (ValueError, OSError)):
             raise
         raise ValueError(str(exc)) from None
-    for s in states:
-        if s.shape != (1, units) or s.dtype != np.float32 or not np.isfinite(s).all():
-            raise ValueError(f"a state of shape {s.shape} and type {s.dtype}, not (1, {units}) float32")
-    return states, checksum
+    expected = [(s, (1, units)) for s in states] + ([] if logits is None else [(logits, (1, vocab_size))])
+    for array, shape in expected:
+        if array.shape != shape or array.dtype != np.float32 or not np.isfinite(array).all():
+            raise ValueError(f"an array of shape {array.shape} and type {array.dtype}, not {shape} float32")
+    return Start(states, logits), checksum
 
 
 def weights_checksum(run: Run, which: Weights) -> str | None:
@@ -130,26 +137,26 @@ def weights_checksum(run: Run, which: Weights) -> str | None:
 
 def run_start(
     run: Run, which: Weights, sampler: Sampler, checksum: str | None, cache_dir: Path | None = None
-) -> States | None:
+) -> Start | None:
     """``run``'s start state for its ``which`` weights, which ``sampler`` holds and whose file had ``checksum`` when
-    they were loaded: the saved one if it belongs to them, else computed from the training split and saved (not in
-    a read-only run directory, nor if the weights file changed since). None, for zeros, when it cannot be computed:
-    the run's corpus is gone or changed."""
+    they were loaded: the saved one if it belongs to them (and has its logits), else computed from the training split
+    and saved (not in a read-only run directory, nor if the weights file changed since). None, for zeros, when it
+    cannot be computed: the run's corpus is gone or changed."""
     path = start_path(run, which)
     cfg = sampler.cfg
     with contextlib.suppress(OSError, ValueError):
-        states, saved_for = load_start(path, cfg.layers, cfg.units)
-        if checksum is not None and saved_for == checksum:
-            return states
+        start, saved_for = load_start(path, cfg.layers, cfg.units, cfg.vocab_size)
+        if checksum is not None and saved_for == checksum and start.logits is not None:
+            return start
     ids = train_ids(run, cache_dir)
     if ids is None:
         return None
-    states = compute_start(sampler, ids)
+    start = compute_start(sampler, ids)
     # A read-only run directory, or a full disk, only costs computing it again next time.
     if checksum is not None and weights_checksum(run, which) == checksum:
         with contextlib.suppress(OSError):
-            save_start(path, states, checksum)
-    return states
+            save_start(path, start, checksum)
+    return start
 
 
 def train_ids(run: Run, cache_dir: Path | None, limit: int | None = SEARCHED) -> np.ndarray | None:
