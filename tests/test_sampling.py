@@ -144,6 +144,10 @@ def test_uniforms_depend_only_on_seed_position_and_row() -> None:
     np.testing.assert_array_equal(uniforms(3, 0, 50, 2), whole[:, :2])  # row b is row b in any batch
     assert not np.array_equal(uniforms(4, 0, 50, 8), whole)
     assert abs(float(uniforms(0, 0, 1000, 100).mean()) - 0.5) < 0.01
+    # Seed 0's first draw was exactly 0 (the hash of (0, 0, 0)): the vocabulary's first character, whenever the model
+    # gave it any probability. No seed's first draws sit at the extremes.
+    firsts = [uniforms(seed, 0, 1, 1)[0, 0] for seed in range(100)]
+    assert min(firsts) > 1e-4 and max(firsts) < 1 - 1e-4
 
 
 def softmax(x: np.ndarray) -> np.ndarray:

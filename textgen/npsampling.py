@@ -16,6 +16,7 @@ NEG_INF = np.float32(-1e9)  # large enough to zero a probability, finite so soft
 assert UNKNOWN_ID == 0, "choose_next leaves the unknown id out by slicing it off"
 
 _MIX = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xD1B54A32D192ED03), np.uint64(0x8CB92BA72F3D8DD7))
+_OFFSET = np.uint64(0x632BE59BD9B4E019)
 
 
 def uniforms(seed: int, position: int, steps: int, batch: int) -> np.ndarray:
@@ -30,6 +31,9 @@ def row_uniforms(seeds: np.ndarray, positions: np.ndarray, rows: np.ndarray, ste
     ``textgen sample`` would draw them alone."""
     t = np.asarray(positions, np.uint64)[None, :] + np.arange(steps, dtype=np.uint64)[:, None]
     x = np.asarray(seeds, np.uint64)[None, :] * _MIX[0] + t * _MIX[1] + np.asarray(rows, np.uint64)[None, :] * _MIX[2]
+    # An offset, so that (0, 0, 0) does not hash to 0: seed 0's first draw was u = 0, the vocabulary's first character
+    # the model gave any probability (a tab in base:en's: every preview of a seed-0 fine-tune began with one).
+    x = x + _OFFSET
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     x = x ^ (x >> np.uint64(31))
