@@ -104,7 +104,7 @@ TRAIN_EXAMPLES = """
     textgen train books/ --max-vocab 120              # a directory's .txt files
     textgen train 'books/*.txt' a.txt --accumulate 4  # a glob and a file
     textgen train 2600-0.txt --optimizer adamw --weight-decay 0.05 --epochs 5
-    textgen train my_book.txt --layers 2 --layer-norm --time-budget 2h
+    textgen train my_book.txt --layers 2 --layer-norm --weight-drop 0.1
     textgen train my_book.txt --from-study my_book    # tune's best recipe
     textgen train other.txt --config checkpoints/studies/my_book/best.json
     textgen train poems.txt --init-from base:en --time-budget 2m  # the base
@@ -363,9 +363,10 @@ REPL_EXAMPLES = """
 
     textgen repl                               # the latest run (none: base:en)
     textgen repl --run 2600-0 --temp 0.5 --length 300
+    textgen repl --prime-file notes.txt        # a file's text, the first prompt
 
 In the REPL, type :help for commands (:temp, :len, :topk, :topp, :freq, :presence, :bias, :seed, :num, :context,
-:quit).
+:settings, :quit).
 """
 
 
