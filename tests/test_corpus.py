@@ -752,16 +752,25 @@ def test_a_prompt_reads_the_same_from_a_file_and_from_stdin(
     assert from_file.startswith(("naïve", "caf"))
 
 
+BAD_UTF16 = "starts as UTF-16 text but is not valid UTF-16 .*; convert it to UTF-8, e.g. iconv -f utf-16 -t utf-8"
+
+
 @pytest.mark.parametrize(
-    ("data", "message"),
+    ("data", "message", "as_a_file"),
     [
-        (b"", "standard input is empty; pipe some text in"),
-        (b" \n\n", "standard input is empty"),
-        (b"abc\x00def", "standard input looks binary"),
-        (codecs.BOM_UTF16_LE + b"a\x00b", "standard input is not valid UTF-16 text"),
+        (b"", "is empty; give some text, or drop --prime-file", "is empty; give a plain-text file"),
+        (b" \n\n", "is empty", "is empty"),
+        (b"abc\x00def", "looks binary", "looks like a binary file"),
+        (codecs.BOM_UTF16_LE + b"a\x00b", BAD_UTF16, BAD_UTF16),
     ],
 )
-def test_a_bad_prompt_on_stdin_is_one_error(monkeypatch: pytest.MonkeyPatch, data: bytes, message: str) -> None:
+def test_a_bad_prompt_is_one_error_from_stdin_as_from_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data: bytes, message: str, as_a_file: str
+) -> None:
     piped(monkeypatch, data)
-    with pytest.raises(CorpusError, match=message):
+    with pytest.raises(CorpusError, match=f"^the prompt on standard input {message}"):
         corpus.read_prompt_file("-")
+    path = tmp_path / "prompt.txt"
+    path.write_bytes(data)
+    with pytest.raises(CorpusError, match=as_a_file):
+        corpus.read_prompt_file(str(path))

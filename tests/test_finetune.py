@@ -226,6 +226,12 @@ def test_a_small_text_is_fine_tuned_with_weight_drop_and_locked_output_dropout(
     monkeypatch.setattr(InitConfig, "REGULARIZE_BELOW", 1000)  # the same text, counted as a large one
     model, note = planned("large", init_from=InitSettings(BASE))
     assert (model.weight_drop, model.locked_output_dropout, note) == (0.0, None, None)
+    with pytest.raises(ConfigError, match="--weight-drop-after 2 delays weight-drop, which this run does not use"):
+        planned("idle", init_from=InitSettings(BASE), model=ModelSettings(weight_drop_after=2))  # no rate to delay
+    assert not (checkpoints / "idle").exists()
+    monkeypatch.undo()  # a small text again: its default rate is what --weight-drop-after delays
+    model, _ = planned("delayed", init_from=InitSettings(BASE), model=ModelSettings(weight_drop_after=2))
+    assert (model.weight_drop, model.weight_drop_after) == (0.25, 2)
 
 
 def test_a_fine_tuned_corpus_has_its_own_cache_entry(checkpoints: Path, tmp_path: Path) -> None:

@@ -117,7 +117,7 @@ def test_the_openai_client_reads_logprobs_and_echo(served) -> None:
     assert logprobs.tokens == list(text) and logprobs.text_offset == list(range(len(text)))
     assert logprobs.token_logprobs is not None and logprobs.token_logprobs[0] is None
     assert all(x is not None and x < 0 for x in logprobs.token_logprobs[1:])
-    for prompt in ("", "\u263a"):  # nothing the model knows: it reads a newline, which is not echoed
+    for prompt in ("", "\u263a"):  # nothing the model knows: it starts from the start state's logits
         empty = client.completions.create(model=served.model, prompt=prompt, max_tokens=3, echo=True, logprobs=1)
         choice = empty.choices[0]
         assert choice.logprobs is not None and choice.text.startswith(prompt) and len(choice.text) == len(prompt) + 3

@@ -171,6 +171,22 @@ def test_without_its_corpus_a_run_samples_from_zeros(run: Run, tmp_path: Path) -
     assert Generator.from_run(copy).start is None
 
 
+def test_a_saved_start_from_before_its_logits_is_kept_when_it_cannot_be_computed(
+    run: Run, generator, tmp_path: Path
+) -> None:
+    from textgen.sampling import Generator
+
+    copy = fresh_copy(run, tmp_path)
+    save_start(start_path(copy, Weights.best), Start(generator.start.states), weights_checksum(copy, Weights.best))
+    config = json.loads((copy.path / "config.json").read_text())
+    config["data"]["files"] = [str(tmp_path / "gone.txt")]  # the corpus gone: nothing to compute it again from
+    (copy.path / "config.json").write_text(json.dumps(config))
+    again = Generator.from_run(copy)
+    assert again.start is not None and again.start.logits is None  # its state, not zeros; an empty prompt reads "\n"
+    for want, got in zip(generator.start.states, again.start.states, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
 def test_sampling_reads_prompts_from_the_start_state(run: Run, generator) -> None:
     sampler, _ = api.open_generator(checkpoint_dir=run.path.parent, run_name=run.name)
     prompt = sampler.encode_prompts(["t"])[0]
@@ -198,12 +214,12 @@ def test_the_engine_starts_each_row_from_the_start_state(generator) -> None:
             if event.finish is not None:
                 done.append(event.index)
 
-        engine.submit(Job(("t", "a"), max_chars=40, temperature=0.8, seed=3), listen)
-        wait_until(lambda: len(done) == 2, "both continuations ended", 60)
+        engine.submit(Job(("t", "a", ""), max_chars=40, temperature=0.8, seed=3), listen)
+        wait_until(lambda: len(done) == 3, "the three continuations ended", 60)
     finally:
         engine.close()
-    # Each prompt's one continuation draws as textgen sample's first row would.
-    assert [texts[0], texts[1]] == [generator.generate([p], SETTINGS)[0] for p in ("t", "a")]
+    # Each prompt's one continuation draws as textgen sample's first row would; the empty one from the start's logits.
+    assert [texts[0], texts[1], texts[2]] == [generator.generate([p], SETTINGS)[0] for p in ("t", "a", "")]
 
 
 @pytest.mark.parametrize("format", ["litert", "savedmodel"])

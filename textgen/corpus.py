@@ -523,7 +523,11 @@ def read_prompt_file(name: str) -> str:
         raise CorpusError(f"--prime-file {name}: no such file; give the path of a plain-text file, or - for stdin")
     with _opened(path) as fh:
         head = fh.read(HEAD_BYTES)
-    return read_corpus(path, strip_boilerplate=False, encoding=(marked_encoding(head) or "auto").lower())
+    if marked_encoding(head) is None:
+        return read_corpus(path, strip_boilerplate=False, encoding="auto")
+    _check_fits_in_memory(path, path.stat().st_size)
+    with _opened(path) as fh:
+        return _decode_prompt(fh.read(), f"--prime-file {name}")
 
 
 def _decode_auto(data: bytes) -> str:
@@ -534,17 +538,20 @@ def _decode_auto(data: bytes) -> str:
     return data.decode("latin-1")
 
 
-def _decode_prompt(data: bytes) -> str:
-    """A prompt piped in, decoded as ``read_prompt_file`` decodes a file: by its byte-order mark, else as the first
-    of UTF-8, cp1252 and latin-1 that decodes all of it (``resolve_encoding``'s order)."""
-    where = "the prompt on standard input"
+def _decode_prompt(data: bytes, where: str = "the prompt on standard input") -> str:
+    """A prompt's bytes (piped in, or a file with a byte-order mark), decoded as ``read_prompt_file`` decodes a
+    file: by its byte-order mark, else as the first of UTF-8, cp1252 and latin-1 that decodes all of it
+    (``resolve_encoding``'s order)."""
     marked = marked_encoding(data)
     if marked is None and b"\x00" in data:
         raise CorpusError(f"{where} looks binary (it contains NUL bytes); give plain text")
     try:
         text = data.decode(marked.lower()) if marked else _decode_auto(data)
     except UnicodeDecodeError as exc:
-        raise CorpusError(f"{where} is not valid {marked} text ({exc.reason} at byte {exc.start})") from None
+        raise CorpusError(
+            f"{where} starts as {marked} text but is not valid {marked} ({exc.reason} at byte {exc.start}); "
+            f"convert it to UTF-8, e.g. iconv -f {str(marked).lower()} -t utf-8"
+        ) from None
     if not text.strip():
-        raise CorpusError(f"{where} is empty; pipe some text in, or drop --prime-file")
+        raise CorpusError(f"{where} is empty; give some text, or drop --prime-file")
     return text.replace("\r\n", "\n").replace("\r", "\n")

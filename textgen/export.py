@@ -11,7 +11,8 @@ artifact computes what ``textgen sample`` computes. The SavedModel holds three s
 and, for ``textgen sample --model`` and ``textgen serve``, the sampler's compiled ``feed``, ``generate_chunk``,
 ``generate_forced`` and ``generate_penalized`` (rows with penalties or a logit bias) functions. Both
 formats carry ``start.npz``, the state every prompt is read from (``textgen.startstate``; arrays ``state_0``,
-``state_1``, ... in the order of the step's ``h_0``, ``c_0``, ...), which ``generate`` starts from too.
+``state_1``, ... in the order of the step's ``h_0``, ``c_0``, ..., and ``logits`` there, which a prompt with nothing
+to read draws from), which ``generate`` starts from too.
 The LiteRT file holds the ``step`` signature (LiteRT converts a step with explicit states, not a Keras LSTM
 loop), with ``--quantize float16`` (half-size weights) or ``int8`` (dynamic-range: int8 weights, float
 activations).

@@ -28,7 +28,7 @@ from textgen.errors import ConfigError
 from textgen.recipe import BEST_RECIPE, apply_recipe, read_recipe, recipe_base
 from textgen.rundirs import find_run, study_path
 from textgen.settings import InitSettings, ModelSettings, TrainRequest
-from textgen.training.plan import CheckedRequest
+from textgen.training.plan import CheckedRequest, check_weight_drop_after
 
 # What a resumed run may change; every other setting must be the run's own (or left out).
 RESUMABLE_CHANGES = frozenset({"epochs", "time_budget", "save_every", "sample_every", "strategy"})
@@ -50,7 +50,7 @@ def check_request(request: TrainRequest) -> CheckedRequest:
     if request.init_from:
         checked = _with_base(checked, request.init_from)
     elif request.derived_from is None:
-        _check_weight_drop_after(request.model)
+        check_weight_drop_after(request.model.given(), rate=None)
         # A model too big for this machine is refused before the corpus is read and TensorFlow loads: its size
         # with one character (planning checks it again with the corpus's vocabulary, which adds little).
         check_fits_in_memory(ModelConfig(vocab_size=1, **request.model.given()))
@@ -59,17 +59,6 @@ def check_request(request: TrainRequest) -> CheckedRequest:
     if request.corpus and checked.strategy is not Strategy.multiworker:
         checked = dataclasses.replace(checked, found=tuple(find_corpora(list(request.corpus), request.download)))
     return checked
-
-
-def _check_weight_drop_after(model: ModelSettings) -> None:
-    """``--weight-drop-after`` without a weight-drop rate would change nothing: refused, not ignored. (A fine-tune
-    of a small text gets its rate by default; a tuning trial always sets one, 0 included.)"""
-    given = model.given()
-    if given.get("weight_drop_after") and "weight_drop" not in given:
-        raise ConfigError(
-            f"--weight-drop-after {given['weight_drop_after']} delays weight-drop, which this run does not use: "
-            "add --weight-drop RATE (e.g. 0.1), or drop --weight-drop-after"
-        )
 
 
 def _with_recipe(request: TrainRequest) -> TrainRequest:

@@ -9,9 +9,10 @@ just before each paragraph's first character, the one nearest their mean is kept
 With it are kept the logits there, what the model expects a paragraph to begin with: a prompt with nothing to read
 (``textgen sample`` with no ``--prime``) starts from them, at a paragraph's start, rather than reading a newline
 first (a third one after the blank line: a chapter heading, in a book). It is saved in the run directory as
-``start-best.npz`` / ``start-last.npz`` (one per weights file), with the weights file's checksum: a missing, stale (other weights) or damaged file is computed again (~1 s for the default
-model on 2 cores) and rewritten atomically; a read-only run directory computes it each time. Exports carry it in
-their own ``start.npz``. Scoring (``evaluate``, validation) still starts from zeros, as training does.
+``start-best.npz`` / ``start-last.npz`` (one per weights file), with the weights file's checksum: a missing,
+stale (other weights) or damaged file, or one from before the logits were kept, is computed again (~1 s for the
+default model on 2 cores) and rewritten atomically; a read-only run directory computes it each time. Exports carry
+it in their own ``start.npz``. Scoring (``evaluate``, validation) still starts from zeros, as training does.
 """
 
 from __future__ import annotations
@@ -141,16 +142,18 @@ def run_start(
     """``run``'s start state for its ``which`` weights, which ``sampler`` holds and whose file had ``checksum`` when
     they were loaded: the saved one if it belongs to them (and has its logits), else computed from the training split
     and saved (not in a read-only run directory, nor if the weights file changed since). None, for zeros, when it
-    cannot be computed: the run's corpus is gone or changed."""
+    cannot be computed (the run's corpus is gone or changed) and no saved state of these weights is left."""
     path = start_path(run, which)
     cfg = sampler.cfg
+    saved: Start | None = None
     with contextlib.suppress(OSError, ValueError):
         start, saved_for = load_start(path, cfg.layers, cfg.units, cfg.vocab_size)
-        if checksum is not None and saved_for == checksum and start.logits is not None:
-            return start
+        saved = start if checksum is not None and saved_for == checksum else None
+    if saved is not None and saved.logits is not None:
+        return saved
     ids = train_ids(run, cache_dir)
-    if ids is None:
-        return None
+    if ids is None:  # a file from before the logits still holds the state: better than zeros
+        return saved
     start = compute_start(sampler, ids)
     # A read-only run directory, or a full disk, only costs computing it again next time.
     if checksum is not None and weights_checksum(run, which) == checksum:

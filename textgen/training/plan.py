@@ -142,6 +142,7 @@ def _plan_new(checked: CheckedRequest, profile: DeviceProfile, checkpoint_dir: P
         if base is not None and request.init_from is not None:
             regularized = small_text_regularization(splits.chars, set(model_given))
             model_cfg = cfgmod.replace(base.model, vocab_size=splits.vocab.size, **regularized, **model_given)
+            check_weight_drop_after(model_given, rate=model_cfg.weight_drop)  # the base's, or a small text's
             init_cfg: InitConfig | None = _init_config(run, base, request.init_from.freeze)
             fit_note = _fit_note(splits.chars, regularized)
         else:
@@ -161,6 +162,17 @@ def _plan_new(checked: CheckedRequest, profile: DeviceProfile, checkpoint_dir: P
         base_hint=_base_hint(checked, splits),
         fit_note=fit_note,
     )
+
+
+def check_weight_drop_after(given: dict[str, Any], rate: float | None) -> None:
+    """``--weight-drop-after`` (in ``given``, the model settings given) with no weight-drop ``rate`` to delay
+    (none given, and the run's own, None if not yet known, 0) would change nothing: refused, not ignored. A rate
+    given, 0 included (a tuning trial always gives one), passes."""
+    if given.get("weight_drop_after") and "weight_drop" not in given and not rate:
+        raise ConfigError(
+            f"--weight-drop-after {given['weight_drop_after']} delays weight-drop, which this run does not use: "
+            "add --weight-drop RATE (e.g. 0.1), or drop --weight-drop-after"
+        )
 
 
 # Under this many characters a text fine-tuned from the base model beats one trained from scratch by a wide margin
