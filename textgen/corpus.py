@@ -193,6 +193,13 @@ _BOMS = (
 _ASCII_PROBE = b"Az09 .,\n"
 
 
+# What "auto" tries, in order, then the codec that decodes any bytes. cp1252 before latin-1: bytes 0x80-0x9F are C1
+# control codes in Latin-1, which no real text uses, while cp1252 maps them to punctuation (curly quotes, dashes, the
+# euro sign). Where no such byte occurs the two agree, so trying cp1252 first costs nothing.
+AUTO_CODECS = ("utf-8", "cp1252")
+AUTO_FALLBACK = "latin-1"
+
+
 def resolve_encoding(path: Path, requested: str = "auto") -> str:
     """The codec to decode ``path`` with: ``requested`` checked, or for "auto" detected.
 
@@ -209,13 +216,10 @@ def resolve_encoding(path: Path, requested: str = "auto") -> str:
             _check_head(path)
         return codec
     _check_head(path)
-    # cp1252 before latin-1: bytes 0x80-0x9F are C1 control codes in Latin-1, which no real
-    # text uses, while cp1252 maps them to punctuation (curly quotes, dashes, the euro sign).
-    # Where no such byte occurs the two agree, so trying cp1252 first costs nothing.
-    for codec in ("utf-8", "cp1252"):
+    for codec in AUTO_CODECS:
         if _decodes_as(path, codec):
             return codec
-    return "latin-1"
+    return AUTO_FALLBACK
 
 
 def _codec(name: str) -> str:
@@ -531,17 +535,16 @@ def read_prompt_file(name: str) -> str:
 
 
 def _decode_auto(data: bytes) -> str:
-    """``data`` decoded as UTF-8 (a BOM dropped), else cp1252, else latin-1, which decodes any bytes."""
-    for codec in ("utf-8-sig", "cp1252"):
+    """``data`` decoded as ``resolve_encoding``'s "auto" decodes a file (a UTF-8 BOM dropped)."""
+    for codec in AUTO_CODECS:
         with contextlib.suppress(UnicodeDecodeError):
-            return data.decode(codec)
-    return data.decode("latin-1")
+            return data.decode("utf-8-sig" if codec == "utf-8" else codec)
+    return data.decode(AUTO_FALLBACK)
 
 
 def _decode_prompt(data: bytes, where: str = "the prompt on standard input") -> str:
     """A prompt's bytes (piped in, or a file with a byte-order mark), decoded as ``read_prompt_file`` decodes a
-    file: by its byte-order mark, else as the first of UTF-8, cp1252 and latin-1 that decodes all of it
-    (``resolve_encoding``'s order)."""
+    file: by its byte-order mark, else as "auto" decodes one."""
     marked = marked_encoding(data)
     if marked is None and b"\x00" in data:
         raise CorpusError(f"{where} looks binary (it contains NUL bytes); give plain text")
