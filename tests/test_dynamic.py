@@ -102,10 +102,17 @@ def test_eta_zero_is_the_static_score(trained_run, tmp_path: Path, few_segments:
     with tempfile.TemporaryDirectory() as scratch:
         ids = split_ids(run, Split.test, Path(scratch))
         layout = StreamLayout.covering(len(ids), 1, 50)
-        static, chars = score(compile_eval_step(evaluator.model, CPU), evaluator.model, ids, layout)
+        scored: list[tuple[str, int, int]] = []
+        static, chars = score(
+            compile_eval_step(evaluator.model, CPU), evaluator.model, ids, layout, track=lambda *c: scored.append(c)
+        )
         ids = np.asarray(ids, np.int32)
-    still = evaluator.adapt(ids, DynamicConfig(eta=0.0, decay=1e-3, segment_len=50))
+    adapting: list[tuple[str, int, int]] = []
+    still = evaluator.adapt(ids, DynamicConfig(eta=0.0, decay=1e-3, segment_len=50), lambda *c: adapting.append(c))
     assert still[1] == chars
+    # Both are heard segment by segment, to the last character.
+    assert len(scored) == len(adapting) == -(-chars // 50) and scored[-1] == ("scoring", chars, chars)
+    assert adapting[-1] == ("adapting", chars, chars) and [d for _, d, _ in adapting] == [d for _, d, _ in scored]
     assert still[0] == pytest.approx(static, rel=1e-6)
     adapted = evaluator.adapt(ids, DynamicConfig(eta=3e-4, decay=1e-4, segment_len=50))
     assert adapted[0] != pytest.approx(static, rel=1e-6)

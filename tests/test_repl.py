@@ -33,7 +33,9 @@ class FakeGenerator:
         self.pieces, self.interrupt_at = pieces, interrupt_at
         self.calls: list[tuple[list[str], SampleConfig, object]] = []
 
-    def stream(self, prompts: list[str], settings: SampleConfig, state: object = None) -> Iterator[Piece]:
+    def stream(
+        self, prompts: list[str], settings: SampleConfig, state: object = None, track: object = None
+    ) -> Iterator[Piece]:
         self.calls.append((list(prompts), settings, state))
         for i, piece in enumerate(self.pieces):
             if i == self.interrupt_at:

@@ -22,6 +22,7 @@ from textgen.genconfig import SampleConfig
 from textgen.model import build_model
 from textgen.npsampling import choose_next as np_choose_next
 from textgen.npsampling import row_uniforms, uniforms
+from textgen.generation import READING_PROMPT
 from textgen.sampling import Generator, choose_next, strategy
 
 GREEDY = SampleConfig(length=40, temperature=0.0, seed=0)
@@ -320,6 +321,18 @@ def test_per_sequence_prompts_equal_each_prompt_alone(gen1: Generator) -> None:
     together = gen1.generate(prompts, GREEDY)
     assert together == [gen1.generate([p], GREEDY)[0] for p in prompts]
     assert all(len(t) == GREEDY.length for t in together)
+
+
+def test_reading_prompts_is_tracked_call_by_call_to_the_end(gen1: Generator) -> None:
+    heard: list[tuple[str, int, int]] = []
+    long_prompt = "the river " * 500  # 5,000 characters: three calls of at most steps_per_call(1) = 2048
+    alone = gen1.generate([long_prompt], GREEDY)
+    assert gen1.generate([long_prompt], GREEDY, lambda *call: heard.append(call)) == alone
+    assert heard == [(READING_PROMPT, 2048, 5000), (READING_PROMPT, 4096, 5000), (READING_PROMPT, 5000, 5000)]
+    heard.clear()
+    gen1.generate(["abc", "xy z", long_prompt], GREEDY, lambda *call: heard.append(call))
+    done = [d for _, d, _ in heard]
+    assert done == sorted(done) and done[-1] == 5007 and {t for _, _, t in heard} == {5007}  # the rows together
 
 
 def test_characters_outside_the_vocabulary_are_skipped(gen1: Generator) -> None:

@@ -30,6 +30,7 @@ from textgen.request import check_request
 from textgen.results import ModelSource
 from textgen.rundirs import ensure_writable, find_run, list_runs
 from textgen.settings import DataSettings, InitSettings, ModelSettings, TrainRequest, TrainSettings
+from textgen.tracking import Track, untracked
 
 if TYPE_CHECKING:
     from textgen.generation import Sampler
@@ -140,14 +141,15 @@ def open_generator(
     warm_up: bool = False,
     adapt_to: str | None = None,
     fallback: bool = False,
+    track: Track = untracked,
 ) -> tuple[Sampler, ModelSource]:
     """The sampler of a run (the latest if ``run_name`` is None) with its best or last ``weights``, or of an
     exported ``model`` (a LiteRT one without importing TensorFlow; ``base:en``, as a run's name too, is the
     package's base model); and where it came from. With ``fallback``, the base model when there is no run at
     all (``ModelSource.note`` says so). ``warm_up`` compiles its steps now (an interactive session's first prompt
     then answers at once). ``adapt_to``: a run's weights adapted to this text first, by dynamic evaluation
-    (``textgen.dynamic``) with the run's ``dynamic.json`` settings or the defaults; the run's files are not
-    changed."""
+    (``textgen.dynamic``) with the run's ``dynamic.json`` settings or the defaults, ``track`` hearing how it goes;
+    the run's files are not changed."""
     run_name, model, note = _run_or_model(checkpoint_dir, run_name, model, fallback)
     if model is not None:
         from textgen.runtime import open_artifact
@@ -173,7 +175,7 @@ def open_generator(
         else:
             from textgen.dynamic import adapted_weights
 
-            adapted, _ = adapted_weights(run, weights, adapt_to, cache_root(checkpoint_dir))
+            adapted, _ = adapted_weights(run, weights, adapt_to, cache_root(checkpoint_dir), track)
             sampler = Generator(run.load_config().model, run.load_vocab(), adapted)
     if warm_up:
         sampler.generate([" "], SampleConfig(length=2, seed=0))
@@ -268,9 +270,11 @@ def evaluate(
     encoding: str = "auto",
     model: Path | None = None,
     streams: int | None = None,
+    track: Track = untracked,
 ) -> Evaluation:
     """Cross-entropy of a run on its ``split`` or on a text ``file``, or of an exported ``model`` on a ``file``
-    (see ``textgen.evaluate``), read as the run's batch of streams or as ``streams`` of them."""
+    (see ``textgen.evaluate``), read as the run's batch of streams or as ``streams`` of them; ``track`` hears the
+    characters scored."""
     if streams is not None and not 0 < streams <= MAX_SAMPLES:
         raise ConfigError(f"--streams must be between 1 and {MAX_SAMPLES} (got {streams})")
     given = run_name if names_base(run_name) else "an exported --model"
@@ -280,7 +284,7 @@ def evaluate(
 
         if file is None:
             raise ConfigError(f"{given} has no corpus splits: give a text FILE to score")
-        evaluation = evaluate_artifact(model, file, encoding, streams)
+        evaluation = evaluate_artifact(model, file, encoding, streams, track)
         return dataclasses.replace(evaluation, run=BASE_NAME) if is_base_dir(model) else evaluation
     run = find_run(checkpoint_dir, run_name, weights)
     if file is not None:  # a missing or empty file is said at once, not after TensorFlow's ~3 s
@@ -289,7 +293,9 @@ def evaluate(
     configure_for_inference()
     from textgen.evaluate import evaluate_run
 
-    return evaluate_run(run, split=Split(split), file=file, weights=weights, encoding=encoding, streams=streams)
+    return evaluate_run(
+        run, split=Split(split), file=file, weights=weights, encoding=encoding, streams=streams, track=track
+    )
 
 
 def evaluate_dynamic(
@@ -301,10 +307,11 @@ def evaluate_dynamic(
     weights: Weights = Weights.best,
     encoding: str = "auto",
     retune: bool = False,
+    track: Track = untracked,
 ) -> DynamicEvaluation:
     """A run's cross-entropy on its ``split`` or a text ``file`` read as one stream, static and with dynamic
     evaluation (see ``textgen.dynamic``): the settings in the run's ``dynamic.json``, tuned on its validation split
-    first when it has none or ``retune`` asks."""
+    first when it has none or ``retune`` asks; ``track`` hears each stage's characters."""
     if names_base(run_name):
         raise ConfigError(
             f"--dynamic adapts a run's weights, and {BASE_NAME} is an export; score it without --dynamic, or "
@@ -319,7 +326,7 @@ def evaluate_dynamic(
 
     return evaluate_run_dynamically(
         run, split=Split(split), file=file, weights=weights, encoding=encoding, retune=retune,
-        cache_dir=cache_root(checkpoint_dir),
+        cache_dir=cache_root(checkpoint_dir), track=track,
     )  # fmt: skip
 
 

@@ -16,7 +16,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from textgen import api, commands, examples, trainview, tuneview, ui
+from textgen import api, commands, examples, trainview, tuneview, ui, workview
 from textgen import cliopts as o
 from textgen.artifact import ExportFormat, Quantize
 from textgen.cliapp import TextgenCommand, TextgenGroup, console, err_console, errors
@@ -292,12 +292,13 @@ def sample(
         if prime_file is not None and prime:
             raise ConfigError("give --prime or --prime-file, not both")
         document = ui.read_prime_file(err_console, prime_file)
-        sampler, source = api.open_generator(
-            checkpoint_dir=checkpoint_dir, run_name=run, weights=Weights.of(last), model=model,
-            adapt_to=document if adapt else None, fallback=True,
-        )  # fmt: skip
-        prompt = prime if document is None else document
-        ui.show_sampling(console, err_console, sampler, source, prompt, settings, as_json, prime_file=prime_file)
+        with workview.tracker(err_console) as track:
+            sampler, source = api.open_generator(
+                checkpoint_dir=checkpoint_dir, run_name=run, weights=Weights.of(last), model=model,
+                adapt_to=document if adapt else None, fallback=True, track=track,
+            )  # fmt: skip
+            prompt = prime if document is None else document
+            ui.show_sampling(console, err_console, sampler, source, prompt, settings, as_json, prime_file, track)
 
 
 @command(epilog=examples.REPL)
@@ -328,9 +329,12 @@ def repl(
             fallback=True,
         )  # fmt: skip
         bias_row(settings.logit_bias, sampler.vocab)
-    session = Session(sampler, settings, sys.stdout, lambda msg: err_console.print(f"[yellow]{escape(msg)}[/]"))
     ui.note(err_console, source.note)
     console.print(f"[bold]{escape(source.name)}[/] loaded. {GREETING}")
+    session = Session(
+        sampler, settings, sys.stdout, lambda msg: err_console.print(f"[yellow]{escape(msg)}[/]"),
+        functools.partial(workview.tracker, err_console),  # a bar while a long prompt is read
+    )  # fmt: skip
     with errors():
         if document is not None:  # the file's text is the first prompt; the conversation goes on from it
             session.generate(document)
@@ -393,16 +397,18 @@ def evaluate(
                 raise ConfigError(
                     f"--dynamic adapts a run's weights as one stream: drop {'--model' if model else '--streams'}"
                 )
-            adapted = api.evaluate_dynamic(
-                checkpoint_dir=checkpoint_dir, run_name=run, split=split, file=file, weights=weights,
-                encoding=encoding, retune=retune,
-            )  # fmt: skip
+            with workview.tracker(err_console) as track:
+                adapted = api.evaluate_dynamic(
+                    checkpoint_dir=checkpoint_dir, run_name=run, split=split, file=file, weights=weights,
+                    encoding=encoding, retune=retune, track=track,
+                )  # fmt: skip
             ui.show_dynamic_evaluation(console, err_console, adapted, as_json)
             return
-        result = api.evaluate(
-            checkpoint_dir=checkpoint_dir, run_name=run, split=split, file=file, weights=weights, encoding=encoding,
-            model=model, streams=streams,
-        )  # fmt: skip
+        with workview.tracker(err_console) as track:
+            result = api.evaluate(
+                checkpoint_dir=checkpoint_dir, run_name=run, split=split, file=file, weights=weights,
+                encoding=encoding, model=model, streams=streams, track=track,
+            )  # fmt: skip
         ui.show_evaluation(console, err_console, result, as_json)
 
 

@@ -36,6 +36,7 @@ from textgen.layout import MASKED, StreamLayout
 from textgen.model import build_model, reset_states
 from textgen.results import DynamicEvaluation
 from textgen.scoring import compile_eval_step, masked_cross_entropy, model_logits, score
+from textgen.tracking import Track, untracked
 from textgen.typedjson import from_dict, to_dict
 from textgen.vocab import UNKNOWN_ID
 from textgen.weightsfile import weights_checksum
@@ -119,25 +120,40 @@ class DynamicEvaluator:
             variable.assign_add(-eta * g / denominator + decay * (initial - variable))
         return loss
 
-    def mean_squared_gradients(self, ids: np.ndarray, segment_len: int, count: int = MS_SEGMENTS) -> list[np.ndarray]:
+    def mean_squared_gradients(
+        self, ids: np.ndarray, segment_len: int, count: int = MS_SEGMENTS, track: Track = untracked
+    ) -> list[np.ndarray]:
         """MS: the mean over up to ``count`` consecutive segments of ``ids`` (from zero states, the trained weights)
         of each weight's squared gradient."""
         self.restore()
-        inputs, targets = segments(ids[: count * segment_len + 1], segment_len)
+        ids = ids[: count * segment_len + 1]
+        inputs, targets = segments(ids, segment_len)
         sums = [np.zeros(v.shape, np.float64) for v in self.variables]
-        for x, y in zip(inputs, targets, strict=True):
+        for i, (x, y) in enumerate(zip(inputs, targets, strict=True)):
             _, gradients = self._gradients(tf.constant(x[None]), tf.constant(y[None]))
             for total, g in zip(sums, gradients, strict=True):
                 total += np.square(g.numpy().astype(np.float64))
+            done = min((i + 1) * segment_len, len(ids) - 1)
+            track("measuring gradients on the training split (once)", done, len(ids) - 1)
         self.restore()
         return [(total / len(inputs)).astype(np.float32) for total in sums]
 
-    def adapt(self, ids: np.ndarray, settings: DynamicConfig) -> tuple[float, int]:
+    def adapt(
+        self, ids: np.ndarray, settings: DynamicConfig, track: Track = untracked, what: str = "adapting"
+    ) -> tuple[float, int]:
         """Read ``ids`` from θ₀ and zero states, scoring each segment then stepping on it: the summed
-        cross-entropy (nats) of every character after the first, and how many. The weights are left adapted."""
-        return float(self.segment_losses(ids, settings).sum()), len(ids) - 1
+        cross-entropy (nats) of every character after the first, and how many. The weights are left adapted.
+        ``track`` hears the characters read, as ``what``."""
+        return float(self.segment_losses(ids, settings, track=track, what=what).sum()), len(ids) - 1
 
-    def segment_losses(self, ids: np.ndarray, settings: DynamicConfig, restore: bool = True) -> np.ndarray:
+    def segment_losses(
+        self,
+        ids: np.ndarray,
+        settings: DynamicConfig,
+        restore: bool = True,
+        track: Track = untracked,
+        what: str = "adapting",
+    ) -> np.ndarray:
         """Each segment's summed cross-entropy (nats) as ``adapt`` reads ``ids``; without ``restore``, going on from
         the weights and states where the last call left them (``ids[0]`` is then the character that call read
         last as a target)."""
@@ -147,10 +163,10 @@ class DynamicEvaluator:
             self.restore()
         inputs, targets = segments(ids, settings.segment_len)
         eta, decay = tf.constant(settings.eta, tf.float32), tf.constant(settings.decay, tf.float32)
-        losses = [
-            self._step(tf.constant(x[None]), tf.constant(y[None]), eta, decay)
-            for x, y in zip(inputs, targets, strict=True)
-        ]
+        losses, chars = [], len(ids) - 1
+        for x, y in zip(inputs, targets, strict=True):
+            losses.append(self._step(tf.constant(x[None]), tf.constant(y[None]), eta, decay))
+            track(what, min(len(losses) * settings.segment_len, chars), chars)
         return np.array([float(loss) for loss in losses], np.float64)
 
     def adapted_weights(self) -> list[np.ndarray]:
@@ -158,19 +174,26 @@ class DynamicEvaluator:
         return [np.asarray(w) for w in self.model.get_weights()]
 
 
-def open_evaluator(run: Run, weights: Weights, segment_len: int, cache_dir: Path | None = None) -> DynamicEvaluator:
+def open_evaluator(
+    run: Run, weights: Weights, segment_len: int, cache_dir: Path | None = None, track: Track = untracked
+) -> DynamicEvaluator:
     """A run's ``weights`` in a ``DynamicEvaluator`` with its MS for ``segment_len`` (the run's cache, or measured
     now on its training split and cached)."""
     cfg = run.load_config()
     model = build_model(cfg.model, 1, cfg.profile.precision)
     run.load_weights(model, weights)
     evaluator = DynamicEvaluator(model, cfg.profile)
-    evaluator.set_mean_squares(mean_squares(run, weights, evaluator, segment_len, cache_dir))
+    evaluator.set_mean_squares(mean_squares(run, weights, evaluator, segment_len, cache_dir, track))
     return evaluator
 
 
 def mean_squares(
-    run: Run, weights: Weights, evaluator: DynamicEvaluator, segment_len: int, cache_dir: Path | None = None
+    run: Run,
+    weights: Weights,
+    evaluator: DynamicEvaluator,
+    segment_len: int,
+    cache_dir: Path | None = None,
+    track: Track = untracked,
 ) -> list[np.ndarray]:
     """The run's MS for its ``weights`` and ``segment_len``: from ``dynamic-ms.npz`` if it was measured for these
     (the weights' checksum, the segments), else measured on the training split and saved there (when the run can
@@ -182,7 +205,7 @@ def mean_squares(
         return cached
     with tempfile.TemporaryDirectory(prefix="textgen-dynamic-") as scratch:
         train = np.asarray(split_ids(run, "train", Path(scratch), cache_dir), np.int32)
-    measured = evaluator.mean_squared_gradients(train, segment_len)
+    measured = evaluator.mean_squared_gradients(train, segment_len, track=track)
     try:
         with atomic_path(path) as tmp, open(tmp, "wb") as fh:
             np.savez(fh, *measured, key=np.array(key))
@@ -229,14 +252,15 @@ class Trial:
     nats_per_char: float
 
 
-def tune(evaluator: DynamicEvaluator, ids: np.ndarray, segment_len: int) -> list[Trial]:
+def tune(evaluator: DynamicEvaluator, ids: np.ndarray, segment_len: int, track: Track = untracked) -> list[Trial]:
     """A coordinate search on ``ids`` (a prefix of the validation split): η over ``TUNE_ETAS`` at the default λ,
     then λ over ``TUNE_DECAYS`` at the best η. Every setting tried, the best first."""
     tried: dict[DynamicConfig, float] = {}
 
     def trial(settings: DynamicConfig) -> float:
         if settings not in tried:
-            nats, chars = evaluator.adapt(ids, settings)
+            what = f"tuning on validation: eta {settings.eta:g}, lambda {settings.decay:g}"
+            nats, chars = evaluator.adapt(ids, settings, track, what)
             tried[settings] = nats / chars
         return tried[settings]
 
@@ -255,18 +279,20 @@ def evaluate_dynamic(
     encoding: str = "auto",
     retune: bool = False,
     cache_dir: Path | None = None,
+    track: Track = untracked,
 ) -> DynamicEvaluation:
     """Score ``run`` on its ``split`` or a text ``file`` as one stream, static and dynamic, with its
-    ``dynamic.json`` settings: tuned first on its validation split if it has none (or ``retune``), and saved."""
+    ``dynamic.json`` settings: tuned first on its validation split if it has none (or ``retune``), and saved.
+    ``track`` hears each stage's characters."""
     settings = None if retune else read_settings(run)
     tuned_seconds = None
     with tempfile.TemporaryDirectory(prefix="textgen-dynamic-") as scratch:
         segment_len = settings.segment_len if settings else DynamicConfig.segment_len
-        evaluator = open_evaluator(run, weights, segment_len, cache_dir)
+        evaluator = open_evaluator(run, weights, segment_len, cache_dir, track)
         if settings is None:
             started = time.monotonic()
             val = np.asarray(split_ids(run, Split.val, Path(scratch), cache_dir)[: TUNE_CHARS + 1], np.int32)
-            settings = tune(evaluator, val, segment_len)[0].settings
+            settings = tune(evaluator, val, segment_len, track)[0].settings
             tuned_seconds = time.monotonic() - started
             with contextlib.suppress(OSError):  # a read-only run: tuned again next time
                 save_settings(run, settings)
@@ -279,10 +305,10 @@ def evaluate_dynamic(
         evaluator.restore()
         started = time.monotonic()
         layout = StreamLayout.covering(len(ids), 1, settings.segment_len)
-        static, chars = score(eval_step, model, ids, layout)
+        static, chars = score(eval_step, model, ids, layout, track=track)
         static_seconds = time.monotonic() - started
         started = time.monotonic()
-        dynamic, _ = evaluator.adapt(np.asarray(ids, np.int32), settings)
+        dynamic, _ = evaluator.adapt(np.asarray(ids, np.int32), settings, track, "scoring, adapting as it reads")
         dynamic_seconds = time.monotonic() - started
         evaluator.restore()
     unknown = int(np.count_nonzero(ids[1:] == UNKNOWN_ID))
@@ -293,13 +319,13 @@ def evaluate_dynamic(
 
 
 def adapted_weights(
-    run: Run, weights: Weights, text: str, cache_dir: Path | None = None
+    run: Run, weights: Weights, text: str, cache_dir: Path | None = None, track: Track = untracked
 ) -> tuple[list[np.ndarray], DynamicConfig]:
     """A run's ``weights`` adapted to ``text`` by reading it with dynamic evaluation, with the settings of its
     ``dynamic.json`` (the defaults if it has none), and those settings: ``sample --adapt``."""
     settings = read_settings(run) or DynamicConfig()
-    evaluator = open_evaluator(run, weights, settings.segment_len, cache_dir)
+    evaluator = open_evaluator(run, weights, settings.segment_len, cache_dir, track)
     ids = run.load_vocab().encode(text)
     if len(ids) >= 2:
-        evaluator.adapt(ids, settings)
+        evaluator.adapt(ids, settings, track, "adapting to the prompt")
     return evaluator.adapted_weights(), settings

@@ -18,6 +18,7 @@ from textgen.layout import scoring_layout
 from textgen.model import build_model
 from textgen.results import Evaluation
 from textgen.scoring import compile_eval_step, score
+from textgen.tracking import Track, untracked
 from textgen.vocab import UNKNOWN_ID
 
 
@@ -35,6 +36,7 @@ def evaluate_run(
     encoding: str = "auto",
     streams: int | None = None,
     cache_dir: Path | None = None,
+    track: Track = untracked,
 ) -> Evaluation:
     """Score ``run`` on its ``split`` (the contiguous split training used) or on a text ``file``.
 
@@ -51,7 +53,7 @@ def evaluate_run(
         layout = scoring_layout(len(ids), streams or cfg.data.batch_size, cfg.data.seq_len, source)
         model = build_model(cfg.model, layout.streams, cfg.profile.precision)
         run.load_weights(model, weights)
-        nats, chars = score(compile_eval_step(model, cfg.profile), model, ids, layout)
+        nats, chars = score(compile_eval_step(model, cfg.profile), model, ids, layout, track=track)
         unknown = layout.count_in_targets(ids, UNKNOWN_ID)
     return Evaluation(run.name, source, nats / chars, chars, unknown, layout.streams, layout.seq_len)
 

@@ -22,6 +22,7 @@ from textgen.errors import FieldError
 from textgen.genconfig import SampleConfig
 from textgen.layout import MASKED, StreamLayout
 from textgen.npsampling import BAN, uniforms
+from textgen.tracking import Track, untracked
 from textgen.vocab import UNKNOWN_ID, Vocabulary
 
 # Characters per compiled call, reading or generating, all sequences together: Ctrl-C lands between
@@ -31,6 +32,7 @@ from textgen.vocab import UNKNOWN_ID, Vocabulary
 CHARS_PER_CALL = 16384
 
 States = tuple[np.ndarray, ...]  # (h, c) of every layer, each (B, units) float32
+READING_PROMPT = "reading the prompt"  # what a ``Track`` hears while prompts are read
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -208,40 +210,49 @@ class Sampler(ABC):
         fallback = fallback and self.start_logits is None
         return [newline if fallback and not ids.size else ids for ids in encoded]
 
-    def feed(self, encoded: Sequence[np.ndarray], state: GenerationState | None = None) -> GenerationState:
+    def feed(
+        self, encoded: Sequence[np.ndarray], state: GenerationState | None = None, track: Track = untracked
+    ) -> GenerationState:
         """Read one encoded prompt per sequence, on top of ``state`` (or from the start state): where generation
-        starts. An empty prompt on a ``state`` goes on from it."""
+        starts. An empty prompt on a ``state`` goes on from it. ``track`` hears the characters read, call by call."""
         logits, states = (
             (state.logits, state.states) if state is not None else (self.start_logits, self.start_states(1))
         )
         batch = len(encoded)
         if states[0].shape[0] == 1 and all(np.array_equal(ids, encoded[0]) for ids in encoded):
             # One prompt from one state: read it once, then copy the result to every row.
-            logits, states = self._read_in_chunks(encoded[0], states, logits)
+            logits, states = self._read_in_chunks([encoded[0]], [states], [logits], track)[0]
             return GenerationState(np.repeat(logits, batch, axis=0), tuple(np.repeat(s, batch, axis=0) for s in states))
         if states[0].shape[0] == 1:
             states = tuple(np.repeat(s, batch, axis=0) for s in states)
             logits = None if logits is None else np.repeat(logits, batch, axis=0)
-        rows = [
-            self._read_in_chunks(
-                ids, tuple(s[i : i + 1] for s in states), None if logits is None else logits[i : i + 1]
-            )
-            for i, ids in enumerate(encoded)
-        ]
+        rows = self._read_in_chunks(
+            encoded,
+            [tuple(s[i : i + 1] for s in states) for i in range(batch)],
+            [None if logits is None else logits[i : i + 1] for i in range(batch)],
+            track,
+        )
         return GenerationState(
             np.concatenate([r[0] for r in rows], axis=0),
             tuple(np.concatenate([r[1][j] for r in rows]) for j in range(len(states))),
         )
 
-    def _read_in_chunks(self, ids: np.ndarray, states: States, logits: np.ndarray | None) -> tuple[np.ndarray, States]:
-        """Read one sequence's ids in bounded calls on top of ``states``; the logits after the last (``logits``, the
-        state's own, if there are none), and the states."""
-        steps = steps_per_call(1)
-        for first in range(0, len(ids), steps):
-            logits, states = self.read(ids[None, first : first + steps].astype(np.int32), states)
-        if logits is None:
-            raise ValueError("nothing to read from zero states: encode the prompts with a fallback")
-        return logits, states
+    def _read_in_chunks(
+        self, encoded: Sequence[np.ndarray], states: Sequence[States], logits: Sequence[np.ndarray | None], track: Track
+    ) -> list[tuple[np.ndarray, States]]:
+        """Read each sequence's ids in bounded calls on top of its ``states``: for each, the logits after its last id
+        (its ``logits``, the state's own, if it has none) and its states."""
+        steps, done, total = steps_per_call(1), 0, sum(len(ids) for ids in encoded)
+        rows = []
+        for ids, row_states, row_logits in zip(encoded, states, logits, strict=True):
+            for first in range(0, len(ids), steps):
+                row_logits, row_states = self.read(ids[None, first : first + steps].astype(np.int32), row_states)
+                done += len(ids[first : first + steps])
+                track(READING_PROMPT, done, total)
+            if row_logits is None:
+                raise ValueError("nothing to read from zero states: encode the prompts with a fallback")
+            rows.append((row_logits, row_states))
+        return rows
 
     def stream(
         self,
@@ -250,16 +261,18 @@ class Sampler(ABC):
         chunk: int = 64,  # at most steps_per_call(len(prompts))
         first_chunk: int = 8,
         state: GenerationState | None = None,
+        track: Track = untracked,
     ) -> Iterator[Piece]:
         """Yield the continuations of ``prompts`` piece by piece (``settings.length`` characters each).
 
         The first piece is short so text appears at once. Each piece carries the state after its
-        last character: pass the last one back as ``state`` to carry a conversation on.
+        last character: pass the last one back as ``state`` to carry a conversation on. ``track`` hears the prompts
+        read.
         """
         seed = settings.seeded().seed or 0
         limit = steps_per_call(len(prompts))
         strategy = RowSettings.of(settings, len(prompts), self.vocab)
-        state = self.feed(self.encode_prompts(prompts, fallback=state is None), state)
+        state = self.feed(self.encode_prompts(prompts, fallback=state is None), state, track)
         # The penalties count this call's characters only: a carried conversation's earlier answers are a prompt.
         counts = np.zeros([len(prompts), self.vocab.size], np.float32) if settings.penalized else None
         produced = 0
@@ -274,17 +287,18 @@ class Sampler(ABC):
             state = GenerationState(logits, states)
             yield Piece([self.vocab.decode(row) for row in ids], state)
 
-    def generate(self, prompts: Sequence[str], settings: SampleConfig) -> list[str]:
-        """The full continuations of ``prompts`` (one per prompt)."""
-        pieces = [piece.texts for piece in self.stream(prompts, settings, chunk=steps_per_call(len(prompts)))]
+    def generate(self, prompts: Sequence[str], settings: SampleConfig, track: Track = untracked) -> list[str]:
+        """The full continuations of ``prompts`` (one per prompt); ``track`` hears the prompts read."""
+        chunk = steps_per_call(len(prompts))
+        pieces = [piece.texts for piece in self.stream(prompts, settings, chunk=chunk, track=track)]
         return ["".join(row) for row in zip(*pieces, strict=True)]
 
-    def score(self, ids: np.ndarray, layout: StreamLayout) -> tuple[float, int]:
+    def score(self, ids: np.ndarray, layout: StreamLayout, track: Track = untracked) -> tuple[float, int]:
         """Summed cross-entropy (nats) of every character of ``ids`` after the first, read in ``layout``'s streams
         and ``seq_len`` from zero states, and how many that is: what ``textgen.scoring.score`` computes for a run,
-        here through ``read`` one character at a time."""
+        here through ``read`` one character at a time (``track`` hears them, batch by batch)."""
         layout = StreamLayout.covering(len(ids), layout.streams, layout.seq_len)
-        states, nats = self.zero_states(layout.streams), 0.0
+        states, nats, done = self.zero_states(layout.streams), 0.0, 0
         rows = np.arange(layout.streams)
         full = (layout.batch(ids, k) for k in range(layout.batches))
         for inputs, targets in itertools.chain(full, layout.last_batches(ids)):
@@ -294,4 +308,6 @@ class Sampler(ABC):
                     break
                 logits, states = self.read(inputs[:, t : t + 1], states)
                 nats -= float(np.sum(log_softmax(logits)[rows, targets[:, t]][scored]))
+            done = min(done + inputs.size, layout.scored)
+            track("scoring", done, layout.scored)
         return nats, layout.scored

@@ -7,12 +7,14 @@ import dataclasses
 import io
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from textgen.config import MAX_SAMPLES, flag
 from textgen.errors import ConfigError
 from textgen.genconfig import SampleConfig, bias_form, parse_logit_bias
 from textgen.generation import bias_row
+from textgen.tracking import Track, untracked
 from textgen.vocab import Vocabulary, for_display
 
 if TYPE_CHECKING:
@@ -51,7 +53,7 @@ class TextGenerator(Protocol):
     def vocab(self) -> Vocabulary: ...
 
     def stream(
-        self, prompts: Sequence[str], settings: SampleConfig, *, state: GenerationState | None = None
+        self, prompts: Sequence[str], settings: SampleConfig, *, state: GenerationState | None = None, track: Track
     ) -> Iterator[Piece]: ...
 
 
@@ -59,9 +61,15 @@ class Session:
     """Settings and conversation state for one REPL; ``handle`` takes one input line."""
 
     def __init__(
-        self, generator: TextGenerator, settings: SampleConfig, out: TextIO, warn: Callable[[str], None]
+        self,
+        generator: TextGenerator,
+        settings: SampleConfig,
+        out: TextIO,
+        warn: Callable[[str], None],
+        tracker: Callable[[], AbstractContextManager[Track]] = lambda: contextlib.nullcontext(untracked),
     ) -> None:
         self.generator, self.settings, self.out, self.warn = generator, settings, out, warn
+        self.tracker = tracker  # a Track for each answer, that hears its prompt read (a long paste, --prime-file)
         self.carry_context = True
         self.state: GenerationState | None = None  # after the last answer, when carrying the context on
         self.turn = 0
@@ -155,16 +163,17 @@ class Session:
         after = start
         num = settings.num
         try:
-            for i in range(num):
-                if num > 1:
-                    print(f"--- sample {i + 1}/{num} ---", file=self.out)
-                for piece in self.generator.stream([prompt], settings, state=start):
-                    self.out.write(for_display(piece.texts[0]))
-                    self.out.flush()
-                    after = piece.state
-                self.out.write("\n")
-                next_seed = None if settings.seed is None else (settings.seed + 1) % 2**31
-                settings = dataclasses.replace(settings, seed=next_seed)
+            with self.tracker() as track:  # the bar, if any, is down before a Ctrl-C's message
+                for i in range(num):
+                    if num > 1:
+                        print(f"--- sample {i + 1}/{num} ---", file=self.out)
+                    for piece in self.generator.stream([prompt], settings, state=start, track=track):
+                        self.out.write(for_display(piece.texts[0]))
+                        self.out.flush()
+                        after = piece.state
+                    self.out.write("\n")
+                    next_seed = None if settings.seed is None else (settings.seed + 1) % 2**31
+                    settings = dataclasses.replace(settings, seed=next_seed)
         except KeyboardInterrupt:
             self.out.write("\n")
             self.warn("stopped")

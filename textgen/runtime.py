@@ -25,6 +25,7 @@ from textgen.layout import scoring_layout
 from textgen.litert import LiteRTGenerator
 from textgen.results import Evaluation
 from textgen.startstate import load_start
+from textgen.tracking import Track, untracked
 from textgen.vocab import UNKNOWN_ID
 
 
@@ -88,13 +89,15 @@ def _widths(specs: dict[str, Any]) -> dict[str, int]:
     return {name: spec.shape[-1] if spec.shape[-1] is not None else -1 for name, spec in specs.items()}
 
 
-def evaluate_artifact(path: Path, file: str, encoding: str = "auto", streams: int | None = None) -> Evaluation:
+def evaluate_artifact(
+    path: Path, file: str, encoding: str = "auto", streams: int | None = None, track: Track = untracked
+) -> Evaluation:
     """Score an exported model on a text ``file``, laid out as its run's validation was (a LiteRT model without
     TensorFlow)."""
     sampler, info = open_artifact(path)
     corpus = resolve_corpus(file)
     ids = info.vocab.encode(read_corpus(corpus, info.strip_boilerplate, resolve_encoding(corpus, encoding)))
     layout = scoring_layout(len(ids), streams or info.batch_size, info.seq_len, file)
-    nats, chars = sampler.score(ids, layout)
+    nats, chars = sampler.score(ids, layout, track)
     unknown = layout.count_in_targets(ids, UNKNOWN_ID)
     return Evaluation(str(path), file, nats / chars, chars, unknown, layout.streams, layout.seq_len)

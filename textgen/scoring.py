@@ -9,6 +9,7 @@ to the next and zeroed at the start; the characters that do not fill a last batc
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import keras
@@ -20,6 +21,7 @@ from textgen.data import distributed_batches
 from textgen.fastlstm import stateful_logits
 from textgen.layout import MASKED, StreamLayout
 from textgen.model import reset_states
+from textgen.tracking import Track, untracked
 
 # (inputs, targets) -> summed cross-entropy (nats) of the targets not MASKED, carrying the model's LSTM states
 EvalStep = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
@@ -67,6 +69,7 @@ def score(
     ids: np.ndarray,
     layout: StreamLayout,
     strategy: tf.distribute.Strategy | None = None,
+    track: Track = untracked,
 ) -> tuple[float, int]:
     """Summed cross-entropy (nats) of every character of ``ids`` after the first, from zero LSTM states, and how
     many that is.
@@ -74,14 +77,20 @@ def score(
     The ids are read in ``layout``'s streams and ``seq_len`` (of the layout, only these count: a training layout
     of full batches serves) as ``StreamLayout.covering`` lays them out: the full batches, then the rest in padded
     batches of the same shape. ``model`` must be stateful with ``layout.streams`` rows (per replica of
-    ``strategy``, their share).
+    ``strategy``, their share). ``track`` hears the characters scored, batch by batch.
     """
     strategy = strategy or tf.distribute.get_strategy()
     layout = StreamLayout.covering(len(ids), layout.streams, layout.seq_len)
     reset_states(model)
-    total = sum(float(eval_step(x, y)) for x, y in distributed_batches(strategy, ids, layout))
-    for x, y in layout.last_batches(ids):
-        total += float(eval_step(_by_replica(strategy, x), _by_replica(strategy, y)))
+    total, done, batch_chars = 0.0, 0, layout.streams * layout.seq_len
+    batches = itertools.chain(
+        distributed_batches(strategy, ids, layout),
+        ((_by_replica(strategy, x), _by_replica(strategy, y)) for x, y in layout.last_batches(ids)),
+    )
+    for x, y in batches:
+        total += float(eval_step(x, y))
+        done = min(done + batch_chars, layout.scored)
+        track("scoring", done, layout.scored)
     return total, layout.scored
 
 

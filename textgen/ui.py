@@ -35,6 +35,7 @@ from textgen.results import (
     RunSummary,
     epochs_done,
 )
+from textgen.tracking import Track, untracked
 from textgen.vocab import for_display
 
 if TYPE_CHECKING:
@@ -179,12 +180,13 @@ def show_sampling(
     settings: SampleConfig,
     as_json: bool,
     prime_file: str | None = None,
+    track: Track = untracked,
 ) -> None:
     """Generate and show samples of ``prime``: a single sample on a terminal streams in as it is generated;
     several, or output to a pipe, are shown when done (with ``--json``, one record each). A prime's characters
     outside the vocabulary are warned about first. A prime read from ``prime_file`` is not shown again: the
     samples are its continuations (with ``--json``, the file and its length stand for it). A ``--logit-bias``
-    character the model lacks is an error before any text."""
+    character the model lacks is an error before any text. ``track`` hears the prompt read."""
     bias_row(settings.logit_bias, sampler.vocab)
     note(err_console, source.note)
     warn(err_console, sampler.vocab.unknown_note(prime))
@@ -193,9 +195,9 @@ def show_sampling(
     record = source.record() if prime_file is None else {**source.record(), "prime_file": prime_file,
                                                          "prime_chars": len(prime)}  # fmt: skip
     if settings.num == 1 and console.is_terminal and not as_json:
-        stream_sample(console, shown, sampler.stream(prompts, settings))
+        stream_sample(console, shown, sampler.stream(prompts, settings, track=track))
     else:
-        show_samples(console, sampler.generate(prompts, settings), shown, settings, as_json, **record)
+        show_samples(console, sampler.generate(prompts, settings, track), shown, settings, as_json, **record)
 
 
 def stream_sample(console: Console, prime: str, pieces: Iterator[Piece]) -> None:
