@@ -7,6 +7,7 @@ import contextlib
 import hashlib
 import io
 import os
+import random
 import re
 import socket
 import threading
@@ -24,6 +25,7 @@ from hypothesis import strategies as st
 
 from textgen import corpus, gutenberg
 from textgen.corpus import (
+    BINARY_CONTROLS,
     HEAD_BYTES,
     available_memory,
     corpus_fingerprint,
@@ -279,6 +281,16 @@ def test_binary_file(tmp_path: Path) -> None:
         read_corpus(path)
 
 
+def test_binary_bytes_without_nul_are_refused_and_a_stray_control_is_text(tmp_path: Path) -> None:
+    noise = bytes(b or 1 for b in random.Random(0).randbytes(4096))  # compressed data, say, its NUL bytes gone
+    with pytest.raises(CorpusError, match=r"noise\.gz looks like a binary file \(\d+ of its first 4,096 bytes are co"):
+        read_corpus(write(tmp_path / "noise.gz", noise))
+    book = "A chapter.\x1c\n" + "Another, a form feed before it.\f\n\x1b[1mbold\x1b[0m\tand a tab.\n" * 20
+    assert read_corpus(write(tmp_path / "book.txt", book.encode()), strip_boilerplate=False) == book
+    seven = "text " * 100 + "\x01" * 7  # fewer than BINARY_MIN_CONTROLS
+    assert read_corpus(write(tmp_path / "short.txt", seven.encode()), strip_boilerplate=False) == seven
+
+
 def test_invalid_utf8(tmp_path: Path) -> None:
     path = tmp_path / "latin1.txt"
     path.write_bytes("Déjà vu, naïve café\n".encode("latin-1"))
@@ -480,9 +492,12 @@ def test_a_bad_url(in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 # The characters cp1252 puts at bytes 0x80-0x9F, where Latin-1 has C1 control codes.
 CP1252_EXTRAS = "".join(bytes([b]).decode("cp1252") for b in range(0x80, 0xA0) if b not in b"\x81\x8d\x8f\x90\x9d")
-ASCII = "".join(map(chr, range(1, 128))).replace("\r", "")
-# Every character cp1252 can encode, less NUL (binary) and CR (line endings are normalised).
-CP1252_CHARS = "".join(bytes([b]).decode("cp1252", errors="ignore") for b in range(1, 256)).replace("\r", "")
+# Text's ASCII: every character but CR (line endings are normalised) and the controls that make a file binary.
+ASCII = "".join(chr(b) for b in range(1, 128) if b not in BINARY_CONTROLS).replace("\r", "")
+# Every character cp1252 can encode, less those and NUL.
+CP1252_CHARS = "".join(
+    bytes([b]).decode("cp1252", errors="ignore") for b in range(1, 256) if b not in BINARY_CONTROLS
+).replace("\r", "")
 
 
 def write(path: Path, data: bytes) -> Path:

@@ -245,6 +245,9 @@ def test_an_undecodable_or_binary_prime_is_one_line(trained_run, tmp_path: Path)
     assert_one_line_error(invoke(*sample_args(trained_run, "--prime-file", str(binary))), "binary")
     result = CliRunner().invoke(app, sample_args(trained_run, "--prime-file", "-"), input=b"abc\x00def")
     assert_one_line_error(result, "standard input", "binary")
+    noise = bytes(range(1, 32)) * 40  # control bytes, no NUL
+    result = CliRunner().invoke(app, sample_args(trained_run, "--prime-file", "-"), input=noise)
+    assert_one_line_error(result, "standard input looks binary", "control characters")
     empty = CliRunner().invoke(app, sample_args(trained_run, "--prime-file", "-"), input=b" \n")
     assert_one_line_error(empty, "standard input is empty")
 

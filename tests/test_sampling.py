@@ -19,10 +19,10 @@ from helpers import assert_one_line_error, invoke, run_textgen, subprocess_env, 
 
 from textgen.checkpoint import Run
 from textgen.genconfig import SampleConfig
+from textgen.generation import READING_PROMPT
 from textgen.model import build_model
 from textgen.npsampling import choose_next as np_choose_next
 from textgen.npsampling import row_uniforms, uniforms
-from textgen.generation import READING_PROMPT
 from textgen.sampling import Generator, choose_next, strategy
 
 GREEDY = SampleConfig(length=40, temperature=0.0, seed=0)
