@@ -224,6 +224,9 @@ try:
     refused = ""
 except tf.errors.InvalidArgumentError as exc:
     refused = exc.message
+unprompted = loaded.signatures["generate"](
+    prompt=tf.zeros([1, 0], tf.int32), temperature=tf.constant(0.0), **args
+)["ids"].numpy()
 step = loaded.signatures["step"]
 out = step(ids=prompt[:, 0], h_0=tf.zeros([2, {units}]), c_0=tf.zeros([2, {units}]))
 print(json.dumps({
@@ -232,6 +235,7 @@ print(json.dumps({
     "repeatable": bool((drawn == again).all()),
     "top_p_0_is_greedy": bool((top_p_0 == greedy).all()),
     "length_0": refused,
+    "unprompted": "".join(chars[i] for i in unprompted[0]),
     "step": sorted(out),
 }))
 """
@@ -248,6 +252,7 @@ def test_the_savedmodel_generates_with_its_signatures_alone(exports: dict[str, P
     assert out["repeatable"] and out["drawn"][0] != out["drawn"][1]
     assert out["top_p_0_is_greedy"] and "length must be at least 1" in out["length_0"]
     assert out["step"] == ["c_0", "h_0", "logits"]
+    assert [out["unprompted"]] == run_sample(run, "--temp", "0", "--length", "120")  # from the start's logits
 
 
 NO_TENSORFLOW = """

@@ -4,8 +4,9 @@ Both are built from the sampler's own next-token function (``textgen.sampling.Ge
 artifact computes what ``textgen sample`` computes. The SavedModel holds three serving signatures:
 
 * ``step``: ``ids`` (B,) int32 and the states ``h_0``, ``c_0``, ... (B, units) -> ``logits`` (B, V) and the new states;
-* ``generate``: ``prompt`` (B, P) int32 ids (P >= 1), ``length``, ``temperature`` (0 = greedy), ``top_k``
-  (0 = off), ``top_p`` (1 = off), ``seed`` -> ``ids`` (B, length): the whole loop in the graph;
+* ``generate``: ``prompt`` (B, P) int32 ids (P may be 0: the first character is then drawn from the start's
+  logits), ``length``, ``temperature`` (0 = greedy), ``top_k`` (0 = off), ``top_p`` (1 = off), ``seed`` -> ``ids``
+  (B, length): the whole loop in the graph;
 * ``vocabulary``: -> ``chars`` (V,) strings, the character of each id (id 0, the unknown one, is U+FFFD);
 
 and, for ``textgen sample --model`` and ``textgen serve``, the sampler's compiled ``feed``, ``generate_chunk``,
@@ -211,6 +212,7 @@ def export_module(generator: Generator) -> tuple[tf.Module, dict[str, tf.types.e
     cfg, vocab = generator.cfg, generator.vocab
     names = state_names(cfg.layers)
     state_specs = [tf.TensorSpec([None, cfg.units], tf.float32, name=n) for n in names]
+    start_logits = None if generator.start_logits is None else tf.constant(generator.start_logits, tf.float32)
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.int32, name="ids"), *state_specs], autograph=False)
     def step(ids: tf.Tensor, *states: tf.Tensor) -> dict[str, tf.Tensor]:
@@ -230,10 +232,11 @@ def export_module(generator: Generator) -> tuple[tf.Module, dict[str, tf.types.e
     )
     def generate(prompt: tf.Tensor, length: tf.Tensor, temperature: tf.Tensor, top_k: tf.Tensor, top_p: tf.Tensor,
                  seed: tf.Tensor) -> dict[str, tf.Tensor]:  # fmt: skip
-        checks = [
-            tf.debugging.assert_positive(length, message="length must be at least 1"),
-            tf.debugging.assert_positive(tf.shape(prompt)[1], message="the prompt must hold at least one id"),
-        ]
+        checks = [tf.debugging.assert_positive(length, message="length must be at least 1")]
+        if start_logits is None:  # a run's start from before its logits were kept: nothing to draw an empty one from
+            checks.append(
+                tf.debugging.assert_positive(tf.shape(prompt)[1], message="the prompt must hold at least one id")
+            )
         # Without the dependency the graph may run the draw loop first, and a length of 0 then fails inside it
         # with TensorFlow's own message instead of this one (it did so once in CI).
         with tf.control_dependencies(checks):
@@ -242,6 +245,8 @@ def export_module(generator: Generator) -> tuple[tf.Module, dict[str, tf.types.e
         batch = tf.shape(prompt)[:1]
         starts = tuple(tf.repeat(tf.constant(s, tf.float32), batch, axis=0) for s in generator.start_states(1))
         logits, states = generator.feed_function(prompt, starts)
+        if start_logits is not None:  # an empty prompt draws from the start's logits, as textgen sample does
+            logits = tf.where(tf.shape(prompt)[1] > 0, logits, tf.repeat(start_logits, batch, axis=0))
         # The graph's own seeded stream (textgen's uniforms are made in NumPy, outside the graph).
         draws = tf.random.stateless_uniform(tf.stack([length, tf.shape(prompt)[0]]), tf.stack([seed, 0]))
         ids, _, _ = generator.generate_function(
