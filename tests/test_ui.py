@@ -304,6 +304,13 @@ def test_the_start_up_summary_is_a_readable_block() -> None:
     assert pruned["batches"].endswith(", 2 batches per update")
     assert pruned["stops"] == "after 1 epoch"  # a pruned run does not stop early
 
+    fine_tune = RunConfig(data, model, TrainConfig.of(warmup=100, accumulate=2), CPU)
+    assert "first 100 updates: the warm-up)" in dict(trainview.describe_run(fine_tune))["optimizer"]
+    small_text = dict(trainview.describe_run(fine_tune, steps=40))["optimizer"]  # 20 updates an epoch
+    assert "(rising from 0 over the first 100 updates, 5.0 epochs: the warm-up)" in small_text
+    big_text = dict(trainview.describe_run(fine_tune, steps=1000))["optimizer"]
+    assert "(rising from 0 over the first 100 updates, 20% of an epoch: the warm-up)" in big_text
+
 
 def piped_display(
     monkeypatch: pytest.MonkeyPatch, as_json: bool = False

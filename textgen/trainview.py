@@ -29,9 +29,9 @@ if TYPE_CHECKING:
     from textgen.training.plan import TrainPlan
 
 
-def describe_run(cfg: RunConfig) -> list[tuple[str, str]]:
+def describe_run(cfg: RunConfig, steps: int | None = None) -> list[tuple[str, str]]:
     """The settings of a run that matter, as labelled lines a person reads (every setting is in config.json and in
-    ``--json``)."""
+    ``--json``); ``steps``, the batches of an epoch, puts a warm-up in epochs."""
     model, data, training = cfg.model, cfg.data, cfg.training
     lstm = f"{lstm_shape(model.layers, model.units)}{' (layer-normalized)' if model.layer_norm else ''}"
     shifted = ", windows shifted each epoch" if data.shift_windows else ""
@@ -55,7 +55,7 @@ def describe_run(cfg: RunConfig) -> list[tuple[str, str]]:
             f"{lstm}, embedding {model.embedding_dim}, {dropout} ({model.parameters:,} parameters)",
         ),
         ("batches", f"{data.batch_size} streams x {data.seq_len} characters{shifted}{accumulated}"),
-        ("optimizer", f"{describe_optimizer(training)}; clipped at global norm {training.clip_norm:g}"),
+        ("optimizer", f"{describe_optimizer(training, steps)}; clipped at global norm {training.clip_norm:g}"),
         ("stops", stops),
         ("saves", f"a resume point at each epoch end and every {format_seconds(training.save_every)} within one"),
         ("samples", describe_samples(training.sample_every)),
@@ -70,8 +70,9 @@ def describe_samples(every: float) -> str:
     return f"{SAMPLE_CHARS} characters after each epoch and every {format_seconds(every)} within one ({cost})"
 
 
-def describe_optimizer(training: TrainConfig) -> str:
-    """The optimizer with its own settings, and how the learning rate moves."""
+def describe_optimizer(training: TrainConfig, steps: int | None = None) -> str:
+    """The optimizer with its own settings, and how the learning rate moves (a warm-up also in epochs, given
+    ``steps``, the batches of one: on a small text it can be several, most of a short fine-tune)."""
     extra = f", weight decay {training.weight_decay:g}" if training.weight_decay else ""
     extra += f", momentum {training.momentum:g}" if training.momentum else ""
     schedule = {
@@ -79,7 +80,11 @@ def describe_optimizer(training: TrainConfig) -> str:
         "cosine": "annealed to 0 along a cosine over the run",
         "plateau": f"x {training.lr_factor:g} whenever validation stalls for {training.lr_patience} epoch(s)",
     }[training.lr_schedule]
-    warmup = f" (rising from 0 over the first {training.warmup:,} updates: the warm-up)" if training.warmup else ""
+    warmup = ""
+    if training.warmup:
+        epochs = training.warmup * training.accumulate / steps if steps else None
+        length = "" if epochs is None else f", {epochs:.1f} epochs" if epochs >= 1 else f", {epochs:.0%} of an epoch"
+        warmup = f" (rising from 0 over the first {training.warmup:,} updates{length}: the warm-up)"
     return f"{training.optimizer}{extra}, learning rate {training.lr:g}{warmup} {schedule}"
 
 
@@ -158,7 +163,7 @@ class TrainingDisplay:
                 f"corpus    {escape(cfg.data.corpus)} ({describe_documents(splits.encoded.documents)}{cfg.data.encoding}): "
                 f"{len(splits.train):,} train / {len(splits.val):,} val / {len(splits.test):,} test chars, "
                 f"{splits.vocab.size} ids{describe_unknown(splits.encoded)}",
-                *(f"{label:<9} {escape(text)}" for label, text in describe_run(cfg)),
+                *(f"{label:<9} {escape(text)}" for label, text in describe_run(cfg, steps)),
                 *([f"layout    {escape(plan.layout_note)}"] if plan.layout_note else []),
                 *([f"hint      {escape(plan.base_hint)}"] if plan.base_hint else []),
                 *([f"overfit   {escape(plan.fit_note)}"] if plan.fit_note else []),
