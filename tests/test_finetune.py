@@ -264,7 +264,8 @@ def test_fine_tune_resume_evaluate_and_runs_from_the_cli(checkpoints: Path, tmp_
         f"base      fine-tuned from {BASE}, {len(NEW_CHARS)} new characters; its best validation loss "
         f"{base_loss:.4f} nats/char ({base_loss / math.log(2):.3f} bits/char) on tiny.txt"
     ) in result.stdout
-    assert "learning rate 0.002 (rising from 0 over the first 100 updates: the warm-up) held, then" in result.stdout
+    warmup = r"learning rate 0\.002 \(rising from 0 over the first 100 updates, ([\d.]+ epochs|\d+% of an epoch): the warm-up\) held, then"
+    assert re.search(warmup, result.stdout), result.stdout
     # The base's weights are scored first; the summary sets the best against them.
     start = float(re.search(r"base      its weights score (\d+\.\d+) nats/char", result.stdout)[1])
     best = float(re.search(r"best validation (\d+\.\d+) nats/char", result.stdout)[1])
