@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import assert_one_line_error, invoke, run_python, write_corpus
+from helpers import assert_one_line_error, invoke, make_text, run_python, write_corpus
 from typer.testing import CliRunner
 
 from textgen import dynamic
@@ -23,7 +23,7 @@ from textgen.errors import CheckpointError, ConfigError
 from textgen.evaluate import evaluate_run, split_ids
 from textgen.layout import StreamLayout
 from textgen.model import build_model
-from textgen.scoring import compile_eval_step, score
+from textgen.scoring import compile_eval_step, model_logits, score
 
 TINY = ModelConfig(vocab_size=11, embedding_dim=4, units=8, dropout=0.0)
 
@@ -214,6 +214,34 @@ def test_sample_reads_the_prime_file_from_stdin(trained_run) -> None:
     assert record["prime_file"] == "-" and record["prime_chars"] == len(document) and len(record["text"]) == 20
     same = runner.invoke(app, sample_args(trained_run, "--prime", document, "--json"))
     assert json.loads(same.stdout.strip().splitlines()[-1])["text"] == record["text"]  # the file's text is the prime
+
+
+def test_an_adapted_sampler_goes_on_from_the_states_its_adaptation_carried(
+    trained_run, tmp_path: Path, few_segments: None
+) -> None:
+    """What ``sample --adapt`` continues from is what benchmarks/dynamic_eval.py measures: the document's whole
+    segments read while adapting, the states carried on, then the rest read by the adapted weights, frozen."""
+    from textgen.sampling import Generator
+
+    run = trained_run.copy_to(tmp_path)
+    settings = DynamicConfig()
+    document = make_text(300, seed=5)[:1234]
+    sampler = dynamic.adapted_generator(run, Weights.best, document)
+    ids = run.load_vocab().encode(document)
+    read = (len(ids) - 1) // settings.segment_len * settings.segment_len
+    assert 0 < len(ids) - read <= settings.segment_len
+    evaluator = open_evaluator(run, Weights.best, settings.segment_len)
+    evaluator.segment_losses(ids[: read + 1], settings)
+    expected = model_logits(evaluator.model, evaluator.profile, tf.constant(ids[None, read:]), False)[0, -1]
+    assert sampler.start is not None and sampler.start.logits is not None
+    np.testing.assert_allclose(sampler.start.logits[0], expected.numpy(), atol=1e-4)
+    plain = Generator.from_run(run, Weights.best)
+    unadapted = plain.feed(plain.encode_prompts([document])).logits[0]
+    assert np.abs(unadapted - sampler.start.logits[0]).max() > 1e-3  # the weights did move
+    # A document shorter than a segment is read as any prompt is, by the run's own weights.
+    short = dynamic.adapted_generator(run, Weights.best, document[:30])
+    assert short.start is not None and short.start.logits is not None
+    np.testing.assert_allclose(short.start.logits, plain.feed(plain.encode_prompts([document[:30]])).logits, atol=1e-5)
 
 
 @pytest.mark.slow  # ~10-15 s on 2 busy cores: gradient statistics measured, a step compiled, a sampler built

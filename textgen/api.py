@@ -149,7 +149,8 @@ def open_generator(
     all (``ModelSource.note`` says so). ``warm_up`` compiles its steps now (an interactive session's first prompt
     then answers at once). ``adapt_to``: a run's weights adapted to this text first, by dynamic evaluation
     (``textgen.dynamic``) with the run's ``dynamic.json`` settings or the defaults, ``track`` hearing how it goes;
-    the run's files are not changed."""
+    the sampler starts where that reading ended, so an empty prompt continues the text. The run's files are not
+    changed."""
     run_name, model, note = _run_or_model(checkpoint_dir, run_name, model, fallback)
     if model is not None:
         from textgen.runtime import open_artifact
@@ -173,10 +174,9 @@ def open_generator(
         if adapt_to is None:
             sampler = Generator.from_run(run, weights)
         else:
-            from textgen.dynamic import adapted_weights
+            from textgen.dynamic import adapted_generator
 
-            adapted, _ = adapted_weights(run, weights, adapt_to, cache_root(checkpoint_dir), track)
-            sampler = Generator(run.load_config().model, run.load_vocab(), adapted)
+            sampler = adapted_generator(run, weights, adapt_to, cache_root(checkpoint_dir), track)
     if warm_up:
         sampler.generate([" "], SampleConfig(length=2, seed=0))
     return sampler, source

@@ -298,7 +298,9 @@ def sample(
                 adapt_to=document if adapt else None, fallback=True, track=track,
             )  # fmt: skip
             prompt = prime if document is None else document
-            ui.show_sampling(console, err_console, sampler, source, prompt, settings, as_json, prime_file, track)
+            ui.show_sampling(
+                console, err_console, sampler, source, prompt, settings, as_json, prime_file, track, read=adapt
+            )
 
 
 @command(epilog=examples.REPL)

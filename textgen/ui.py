@@ -181,16 +181,18 @@ def show_sampling(
     as_json: bool,
     prime_file: str | None = None,
     track: Track = untracked,
+    read: bool = False,
 ) -> None:
     """Generate and show samples of ``prime``: a single sample on a terminal streams in as it is generated;
     several, or output to a pipe, are shown when done (with ``--json``, one record each). A prime's characters
     outside the vocabulary are warned about first. A prime read from ``prime_file`` is not shown again: the
-    samples are its continuations (with ``--json``, the file and its length stand for it). A ``--logit-bias``
+    samples are its continuations (with ``--json``, the file and its length stand for it). With ``read``, the
+    sampler has read the prime already (``sample --adapt``): the samples go on from its start. A ``--logit-bias``
     character the model lacks is an error before any text. ``track`` hears the prompt read."""
     bias_row(settings.logit_bias, sampler.vocab)
     note(err_console, source.note)
     warn(err_console, sampler.vocab.unknown_note(prime))
-    prompts = [prime] * settings.num
+    prompts = ["" if read else prime] * settings.num
     shown = prime if prime_file is None else ""
     record = source.record() if prime_file is None else {**source.record(), "prime_file": prime_file,
                                                          "prime_chars": len(prime)}  # fmt: skip
