@@ -113,6 +113,7 @@ def _model_settings(model) -> dict:
     return {"embedding_dim": model.embedding_dim, "layers": model.layers, "dropout": model.dropout}
 
 
+@pytest.mark.slow  # ~15 s; test_distillation_with_alpha_one_is_ordinary_training stays in the default suite
 def test_a_student_learns_from_the_teacher_and_is_an_ordinary_run(checkpoints: Path) -> None:
     plan = derived_plan(
         checkpoints,

@@ -26,6 +26,7 @@ def test_the_page_has_its_examples() -> None:
         assert call in joined, call
 
 
+@pytest.mark.slow  # ~22 s: the page's examples, trained and run end to end
 def test_the_pages_examples_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

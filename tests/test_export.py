@@ -294,6 +294,7 @@ def test_the_repl_runs_on_an_export(exports: dict[str, Path], run: Run) -> None:
     assert expected in result.stdout
 
 
+@pytest.mark.slow  # ~15 s: a second export of each format
 def test_exporting_again_replaces_the_export(run: Run, tmp_path: Path) -> None:
     target = tmp_path / "wp"
     first = api.export(checkpoint_dir=run.path.parent, run_name=run.name, path=target)

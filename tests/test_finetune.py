@@ -358,9 +358,9 @@ def test_bad_fine_tuning_flags_get_one_line(checkpoints: Path, tmp_path: Path, f
     assert not (checkpoints / "refused").exists()
 
 
-# 10-12 s each; float16 weights with -m slow.
+# 10-17 s each; LiteRT's with -m slow.
 @pytest.mark.parametrize(("format", "quantize", "tolerance"),
-                         [("savedmodel", "none", 0.0), ("litert", "none", 0.0),
+                         [("savedmodel", "none", 0.0), pytest.param("litert", "none", 0.0, marks=pytest.mark.slow),
                           pytest.param("litert", "float16", 1e-3, marks=pytest.mark.slow)])  # fmt: skip
 def test_a_float_export_starts_a_run_with_its_run_s_weights(
     checkpoints: Path, tmp_path: Path, format: str, quantize: str, tolerance: float
@@ -410,7 +410,7 @@ def test_an_export_without_float_weights_is_refused(
 @pytest.mark.parametrize(
     ("format", "layers", "layer_norm"),
     [
-        ("litert", 2, False),
+        pytest.param("litert", 2, False, marks=pytest.mark.slow),
         ("savedmodel", 2, True),
         pytest.param("litert", 2, True, marks=pytest.mark.slow),
         pytest.param("savedmodel", 2, False, marks=pytest.mark.slow),
@@ -466,6 +466,7 @@ def test_weights_that_do_not_give_the_export_s_logits_are_refused(
         textgen.export.export_base(export, tmp_path)
 
 
+@pytest.mark.slow  # ~31 s: a study of fine-tunes; fine-tuning and tuning each stay in the default suite
 def test_a_study_fine_tunes_a_run_in_every_trial(checkpoints: Path, tmp_path: Path) -> None:
     text = str(new_text(tmp_path / "new.txt", seed=11, words=4000))  # a validation split of a batch of 16 x 50
     where = ("--checkpoint-dir", str(checkpoints))

@@ -85,6 +85,7 @@ def wait_for_training(log: Path, proc: subprocess.Popen, steps_file: Path, timeo
     assert steps_file.exists(), log.read_text(errors="replace")
 
 
+@pytest.mark.slow  # ~34 s: a two-worker cluster trained beside a single worker; the killed-chief test stays in the default suite
 def test_two_workers_follow_one_workers_loss_trajectory(tmp_path: Path, corpus: Path) -> None:
     """Global batch 64 over two workers (32 streams each, each keeping its own rows) trains as one worker's
     batch of 64: the same mean training loss over every step of each epoch, and the same validation loss."""

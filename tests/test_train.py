@@ -213,10 +213,11 @@ def assert_same_last_weights(first: Run, second: Run) -> None:
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
-# ~12-15 s each. By default: the default settings (windows shifted each epoch), and accumulation with the windows
-# fixed; fixed windows alone with -m slow (test_shifted_windows_move_each_epoch_by_the_runs_seed is the shift's own).
+# ~12-17 s each. By default: the default settings (windows shifted each epoch); accumulation with the windows fixed,
+# and fixed windows alone, with -m slow (test_shifted_windows_move_each_epoch_by_the_runs_seed is the shift's own).
 @pytest.mark.parametrize(
-    ("accumulate", "shift_windows"), [(1, True), (2, False), pytest.param(1, False, marks=pytest.mark.slow)]
+    ("accumulate", "shift_windows"),
+    [(1, True), pytest.param(2, False, marks=pytest.mark.slow), pytest.param(1, False, marks=pytest.mark.slow)],
 )
 def test_a_run_stopped_mid_epoch_and_resumed_ends_where_an_uninterrupted_one_does(
     tmp_path: Path, tiny_corpus: Path, accumulate: int, shift_windows: bool
@@ -995,6 +996,7 @@ def test_weight_drop_after_without_a_rate_is_refused_not_ignored(tmp_path: Path)
     assert plan.config.model.weight_drop_after == 2  # a rate given, 0 included (as a tuning trial gives it)
 
 
+@pytest.mark.slow  # ~22 s: three runs compared; weight-drop's gradient and masks are tested in test_fastlstm.py
 def test_weight_drop_starts_after_its_epochs_and_a_resume_keeps_the_schedule(tmp_path: Path) -> None:
     """--weight-drop-after N: the first N epochs are the plain run's update for update, the next ones are not; a
     run resumed across the start trains as the uninterrupted one does (the plateau schedule: a rate that does not

@@ -155,6 +155,7 @@ def _lines(stdout: str) -> list[dict]:
     return [json.loads(line) for line in stdout.splitlines() if line.strip()]
 
 
+@pytest.mark.slow  # ~30 s: a whole study, continued; a study stopped by a signal stays in the default suite
 def test_a_study_runs_prunes_continues_and_its_best_recipe_trains_again(tmp_path: Path) -> None:
     write_corpus(tmp_path / "tiny.txt", 3000)
     out = invoke(*_tune(tmp_path, "--time-budget", "1m", "--trial-budget", "3s", "--trials", "3", "--json"))
