@@ -8,8 +8,9 @@ adapts the weights to it, the RMS-normalised update with a global prior:
 
 where g is the segment's gradient, MS the mean squared gradient of segments of the run's training split (measured
 once, cached in the run as ``dynamic-ms.npz`` under the weights' checksum), θ₀ the trained weights and ε a small
-fraction of MS's mean root. η, λ and the segment length (``DynamicConfig``) are tuned on a prefix of the validation
-split and kept in the run's ``dynamic.json``. The weights file is never written: the model is a batch-1 copy whose
+fraction of MS's mean root. η and λ are tuned on a prefix of the validation split, the segment length kept at 50
+(that prefix cannot tell the lengths apart: docs/quality.md), and all three (``DynamicConfig``) kept in the run's
+``dynamic.json``. The weights file is never written: the model is a batch-1 copy whose
 variables are restored to θ₀ before each text.
 """
 
