@@ -188,6 +188,23 @@ def test_evaluate_dynamic_json_prints_both_figures_and_tunes_once(
     assert digest(run.best_weights_path) == before  # six settings tried while tuning, three texts scored: never saved
 
 
+def test_retune_tunes_again_at_the_saved_segment_length_and_mends_a_damaged_file(
+    trained_run, tmp_path: Path, few_segments: None
+) -> None:
+    run = trained_run.copy_to(tmp_path)
+    save_settings(run, DynamicConfig(eta=0.0, decay=0.0, segment_len=20))  # a length set by hand
+    kept = dynamic.evaluate_dynamic(run)
+    assert (kept.eta, kept.segment_len, kept.tuned_seconds) == (0.0, 20, None)
+    retuned = dynamic.evaluate_dynamic(run, retune=True)
+    assert retuned.segment_len == 20 and retuned.tuned_seconds is not None and retuned.eta in dynamic.TUNE_ETAS
+    assert read_settings(run) == DynamicConfig(retuned.eta, retuned.decay, 20)
+    (run.path / dynamic.SETTINGS_FILE).write_text("not json", encoding="utf-8")
+    with pytest.raises(CheckpointError, match="--retune"):
+        dynamic.evaluate_dynamic(run)
+    mended = dynamic.evaluate_dynamic(run, retune=True)  # from the defaults
+    assert mended.segment_len == DynamicConfig.segment_len and read_settings(run) is not None
+
+
 @pytest.mark.parametrize(
     ("flags", "fragment"),
     [

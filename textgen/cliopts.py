@@ -524,4 +524,6 @@ Dynamic = Annotated[
         "--dynamic",
     ),
 ]
-Retune = Annotated[bool, own("With --dynamic: tune its settings again", "--retune")]
+Retune = Annotated[
+    bool, own("With --dynamic: tune its step and pull again, at dynamic.json's segment length", "--retune")
+]

@@ -285,12 +285,18 @@ def evaluate_dynamic(
     track: Track = untracked,
 ) -> DynamicEvaluation:
     """Score ``run`` on its ``split`` or a text ``file`` as one stream, static and dynamic, with its
-    ``dynamic.json`` settings: tuned first on its validation split if it has none (or ``retune``), and saved.
-    ``track`` hears each stage's characters."""
-    settings = None if retune else read_settings(run)
+    ``dynamic.json`` settings: tuned first on its validation split if it has none (or ``retune``: at the segment
+    length the file gives, if it can be read), and saved. ``track`` hears each stage's characters."""
+    try:
+        saved = read_settings(run)
+    except CheckpointError:
+        if not retune:
+            raise
+        saved = None  # a damaged file: tuned again from the defaults
+    settings = None if retune else saved
     tuned_seconds = None
     with tempfile.TemporaryDirectory(prefix="textgen-dynamic-") as scratch:
-        segment_len = settings.segment_len if settings else DynamicConfig.segment_len
+        segment_len = saved.segment_len if saved else DynamicConfig.segment_len
         evaluator = open_evaluator(run, weights, segment_len, cache_dir, track)
         if settings is None:
             started = time.monotonic()
