@@ -255,10 +255,15 @@ def test_an_adapted_sampler_goes_on_from_the_states_its_adaptation_carried(
     plain = Generator.from_run(run, Weights.best)
     unadapted = plain.feed(plain.encode_prompts([document])).logits[0]
     assert np.abs(unadapted - sampler.start.logits[0]).max() > 1e-3  # the weights did move
-    # A document shorter than a segment is read as any prompt is, by the run's own weights.
-    short = dynamic.adapted_generator(run, Weights.best, document[:30])
-    assert short.start is not None and short.start.logits is not None
-    np.testing.assert_allclose(short.start.logits, plain.feed(plain.encode_prompts([document[:30]])).logits, atol=1e-5)
+    # Characters the vocabulary lacks are left out, as from any prompt: they move neither the weights nor the states.
+    unknown = dynamic.adapted_generator(run, Weights.best, document[:600] + "\u2603" * 7 + document[600:])
+    assert unknown.start is not None and unknown.start.logits is not None
+    np.testing.assert_allclose(unknown.start.logits, sampler.start.logits, atol=1e-6)
+    # A document no longer than a segment is read as any prompt is, by the run's own weights; an empty one is none.
+    for short in (document[:30], ""):
+        started = dynamic.adapted_generator(run, Weights.best, short).start
+        assert started is not None and started.logits is not None
+        np.testing.assert_allclose(started.logits, plain.feed(plain.encode_prompts([short])).logits, atol=1e-5)
 
 
 @pytest.mark.slow  # ~10-15 s on 2 busy cores: gradient statistics measured, a step compiled, a sampler built

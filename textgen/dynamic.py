@@ -327,47 +327,28 @@ def evaluate_dynamic(
     )  # fmt: skip
 
 
-@dataclass(frozen=True)
-class Adaptation:
-    """A run's weights adapted to a document by reading it (``sample --adapt``), the LSTM states (h, c of every
-    layer, (1, units) each) where that reading stopped, and the document's ``rest`` it left unread: what a sampler
-    with these weights reads next, on these states, to continue the document as the model that adapted would."""
-
-    weights: list[np.ndarray]
-    states: tuple[np.ndarray, ...] | None  # None: nothing was read, the document is shorter than a segment
-    rest: str
-    settings: DynamicConfig
-
-
-def adapt_to(
-    run: Run, weights: Weights, text: str, cache_dir: Path | None = None, track: Track = untracked
-) -> Adaptation:
-    """A run's ``weights`` adapted to ``text`` by reading it with dynamic evaluation (the settings of its
-    ``dynamic.json``, or the defaults), as ``benchmarks/dynamic_eval.py`` measures a document: whole segments only,
-    since a padded last one would read its padding into the states; the states carried on, not read again."""
-    settings = read_settings(run) or DynamicConfig()
-    evaluator = open_evaluator(run, weights, settings.segment_len, cache_dir, track)
-    ids = run.load_vocab().encode(text)  # one id a character: text[read:] is what is left unread
-    read = (len(ids) - 1) // settings.segment_len * settings.segment_len
-    if not read:
-        return Adaptation(evaluator.adapted_weights(), None, text, settings)
-    evaluator.adapt(ids[: read + 1], settings, track, "adapting to the prompt")
-    states = tuple(np.asarray(v, np.float32) for layer in lstm_layers(evaluator.model) for v in layer.states)
-    return Adaptation(evaluator.adapted_weights(), states, text[read:], settings)
-
-
 def adapted_generator(
     run: Run, weights: Weights, text: str, cache_dir: Path | None = None, track: Track = untracked
 ) -> Generator:
-    """A sampler of a run's ``weights`` adapted to ``text`` (``adapt_to``), whose start is the end of ``text``: an
-    empty prompt continues it. A text too short to adapt to is read as any prompt is, by the run's own weights."""
-    adaptation = adapt_to(run, weights, text, cache_dir, track)
-    if adaptation.states is None:
+    """A sampler of a run's ``weights`` adapted to ``text`` by reading it with dynamic evaluation (the settings of
+    its ``dynamic.json``, or the defaults), whose start is the end of ``text``: an empty prompt continues it
+    (``sample --prime-file DOC --adapt``). Read as ``benchmarks/dynamic_eval.py`` measures a document: the
+    characters the vocabulary holds (as any prompt's are), whole segments while adapting (a padded last one would
+    read its padding into the states), then the rest by the adapted weights, the states carried on. A text no longer
+    than a segment is read as any prompt is, by the run's own weights."""
+    settings = read_settings(run) or DynamicConfig()
+    ids = run.load_vocab().encode(text)
+    ids = ids[ids != UNKNOWN_ID]
+    read = max(len(ids) - 1, 0) // settings.segment_len * settings.segment_len
+    if not read:
         sampler = Generator.from_run(run, weights)
         state = sampler.feed(sampler.encode_prompts([text]), track=track)
-        logits, states = state.logits, state.states
-    else:
-        sampler = Generator(run.load_config().model, run.load_vocab(), adaptation.weights)
-        logits, states = sampler.read(sampler.vocab.encode(adaptation.rest)[None], adaptation.states)
+        sampler.start = Start(state.states, state.logits)
+        return sampler
+    evaluator = open_evaluator(run, weights, settings.segment_len, cache_dir, track)
+    evaluator.adapt(ids[: read + 1], settings, track, "adapting to the prompt")
+    states = tuple(np.asarray(v, np.float32) for layer in lstm_layers(evaluator.model) for v in layer.states)
+    sampler = Generator(run.load_config().model, run.load_vocab(), evaluator.adapted_weights())
+    logits, states = sampler.read(ids[None, read:], states)
     sampler.start = Start(states, logits)
     return sampler
