@@ -383,7 +383,7 @@ def test_war_and_peace_with_a_time_budget(tmp_path: Path) -> None:
 # --- many files ---------------------------------------------------------------------------
 
 
-@pytest.mark.slow  # ~31 s of three CLI processes; the many-file layout's own tests (test_layout.py, test_data.py) stay in the default suite
+@pytest.mark.slow  # ~31 s, three CLI processes; many files' own tests (test_data.py, test_corpus.py) stay by default
 def test_a_directory_of_books_trains_then_samples_and_evaluates(workdir: Path) -> None:
     """A user's library: train on a directory of books, then sample and evaluate, as subprocesses."""
     for i in range(3):

@@ -410,7 +410,7 @@ def test_an_export_without_float_weights_is_refused(
 @pytest.mark.parametrize(
     ("format", "layers", "layer_norm"),
     [
-        pytest.param("litert", 2, False, marks=pytest.mark.slow),
+        ("litert", 2, False),
         ("savedmodel", 2, True),
         pytest.param("litert", 2, True, marks=pytest.mark.slow),
         pytest.param("savedmodel", 2, False, marks=pytest.mark.slow),

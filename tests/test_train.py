@@ -996,7 +996,6 @@ def test_weight_drop_after_without_a_rate_is_refused_not_ignored(tmp_path: Path)
     assert plan.config.model.weight_drop_after == 2  # a rate given, 0 included (as a tuning trial gives it)
 
 
-@pytest.mark.slow  # ~22 s: three runs compared; weight-drop's gradient and masks are tested in test_fastlstm.py
 def test_weight_drop_starts_after_its_epochs_and_a_resume_keeps_the_schedule(tmp_path: Path) -> None:
     """--weight-drop-after N: the first N epochs are the plain run's update for update, the next ones are not; a
     run resumed across the start trains as the uninterrupted one does (the plateau schedule: a rate that does not
