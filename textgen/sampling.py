@@ -214,10 +214,13 @@ class Generator(Sampler):
             self._logits_impl, input_signature=[tf.TensorSpec([None], tf.int32), state_spec], autograph=False
         ).get_concrete_function()
         self.generate_concrete = self.generate_function.get_concrete_function()
-        self.forced_concrete = self.forced_function.get_concrete_function()
-        # Traced on first use: ~1 s of every load otherwise, which a call without penalties should not pay.
+        # Traced on first use, by the server (its engine warms them up) or a call with penalties: otherwise every
+        # load would pay for them, the forced loop 0.63-0.85 s of a 2 x 512 layer-normalized model's 1.27-1.70 s
+        # build (2026-12-04), the penalized one ~1 s; textgen sample, the REPL and training's samples mostly call
+        # neither.
+        self.forced_concrete: Any = None
         self.penalized_concrete: Any = None
-        self.penalized_lock = threading.Lock()  # two lanes may ask for it at once
+        self.trace_lock = threading.Lock()  # two lanes may ask for one at once
 
     @classmethod
     def from_run(
@@ -391,12 +394,15 @@ class Generator(Sampler):
     ) -> tuple[np.ndarray, np.ndarray, States]:
         with _tensorflow_errors():
             if settings.penalties is not None:
-                with self.penalized_lock:
+                with self.trace_lock:
                     if self.penalized_concrete is None:
                         self.penalized_concrete = self.penalized_function.get_concrete_function()
                 return _call_penalized(self.penalized_concrete, logits, states, uniforms, settings, forced, counts)
             if forced is None:
                 return _call_generate(self.generate_concrete, logits, states, uniforms, settings)
+            with self.trace_lock:
+                if self.forced_concrete is None:
+                    self.forced_concrete = self.forced_function.get_concrete_function()
             return _call_generate(self.forced_concrete, logits, states, uniforms, settings, forced)
 
 
