@@ -332,10 +332,11 @@ def adapted_generator(
 ) -> Generator:
     """A sampler of a run's ``weights`` adapted to ``text`` by reading it with dynamic evaluation (the settings of
     its ``dynamic.json``, or the defaults), whose start is the end of ``text``: an empty prompt continues it
-    (``sample --prime-file DOC --adapt``). Read as ``benchmarks/dynamic_eval.py`` measures a document: the
-    characters the vocabulary holds (as any prompt's are), whole segments while adapting (a padded last one would
-    read its padding into the states), then the rest by the adapted weights, the states carried on. A text no longer
-    than a segment is read as any prompt is, by the run's own weights."""
+    (``sample --prime-file DOC --adapt``). Read as ``benchmarks/dynamic_eval.py`` measures a document: whole
+    segments while adapting (a padded last one would read its padding into the states), then the rest by the
+    adapted weights, the states carried on; only the characters the vocabulary holds, as of any prompt (the
+    benchmark, scoring, keeps the others as unknown ids). A text no longer than a segment is read as any prompt
+    is, by the run's own weights."""
     settings = read_settings(run) or DynamicConfig()
     ids = run.load_vocab().encode(text)
     ids = ids[ids != UNKNOWN_ID]
