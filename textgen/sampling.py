@@ -214,10 +214,8 @@ class Generator(Sampler):
             self._logits_impl, input_signature=[tf.TensorSpec([None], tf.int32), state_spec], autograph=False
         ).get_concrete_function()
         self.generate_concrete = self.generate_function.get_concrete_function()
-        # Traced on first use, by the server (its engine warms them up) or a call with penalties: otherwise every
-        # load would pay for them, the forced loop 0.63-0.85 s of a 2 x 512 layer-normalized model's 1.27-1.70 s
-        # build (2026-12-04), the penalized one ~1 s; textgen sample, the REPL and training's samples mostly call
-        # neither.
+        # Traced on first use (the server's engine warms the forced one up): it was 0.63-0.85 s of a 2 x 512
+        # layer-normalized model's 1.27-1.70 s build, the penalized ~1 s, that textgen sample mostly never calls.
         self.forced_concrete: Any = None
         self.penalized_concrete: Any = None
         self.trace_lock = threading.Lock()  # two lanes may ask for one at once
