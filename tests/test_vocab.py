@@ -96,3 +96,13 @@ def test_a_document_boundary_is_shown_as_a_blank_line() -> None:
 
     assert for_display(f"the end.{DOCUMENT_BOUNDARY}Chapter 1") == "the end.\n\nChapter 1"
     assert for_display("no boundary") == "no boundary"
+
+
+@given(st.text(), st.text())
+def test_encode_known_leaves_out_what_the_vocabulary_lacks_and_keeps_the_rest_in_order(
+    corpus: str, prompt: str
+) -> None:
+    vocab = Vocabulary.from_text(corpus)
+    known = vocab.encode_known(prompt)
+    assert known.dtype == np.int32 and UNKNOWN_ID not in known
+    assert vocab.decode(known) == "".join(c for c in prompt if c not in vocab.unknown_chars(prompt))

@@ -10,8 +10,8 @@ where g is the segment's gradient, MS the mean squared gradient of segments of t
 once, cached in the run as ``dynamic-ms.npz`` under the weights' checksum), θ₀ the trained weights and ε a small
 fraction of MS's mean root. η and λ are tuned on a prefix of the validation split, the segment length kept at 50
 (that prefix cannot tell the lengths apart: docs/quality.md), and all three (``DynamicConfig``) kept in the run's
-``dynamic.json``. The weights file is never written: the model is a batch-1 copy whose
-variables are restored to θ₀ before each text.
+``dynamic.json``. The weights file is never written: the model is a batch-1 copy whose variables are restored to
+θ₀ before each text.
 """
 
 from __future__ import annotations
@@ -337,9 +337,8 @@ def adapted_generator(
     adapted weights, the states carried on; only the characters the vocabulary holds, as of any prompt (the
     benchmark, scoring, keeps the others as unknown ids). A text no longer than a segment is read as any prompt
     is, by the run's own weights."""
-    settings = read_settings(run) or DynamicConfig()
-    ids = run.load_vocab().encode(text)
-    ids = ids[ids != UNKNOWN_ID]
+    settings, vocab = read_settings(run) or DynamicConfig(), run.load_vocab()
+    ids = vocab.encode_known(text)
     read = max(len(ids) - 1, 0) // settings.segment_len * settings.segment_len
     if not read:
         sampler = Generator.from_run(run, weights)
@@ -349,7 +348,7 @@ def adapted_generator(
     evaluator = open_evaluator(run, weights, settings.segment_len, cache_dir, track)
     evaluator.adapt(ids[: read + 1], settings, track, "adapting to the prompt")
     states = tuple(np.asarray(v, np.float32) for layer in lstm_layers(evaluator.model) for v in layer.states)
-    sampler = Generator(run.load_config().model, run.load_vocab(), evaluator.adapted_weights())
+    sampler = Generator(run.load_config().model, vocab, evaluator.adapted_weights())
     logits, states = sampler.read(ids[None, read:], states)
     sampler.start = Start(states, logits)
     return sampler

@@ -202,11 +202,10 @@ class Sampler(ABC):
         id 1) first character. Not with a start state that has its logits: such a prompt starts from them, at a
         paragraph's start. (On a carried state, reading nothing goes on from that state's logits.)
         """
-        newline = self.vocab.encode("\n ")
-        newline = newline[newline != UNKNOWN_ID][:1]
+        newline = self.vocab.encode_known("\n ")[:1]
         if not newline.size:  # neither a newline nor a space in the vocabulary
             newline = np.array([1], np.int32)
-        encoded = [ids[ids != UNKNOWN_ID] for ids in (self.vocab.encode(p) for p in prompts)]
+        encoded = [self.vocab.encode_known(p) for p in prompts]
         fallback = fallback and self.start_logits is None
         return [newline if fallback and not ids.size else ids for ids in encoded]
 

@@ -216,8 +216,7 @@ class Generator(Sampler):
         self.generate_concrete = self.generate_function.get_concrete_function()
         # Traced on first use (the server's engine warms the forced one up): it was 0.63-0.85 s of a 2 x 512
         # layer-normalized model's 1.27-1.70 s build, the penalized ~1 s, that textgen sample mostly never calls.
-        self.forced_concrete: Any = None
-        self.penalized_concrete: Any = None
+        self.traced: dict[str, Any] = {}
         self.trace_lock = threading.Lock()  # two lanes may ask for one at once
 
     @classmethod
@@ -392,16 +391,19 @@ class Generator(Sampler):
     ) -> tuple[np.ndarray, np.ndarray, States]:
         with _tensorflow_errors():
             if settings.penalties is not None:
-                with self.trace_lock:
-                    if self.penalized_concrete is None:
-                        self.penalized_concrete = self.penalized_function.get_concrete_function()
-                return _call_penalized(self.penalized_concrete, logits, states, uniforms, settings, forced, counts)
+                penalized = self._traced("penalized", self.penalized_function)
+                return _call_penalized(penalized, logits, states, uniforms, settings, forced, counts)
             if forced is None:
                 return _call_generate(self.generate_concrete, logits, states, uniforms, settings)
-            with self.trace_lock:
-                if self.forced_concrete is None:
-                    self.forced_concrete = self.forced_function.get_concrete_function()
-            return _call_generate(self.forced_concrete, logits, states, uniforms, settings, forced)
+            return _call_generate(self._traced("forced", self.forced_function), logits, states, uniforms, settings,
+                                  forced)  # fmt: skip
+
+    def _traced(self, name: str, function: Any) -> Any:
+        """``function``'s concrete function, traced the first time a call needs it (kept as ``name``)."""
+        with self.trace_lock:
+            if name not in self.traced:
+                self.traced[name] = function.get_concrete_function()
+            return self.traced[name]
 
 
 class SavedModelGenerator(Sampler):

@@ -104,6 +104,12 @@ class Vocabulary:
         """Ids (int32) for ``text``; characters outside the vocabulary get ``UNKNOWN_ID``."""
         return self.encode_compact(text).astype(np.int32)
 
+    def encode_known(self, text: str) -> np.ndarray:
+        """``encode`` without the characters outside the vocabulary: how a prompt is read (``unknown_chars`` names
+        what it leaves out)."""
+        ids = self.encode(text)
+        return ids[ids != UNKNOWN_ID]
+
     @property
     def id_dtype(self) -> type[np.unsignedinteger]:
         """The smallest unsigned integer type that holds every id: uint8 up to 256 ids, else uint16 (uint32
